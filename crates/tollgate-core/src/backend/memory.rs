@@ -1,0 +1,215 @@
+//! [`MemoryBackend`]: the same behaviour in one process, no Redis.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::{RateBackend, RateReply, RateRequest};
+use crate::clock::{Clock, SystemClock};
+use crate::error::Result;
+use crate::lock::memory::MemoryLocks;
+use crate::rate::Slot;
+
+const SHARDS: usize = 16;
+
+/// Rate limits and locks in this process's memory.
+///
+/// Runs the Rust twin of every script, with the same semantics, so a service
+/// without Redis behaves like one with it (for a single instance). Checks are
+/// atomic (each takes one shard's mutex, chosen by the hash tag, so all keys of
+/// one check share it); expired entries are evicted as the map grows, so
+/// memory stays bounded by the live keys.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+///
+/// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_second(2)?)?;
+/// assert!(limiter.check("alice").await?.allowed);
+/// assert!(limiter.check("alice").await?.allowed);
+/// assert!(!limiter.check("alice").await?.allowed);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    clock: Arc<dyn Clock>,
+    shards: Vec<Mutex<Shard>>,
+    hasher: RandomState,
+    #[allow(dead_code)] // until the lock module lands
+    locks: MemoryLocks,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<String, Entry>,
+    ops: u64,
+    next_sweep: u64,
+}
+
+struct Entry {
+    slot: Slot,
+    /// Expiry on the backend clock, µs.
+    expires_at: u64,
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("clock", &self.inner.clock)
+            .field("keys", &self.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// A backend timed by the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// A backend timed by `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn with_clock(clock: impl Clock) -> Self {
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                clock: Arc::new(clock),
+                shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+                hasher: RandomState::new(),
+                locks: MemoryLocks::default(),
+            }),
+        }
+    }
+
+    /// The backend's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The lock state (used by the lock module).
+    #[allow(dead_code)] // until the lock module lands
+    pub(crate) fn locks(&self) -> &MemoryLocks {
+        &self.inner.locks
+    }
+
+    /// Number of rate-limit keys held, expired or not yet evicted.
+    pub fn len(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(s).map.len())
+            .sum()
+    }
+
+    /// Whether no rate-limit key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired rate-limit key now (it also happens on its own as
+    /// the map grows).
+    pub fn evict_expired(&self) {
+        let now = self.inner.clock.now_micros();
+        for s in &self.inner.shards {
+            lock(s).map.retain(|_, e| e.expires_at > now);
+        }
+    }
+
+    fn shard_for(&self, key: &str) -> &Mutex<Shard> {
+        // Keys of one check share a hash tag, so they share a shard.
+        let tag = match (key.find('{'), key.rfind('}')) {
+            (Some(a), Some(b)) if a < b => &key[a + 1..b],
+            _ => key,
+        };
+        let h = self.inner.hasher.hash_one(tag) as usize;
+        &self.inner.shards[h % SHARDS]
+    }
+
+    fn check_now(&self, req: &RateRequest) -> RateReply {
+        let now = req
+            .now_micros
+            .unwrap_or_else(|| self.inner.clock.now_micros());
+        let Some(first) = req.keys.first() else {
+            return RateReply::new(true, Vec::new());
+        };
+        let mut shard = lock(self.shard_for(first));
+        shard.ops += 1;
+        if shard.ops >= shard.next_sweep {
+            shard.map.retain(|_, e| e.expires_at > now);
+            shard.next_sweep = shard.ops + (shard.map.len() as u64).max(1024);
+        }
+        let mut expiries: Vec<u64> = Vec::with_capacity(req.keys.len());
+        let mut slots: Vec<Option<Slot>> = req
+            .keys
+            .iter()
+            .map(|k| {
+                let entry = shard.map.remove(k).filter(|e| e.expires_at > now);
+                expiries.push(entry.as_ref().map_or(0, |e| e.expires_at));
+                entry.map(|e| e.slot)
+            })
+            .collect();
+        let alg = req.algorithm;
+        let mut outcomes: Vec<_> = slots
+            .iter_mut()
+            .zip(&req.quotas)
+            .map(|(slot, q)| alg.step(slot, now, req.cost, q, false))
+            .collect();
+        let allowed = outcomes.iter().all(|o| o.retry_after_micros == 0);
+        if allowed {
+            outcomes = slots
+                .iter_mut()
+                .zip(&req.quotas)
+                .map(|(slot, q)| alg.step(slot, now, req.cost, q, true))
+                .collect();
+        }
+        for (((key, slot), outcome), old_expiry) in
+            req.keys.iter().zip(slots).zip(&outcomes).zip(expiries)
+        {
+            let Some(slot) = slot else { continue };
+            if matches!(&slot, Slot::Log(l) if l.is_empty()) {
+                continue;
+            }
+            // An admitted write sets a fresh TTL; a denied check keeps the old
+            // one, exactly as the scripts leave the key untouched.
+            let expires_at = if allowed {
+                now + outcome.ttl_micros.max(1)
+            } else {
+                old_expiry
+            };
+            if expires_at > now {
+                shard.map.insert(key.clone(), Entry { slot, expires_at });
+            }
+        }
+        RateReply::new(allowed, outcomes)
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a half-written entry (entries
+    // are replaced whole), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl RateBackend for MemoryBackend {
+    fn check_rate<'a>(&'a self, req: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        let reply = self.check_now(req);
+        async move { Ok(reply) }.boxed()
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}

@@ -1,0 +1,78 @@
+//! Backends: where the state lives.
+//!
+//! [`RedisBackend`] runs each decision as one Lua script on Redis (standalone,
+//! Sentinel, Cluster, or any multiplexed `ConnectionLike`); [`MemoryBackend`]
+//! runs the Rust twin of each script in this process. Both implement
+//! [`RateBackend`] (and the lock backend of [`crate::lock`]), and the same
+//! behaviour suite runs against both.
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+
+use crate::error::Result;
+use crate::rate::{Algorithm, Outcome, Quota};
+
+pub(crate) mod memory;
+pub(crate) mod redis;
+
+pub use self::memory::MemoryBackend;
+pub use self::redis::RedisBackend;
+
+/// One rate-limit decision to make: the keys (one per quota, one hash tag),
+/// the quotas, the cost, and optionally the time.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RateRequest {
+    /// The algorithm to run.
+    pub algorithm: Algorithm,
+    /// One key per quota, all sharing one hash tag.
+    pub keys: Vec<String>,
+    /// The quotas, in the same order as `keys`.
+    pub quotas: Vec<Quota>,
+    /// Units this request takes.
+    pub cost: u64,
+    /// The time of the decision (µs since the epoch), or `None` for the
+    /// backend's own clock (Redis `TIME`).
+    pub now_micros: Option<u64>,
+    /// A random value that makes log entries unique.
+    pub nonce: u64,
+}
+
+/// A backend's answer to a [`RateRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateReply {
+    /// Whether every quota admitted the cost (and it was taken).
+    pub allowed: bool,
+    /// One outcome per quota.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl RateReply {
+    /// A reply from its parts.
+    pub fn new(allowed: bool, outcomes: Vec<Outcome>) -> Self {
+        Self { allowed, outcomes }
+    }
+}
+
+/// Where rate-limit state lives. Implemented by [`RedisBackend`] and
+/// [`MemoryBackend`]; a decision is atomic across all its keys.
+pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
+    /// Makes one decision, atomically, in one round trip.
+    fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>>;
+
+    /// A short name for logs: `"memory"`, `"redis"`, ….
+    fn kind(&self) -> &'static str;
+}
+
+impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
+    fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        (**self).check_rate(request)
+    }
+
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+}

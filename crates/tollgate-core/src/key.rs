@@ -1,0 +1,316 @@
+//! Key encoding: `<prefix>:<policy>:{<subject>}[:<suffix>]`.
+//!
+//! The subject (user id, IP, route, …) is escaped so that
+//! - no two different subjects, and no two splits of a compound subject, map to
+//!   the same key (`"a:b" + "c"` ≠ `"a" + "b:c"`): `:` inside a part is escaped;
+//! - braces in user input never change the Redis Cluster hash tag: `{` and `}`
+//!   are escaped, and prefixes and policy names may not contain them;
+//! - an empty subject never yields an empty tag (`{}` would hash the whole key);
+//! - subjects longer than [`MAX_SUBJECT_LEN`] bytes are replaced by a digest.
+//!
+//! Every key of one check shares the subject's hash tag, so multi-key scripts
+//! never fail with `CROSSSLOT` on a cluster.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// Encoded subjects longer than this many bytes are replaced by a digest.
+pub const MAX_SUBJECT_LEN: usize = 128;
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "tollgate";
+
+/// Who or what a limit or a lock applies to, already escaped for use in a key.
+///
+/// ```
+/// use tollgate_core::Subject;
+///
+/// // Component splits never collide.
+/// assert_ne!(
+///     Subject::compound(["a:b", "c"]),
+///     Subject::compound(["a", "b:c"]),
+/// );
+/// // Braces never leak into the hash tag.
+/// assert_eq!(Subject::new("{x}").as_encoded(), "%7Bx%7D");
+/// // Empty is not an empty tag.
+/// assert!(!Subject::new("").as_encoded().is_empty());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Subject(String);
+
+impl Subject {
+    /// A subject made of one part.
+    pub fn new(part: impl AsRef<[u8]>) -> Self {
+        let mut out = String::with_capacity(part.as_ref().len() + 4);
+        escape_into(part.as_ref(), &mut out);
+        Self::finish(out)
+    }
+
+    /// A subject made of several parts (user id and route, say); each part is
+    /// escaped on its own, so the split between parts is part of the identity.
+    pub fn compound<I, P>(parts: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<[u8]>,
+    {
+        let mut out = String::new();
+        for (i, part) in parts.into_iter().enumerate() {
+            if i > 0 {
+                out.push(':');
+            }
+            escape_into(part.as_ref(), &mut out);
+        }
+        Self::finish(out)
+    }
+
+    fn finish(encoded: String) -> Self {
+        if encoded.is_empty() {
+            // `%e` cannot come out of escaping (escapes are `%` + two upper-case hex digits).
+            Subject("%e".to_owned())
+        } else if encoded.len() > MAX_SUBJECT_LEN {
+            let digest = Sha256::digest(encoded.as_bytes());
+            Subject(format!("%h{}", hex(&digest[..16])))
+        } else {
+            Subject(encoded)
+        }
+    }
+
+    /// The escaped form used inside keys.
+    pub fn as_encoded(&self) -> &str {
+        &self.0
+    }
+
+    /// A short digest of the subject, for logs and traces that must not carry
+    /// the raw value (an IP address, an API key).
+    pub fn digest(&self) -> String {
+        let digest = Sha256::digest(self.0.as_bytes());
+        hex(&digest[..6])
+    }
+}
+
+impl fmt::Debug for Subject {
+    // Subjects may be personal data; debug output shows the digest only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Subject({})", self.digest())
+    }
+}
+
+impl From<&str> for Subject {
+    fn from(s: &str) -> Self {
+        Subject::new(s)
+    }
+}
+
+impl From<String> for Subject {
+    fn from(s: String) -> Self {
+        Subject::new(s)
+    }
+}
+
+impl From<&String> for Subject {
+    fn from(s: &String) -> Self {
+        Subject::new(s)
+    }
+}
+
+impl From<&Subject> for Subject {
+    fn from(s: &Subject) -> Self {
+        s.clone()
+    }
+}
+
+impl From<IpAddr> for Subject {
+    fn from(ip: IpAddr) -> Self {
+        Subject::new(ip.to_string())
+    }
+}
+
+impl From<u64> for Subject {
+    fn from(n: u64) -> Self {
+        Subject::new(n.to_string())
+    }
+}
+
+fn escape_into(bytes: &[u8], out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in bytes {
+        let plain = b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':' | b'%');
+        if plain {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 0xF) as usize] as char);
+        }
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 0xF) as usize] as char);
+    }
+    s
+}
+
+/// Checks a prefix or policy name: non-empty, printable, no braces (they would
+/// move the hash tag), no whitespace.
+pub(crate) fn validate_component(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::InvalidConfig(format!("{what} must not be empty")));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| matches!(c, '{' | '}') || c.is_whitespace() || c.is_control())
+    {
+        return Err(Error::InvalidConfig(format!(
+            "{what} {value:?} contains {c:?}; braces, whitespace and control characters are not allowed in keys"
+        )));
+    }
+    Ok(())
+}
+
+/// Where a family of keys lives: a prefix and a policy name.
+///
+/// ```
+/// use tollgate_core::{Keyspace, Subject};
+///
+/// let ks = Keyspace::new("app", "login").unwrap();
+/// assert_eq!(ks.key(&Subject::new("alice"), None), "app:login:{alice}");
+/// assert_eq!(ks.key(&Subject::new("alice"), Some("fence")), "app:login:{alice}:fence");
+/// assert!(Keyspace::new("a{b", "p").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyspace {
+    prefix: String,
+    policy: String,
+}
+
+impl Keyspace {
+    /// A keyspace under `prefix` for `policy`; both are validated.
+    pub fn new(prefix: impl Into<String>, policy: impl Into<String>) -> Result<Self> {
+        let (prefix, policy) = (prefix.into(), policy.into());
+        validate_component("prefix", &prefix)?;
+        validate_component("policy name", &policy)?;
+        Ok(Self { prefix, policy })
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The policy name.
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// The key for `subject`, with an optional suffix after the hash tag.
+    pub fn key(&self, subject: &Subject, suffix: Option<&str>) -> String {
+        let mut key = String::with_capacity(
+            self.prefix.len() + self.policy.len() + subject.0.len() + 8 + suffix.map_or(0, str::len),
+        );
+        key.push_str(&self.prefix);
+        key.push(':');
+        key.push_str(&self.policy);
+        key.push_str(":{");
+        key.push_str(&subject.0);
+        key.push('}');
+        if let Some(s) = suffix {
+            key.push(':');
+            key.push_str(s);
+        }
+        key
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tag(key: &str) -> &str {
+        // Redis Cluster's rule: the first `{`, then the first `}` after it.
+        let open = key.find('{').unwrap();
+        let close = key[open + 1..].find('}').unwrap() + open + 1;
+        &key[open + 1..close]
+    }
+
+    #[test]
+    fn component_splits_never_collide() {
+        let a = Subject::compound(["a:b", "c"]);
+        let b = Subject::compound(["a", "b:c"]);
+        let c = Subject::new("a:b:c");
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_ne!(b, c);
+        assert_ne!(Subject::compound(["", "x"]), Subject::compound(["x", ""]));
+        assert_ne!(Subject::new("%3A"), Subject::new(":"));
+    }
+
+    #[test]
+    fn braces_never_change_the_hash_tag() {
+        let ks = Keyspace::new("p", "q").unwrap();
+        for raw in ["{evil}", "}{", "a{b}c", "{", "}", "{}"] {
+            let s = Subject::new(raw);
+            let key = ks.key(&s, Some("fence"));
+            assert_eq!(tag(&key), s.as_encoded(), "{raw}");
+            assert!(!tag(&key).contains('{') && !tag(&key).contains('}'));
+        }
+        assert!(Keyspace::new("p{", "q").is_err());
+        assert!(Keyspace::new("p", "}q").is_err());
+        assert!(Keyspace::new("", "q").is_err());
+        assert!(Keyspace::new("p", "a b").is_err());
+    }
+
+    #[test]
+    fn empty_subject_has_a_non_empty_tag() {
+        let ks = Keyspace::new("p", "q").unwrap();
+        let key = ks.key(&Subject::new(""), None);
+        assert!(!tag(&key).is_empty());
+        assert_ne!(Subject::new(""), Subject::new("e"));
+        assert_ne!(Subject::new(""), Subject::new("%e"));
+    }
+
+    #[test]
+    fn long_subjects_are_digested_and_distinct() {
+        let long_a = "a".repeat(200);
+        let long_b = format!("{}b", "a".repeat(199));
+        let (a, b) = (Subject::new(&long_a), Subject::new(&long_b));
+        assert!(a.as_encoded().len() <= MAX_SUBJECT_LEN);
+        assert!(a.as_encoded().starts_with("%h"));
+        assert_ne!(a, b);
+        assert_eq!(a, Subject::new(&long_a));
+        // Exactly at the limit stays readable.
+        let edge = "z".repeat(MAX_SUBJECT_LEN);
+        assert_eq!(Subject::new(&edge).as_encoded(), edge);
+        // A subject cannot impersonate a digest.
+        assert_ne!(Subject::new(a.as_encoded()), a);
+    }
+
+    #[test]
+    fn policies_keep_keys_apart() {
+        let s = Subject::new("alice");
+        let a = Keyspace::new("t", "tb-1").unwrap().key(&s, None);
+        let b = Keyspace::new("t", "tb-2").unwrap().key(&s, None);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn non_ascii_and_whitespace_are_escaped() {
+        assert_eq!(Subject::new("a b").as_encoded(), "a%20b");
+        assert_eq!(Subject::new("é").as_encoded(), "%C3%A9");
+        assert_eq!(Subject::new("50%").as_encoded(), "50%25");
+    }
+
+    #[test]
+    fn debug_does_not_leak_the_subject() {
+        let s = Subject::new("secret-api-key");
+        assert!(!format!("{s:?}").contains("secret"));
+    }
+}

@@ -1,0 +1,27 @@
+//! tollgate-core: rate limiters and fenced locks on Redis, with an in-memory
+//! twin.
+//!
+//! - [`RateLimiter`] runs one of five algorithms ([`Algorithm`]) over a
+//!   [`RateBackend`]: one atomic Lua script and one round trip per decision on
+//!   Redis, the same semantics in memory.
+//! - [`Quota`] says how much per how long; [`Decision`] is the answer.
+//! - Keys follow [`key`]'s rules, so they are safe on Redis Cluster.
+//!
+//! See the `tollgate` crate for the tower middleware and axum extractors.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+mod clock;
+mod error;
+pub mod key;
+pub mod lock;
+pub mod rate;
+
+pub use backend::{MemoryBackend, RateBackend, RedisBackend};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Result};
+pub use key::{Keyspace, Subject};
+pub use rate::{
+    Algorithm, Decision, DecisionSource, FailurePolicy, Quota, QuotaDecision, RateLimiter,
+    RateLimiterBuilder,
+};

@@ -1,0 +1,3 @@
+//! Fenced distributed locks (being built).
+
+pub(crate) mod memory;

@@ -1,0 +1,34 @@
+//! GCRA (generic cell rate algorithm): a token bucket kept in one integer, the
+//! theoretical arrival time. The Redis script is `lua/gcra.lua`; this file is
+//! its twin for the memory backend, figure for figure.
+
+use super::{Outcome, Slot};
+
+/// The Lua script.
+pub(crate) const SCRIPT: &str = include_str!("../../lua/gcra.lua");
+
+/// One quota's step. `burst` and `interval` are the quota's burst and
+/// emission interval in µs. With `commit`, an admitted cost is written back.
+pub(crate) fn step(
+    slot: &mut Option<Slot>,
+    now: u64,
+    cost: u64,
+    burst: u64,
+    interval: u64,
+    commit: bool,
+) -> Outcome {
+    let stored = match slot {
+        Some(Slot::Int(t)) => *t,
+        _ => now,
+    };
+    let tat = stored.max(now);
+    let limit_at = now + burst * interval;
+    let nt = tat + cost * interval;
+    if nt > limit_at {
+        return Outcome::denied((limit_at - tat) / interval, tat - now, nt - limit_at);
+    }
+    if commit {
+        *slot = Some(Slot::Int(nt));
+    }
+    Outcome::allowed((limit_at - nt) / interval, nt - now, nt - now)
+}

@@ -1,0 +1,583 @@
+//! [`RateLimiter`]: a policy (algorithm, quotas, keyspace) over a backend, with
+//! a failure policy, a bounded timeout, a circuit breaker and a deny cache.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::{Algorithm, Decision, Outcome, Quota, MAX_LOG_LIMIT};
+use crate::backend::{MemoryBackend, RateBackend, RateRequest};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::key::{hex, Keyspace, Subject, DEFAULT_PREFIX};
+
+/// Default bound on one check's round trip.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+const DEFAULT_DENY_CACHE: usize = 10_000;
+
+/// What a limiter does when its backend fails (error, timeout, open circuit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Admit the request (the default): a limiter outage is not a service outage.
+    #[default]
+    Allow,
+    /// Refuse the request: `check` returns the error (503 over HTTP).
+    Deny,
+    /// Decide with a local in-memory limiter whose limits are divided by the
+    /// number of instances, so N instances together stay near the global
+    /// rate instead of N times it.
+    Fallback {
+        /// How many instances share the global limit.
+        instances: NonZeroU32,
+    },
+}
+
+/// Where a [`Decision`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// The backend decided.
+    Backend,
+    /// The local deny cache repeated an earlier denial that has not expired.
+    DenyCache,
+    /// The backend failed and the policy admitted the request.
+    FailOpen,
+    /// The backend failed and the local fallback limiter decided.
+    Fallback,
+}
+
+/// A rate-limit policy over a backend. Cheap to clone; clones share state.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
+///
+/// // 10 per second AND 100 per hour, checked together.
+/// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::SlidingWindowCounter)
+///     .quota(Quota::per_second(10)?)
+///     .quota(Quota::per_hour(100)?)
+///     .name("api")
+///     .build()?;
+/// let d = limiter.check_n("alice", 3).await?;
+/// assert!(d.allowed);
+/// assert_eq!(d.quotas.len(), 2);
+/// assert_eq!(d.remaining, 7);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RateLimiter {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Arc<dyn RateBackend>,
+    algorithm: Algorithm,
+    quotas: Vec<Quota>,
+    keyspace: Keyspace,
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    policy: FailurePolicy,
+    fallback: Option<RateLimiter>,
+    breaker: Breaker,
+    deny_cache: Option<DenyCache>,
+}
+
+impl fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiter")
+            .field("algorithm", &self.inner.algorithm)
+            .field("quotas", &self.inner.quotas)
+            .field("keyspace", &self.inner.keyspace)
+            .field("backend", &self.inner.backend.kind())
+            .field("policy", &self.inner.policy)
+            .finish()
+    }
+}
+
+macro_rules! constructor {
+    ($(#[$doc:meta])* $name:ident, $alg:expr) => {
+        $(#[$doc])*
+        pub fn $name(backend: impl RateBackend, quota: Quota) -> Result<Self> {
+            Self::builder(backend, $alg).quota(quota).build()
+        }
+    };
+}
+
+impl RateLimiter {
+    /// A builder for a limiter running `algorithm` on `backend`.
+    pub fn builder(backend: impl RateBackend, algorithm: Algorithm) -> RateLimiterBuilder {
+        RateLimiterBuilder {
+            backend: Arc::new(backend),
+            algorithm,
+            quotas: Vec::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            name: None,
+            clock: None,
+            timeout: DEFAULT_TIMEOUT,
+            policy: FailurePolicy::Allow,
+            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_COOLDOWN),
+            deny_cache: DEFAULT_DENY_CACHE,
+        }
+    }
+
+    constructor!(
+        /// A fixed-window limiter with one quota.
+        fixed_window, Algorithm::FixedWindow);
+    constructor!(
+        /// A sliding-window-log limiter with one quota.
+        sliding_window_log, Algorithm::SlidingWindowLog);
+    constructor!(
+        /// A sliding-window-counter limiter with one quota.
+        sliding_window_counter, Algorithm::SlidingWindowCounter);
+    constructor!(
+        /// A token-bucket limiter with one quota (capacity = the quota's burst).
+        token_bucket, Algorithm::TokenBucket);
+    constructor!(
+        /// A GCRA limiter with one quota.
+        gcra, Algorithm::Gcra);
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.inner.algorithm
+    }
+
+    /// The quotas, in configuration order.
+    pub fn quotas(&self) -> &[Quota] {
+        &self.inner.quotas
+    }
+
+    /// The keyspace (prefix and policy name).
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.inner.keyspace
+    }
+
+    /// The failure policy.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.policy
+    }
+
+    /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`).
+    pub fn backend_kind(&self) -> &'static str {
+        self.inner.backend.kind()
+    }
+
+    /// The keys a check of `subject` touches, one per quota.
+    pub fn keys_for(&self, subject: &Subject) -> Vec<String> {
+        let ks = &self.inner.keyspace;
+        if self.inner.quotas.len() == 1 {
+            vec![ks.key(subject, None)]
+        } else {
+            (0..self.inner.quotas.len())
+                .map(|i| ks.key(subject, Some(&format!("q{i}"))))
+                .collect()
+        }
+    }
+
+    /// Checks one unit for `subject`.
+    pub async fn check(&self, subject: impl Into<Subject>) -> Result<Decision> {
+        self.check_n(subject, 1).await
+    }
+
+    /// Checks `cost` units for `subject`, all quotas together: admitted only
+    /// if every quota admits it, and then taken from every quota.
+    ///
+    /// Errors: [`Error::CostExceedsCapacity`] when the cost can never fit
+    /// (before any round trip); backend errors only under
+    /// [`FailurePolicy::Deny`].
+    pub async fn check_n(&self, subject: impl Into<Subject>, cost: u64) -> Result<Decision> {
+        let subject = subject.into();
+        let inner = &self.inner;
+        for q in &inner.quotas {
+            let capacity = inner.algorithm.capacity(q);
+            if cost > capacity {
+                return Err(Error::CostExceedsCapacity { cost, capacity });
+            }
+        }
+        let keys = self.keys_for(&subject);
+        let local_now = self.local_now();
+        if let Some(cache) = &inner.deny_cache {
+            if let Some(d) = cache.get(&keys[0], cost, local_now) {
+                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
+                return Ok(d);
+            }
+        }
+        let result = if inner.breaker.admits(monotonic_micros()) {
+            let request = RateRequest {
+                algorithm: inner.algorithm,
+                keys,
+                quotas: inner.quotas.clone(),
+                cost,
+                now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
+                nonce: random_u64(),
+            };
+            let outcome = tokio::time::timeout(inner.timeout, inner.backend.check_rate(&request))
+                .await
+                .unwrap_or(Err(Error::Timeout(inner.timeout)));
+            match outcome {
+                Ok(reply) if reply.outcomes.len() == inner.quotas.len() => {
+                    inner.breaker.success();
+                    Ok((reply.allowed, reply.outcomes, request.keys))
+                }
+                Ok(reply) => {
+                    inner.breaker.failure(monotonic_micros());
+                    Err(Error::Protocol(format!(
+                        "{} outcomes for {} quotas",
+                        reply.outcomes.len(),
+                        inner.quotas.len()
+                    )))
+                }
+                Err(e) => {
+                    inner.breaker.failure(monotonic_micros());
+                    Err(e)
+                }
+            }
+        } else {
+            Err(Error::CircuitOpen)
+        };
+        match result {
+            Ok((allowed, outcomes, keys)) => {
+                let d = Decision::from_outcomes(
+                    inner.algorithm,
+                    &inner.quotas,
+                    &outcomes,
+                    allowed,
+                    DecisionSource::Backend,
+                );
+                if allowed {
+                    tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
+                } else {
+                    tracing::info!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
+                    if let Some(cache) = &inner.deny_cache {
+                        cache.insert(&keys[0], cost, local_now, &d);
+                    }
+                }
+                Ok(d)
+            }
+            Err(e) => self.on_failure(subject, cost, e).await,
+        }
+    }
+
+    async fn on_failure(&self, subject: Subject, cost: u64, error: Error) -> Result<Decision> {
+        let inner = &self.inner;
+        tracing::warn!(policy = inner.keyspace.policy(), error = %error, failure_policy = ?inner.policy, "rate-limit backend failed");
+        match inner.policy {
+            FailurePolicy::Allow => {
+                let outcomes: Vec<Outcome> = inner
+                    .quotas
+                    .iter()
+                    .map(|q| Outcome::from_reply(inner.algorithm.capacity(q), 0, 0))
+                    .collect();
+                Ok(Decision::from_outcomes(
+                    inner.algorithm,
+                    &inner.quotas,
+                    &outcomes,
+                    true,
+                    DecisionSource::FailOpen,
+                ))
+            }
+            FailurePolicy::Deny => Err(error),
+            FailurePolicy::Fallback { .. } => {
+                let fallback = inner.fallback.as_ref().expect("built with the policy");
+                let mut d = Box::pin(fallback.check_n(subject, cost)).await?;
+                d.source = DecisionSource::Fallback;
+                Ok(d)
+            }
+        }
+    }
+
+    fn local_now(&self) -> u64 {
+        match &self.inner.clock {
+            Some(c) => c.now_micros(),
+            None => monotonic_micros(),
+        }
+    }
+}
+
+/// Builds a [`RateLimiter`]; every setting is checked by [`build`](Self::build).
+#[must_use]
+pub struct RateLimiterBuilder {
+    backend: Arc<dyn RateBackend>,
+    algorithm: Algorithm,
+    quotas: Vec<Quota>,
+    prefix: String,
+    name: Option<String>,
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    policy: FailurePolicy,
+    breaker: (u32, Duration),
+    deny_cache: usize,
+}
+
+impl fmt::Debug for RateLimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiterBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("quotas", &self.quotas)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimiterBuilder {
+    /// Adds a quota; all quotas are checked together, all or nothing.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// The key prefix (default `tollgate`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Names the policy. Limiters with the same prefix and name share
+    /// counters; by default the name is derived from the algorithm and quotas,
+    /// so differently configured limiters never share them.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Times decisions with `clock` instead of the backend's clock (Redis
+    /// `TIME`): for managed Redis that forbids `TIME` in scripts, and tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Bounds each round trip (default 100 ms); past it the failure policy applies.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to do when the backend fails (default: allow).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// After `threshold` consecutive failures, skip the backend for `cooldown`
+    /// (then let one probe through). Default: 5 failures, 1 s.
+    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
+        self.breaker = (threshold.max(1), cooldown);
+        self
+    }
+
+    /// Remember up to `capacity` denied subjects locally until their own
+    /// retry-after, so a flood from a blocked subject costs no round trip.
+    /// An entry never outlives the wait the backend announced, so it never
+    /// denies what the backend would admit. 0 turns it off; default 10 000.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
+    /// Checks the configuration and builds the limiter.
+    pub fn build(self) -> Result<RateLimiter> {
+        if self.quotas.is_empty() {
+            return Err(Error::InvalidConfig("a limiter needs at least one quota".into()));
+        }
+        for q in &self.quotas {
+            if q.has_explicit_burst() && !self.algorithm.uses_burst() {
+                return Err(Error::InvalidQuota(format!(
+                    "{q:?}: a burst applies to the token bucket and GCRA, not the {}",
+                    self.algorithm
+                )));
+            }
+            if self.algorithm == Algorithm::SlidingWindowLog && q.limit() > MAX_LOG_LIMIT {
+                return Err(Error::InvalidQuota(format!(
+                    "{q:?}: the sliding window log keeps one entry per request and accepts limits up to {MAX_LOG_LIMIT}; use the sliding window counter"
+                )));
+            }
+            if self.algorithm == Algorithm::SlidingWindowCounter
+                && q.limit().checked_mul(q.period_micros()).is_none_or(|p| p > 1 << 53)
+            {
+                return Err(Error::InvalidQuota(format!(
+                    "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
+                )));
+            }
+        }
+        let name = match self.name {
+            Some(n) => n,
+            None => default_name(self.algorithm, &self.quotas),
+        };
+        let keyspace = Keyspace::new(self.prefix, name)?;
+        let fallback = match self.policy {
+            FailurePolicy::Fallback { instances } => {
+                let n = u64::from(instances.get());
+                let mut b = RateLimiter::builder(MemoryBackend::new(), self.algorithm)
+                    .prefix(keyspace.prefix())
+                    .name(keyspace.policy())
+                    .deny_cache(0);
+                for q in &self.quotas {
+                    let share = Quota::new((q.limit() / n).max(1), q.period())?;
+                    let share = if q.has_explicit_burst() {
+                        share.with_burst((q.burst() / n).max(1))?
+                    } else {
+                        share
+                    };
+                    b = b.quota(share);
+                }
+                Some(b.build()?)
+            }
+            _ => None,
+        };
+        Ok(RateLimiter {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                algorithm: self.algorithm,
+                quotas: self.quotas,
+                keyspace,
+                clock: self.clock,
+                timeout: self.timeout,
+                policy: self.policy,
+                fallback,
+                breaker: Breaker::new(self.breaker.0, self.breaker.1),
+                deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+            }),
+        })
+    }
+}
+
+fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
+    let mut h = Sha256::new();
+    h.update(algorithm.short_name());
+    for q in quotas {
+        h.update(format!("|{}/{}/{}", q.limit(), q.period_micros(), q.burst()));
+    }
+    format!("{}-{}", algorithm.short_name(), hex(&h.finalize()[..4]))
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // The OS CSPRNG; if it ever fails, fall back to a time-derived nonce
+    // (a collision only merges two log entries of the same microsecond).
+    if getrandom::fill(&mut b).is_err() {
+        return monotonic_micros() ^ 0x9E37_79B9_7F4A_7C15;
+    }
+    u64::from_le_bytes(b)
+}
+
+/// Microseconds on this process's monotonic clock.
+pub(crate) fn monotonic_micros() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// Skips the backend after repeated failures, for a short cooldown.
+struct Breaker {
+    threshold: u32,
+    cooldown_us: u64,
+    failures: AtomicU32,
+    open_until: AtomicU64,
+}
+
+impl Breaker {
+    fn new(threshold: u32, cooldown: Duration) -> Self {
+        Breaker {
+            threshold,
+            cooldown_us: cooldown.as_micros() as u64,
+            failures: AtomicU32::new(0),
+            open_until: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a call may go to the backend now. When the cooldown is over,
+    /// exactly one caller probes (and pushes the deadline out for the rest).
+    fn admits(&self, now: u64) -> bool {
+        let until = self.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        now >= until
+            && self
+                .open_until
+                .compare_exchange(until, now + self.cooldown_us, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    fn success(&self) {
+        self.failures.store(0, Ordering::Release);
+        self.open_until.store(0, Ordering::Release);
+    }
+
+    fn failure(&self, now: u64) {
+        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.threshold {
+            self.open_until
+                .store((now + self.cooldown_us).max(1), Ordering::Release);
+        }
+    }
+}
+
+/// Denied subjects and until when (local clock), bounded.
+struct DenyCache {
+    capacity: usize,
+    map: Mutex<HashMap<String, CachedDenial>>,
+}
+
+struct CachedDenial {
+    until: u64,
+    cost: u64,
+    decision: Decision,
+}
+
+impl DenyCache {
+    fn new(capacity: usize) -> Self {
+        DenyCache {
+            capacity,
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = map.get(key)?;
+        if now >= entry.until {
+            map.remove(key);
+            return None;
+        }
+        // A smaller cost may fit sooner than the cached wait: ask the backend.
+        if cost < entry.cost {
+            return None;
+        }
+        let mut d = entry.decision.clone();
+        let left = Duration::from_micros(entry.until - now);
+        d.retry_after = Some(left);
+        d.reset_after = d.reset_after.max(left);
+        d.source = DecisionSource::DenyCache;
+        Some(d)
+    }
+
+    fn insert(&self, key: &str, cost: u64, sent_at: u64, d: &Decision) {
+        let Some(retry) = d.retry_after else { return };
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= self.capacity {
+            map.retain(|_, e| e.until > sent_at);
+            if map.len() >= self.capacity {
+                return;
+            }
+        }
+        // Measured from before the request was sent: never later than the
+        // backend's own deadline.
+        map.insert(
+            key.to_owned(),
+            CachedDenial {
+                until: sent_at + retry.as_micros() as u64,
+                cost,
+                decision: d.clone(),
+            },
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! Rate limiting: [`Quota`], [`Decision`], the five algorithms and
+//! [`RateLimiter`].
+//!
+//! | algorithm | shape | trade-off |
+//! |---|---|---|
+//! | [`Algorithm::FixedWindow`] | a counter per epoch-aligned window | cheapest; allows up to 2× the limit across a window edge |
+//! | [`Algorithm::SlidingWindowLog`] | one entry per admitted unit | exact; memory and CPU grow with the limit (capped at [`MAX_LOG_LIMIT`]) |
+//! | [`Algorithm::SlidingWindowCounter`] | previous + current window, weighted | close to exact at the cost of two counters; never more than the limit per fixed window and never more than 2× in any sliding period |
+//! | [`Algorithm::TokenBucket`] | tokens refilled continuously up to a capacity | controlled bursts (the quota's burst) over a sustained rate; one integer per key |
+//! | [`Algorithm::Gcra`] | theoretical arrival time | the same admissions as the token bucket, phrased as a schedule; one integer per key |
+//!
+//! Every algorithm is one atomic Lua script (one `EVALSHA` round trip per
+//! decision), timed by the Redis server unless a client [`Clock`](crate::Clock)
+//! is configured, and every key it writes has a TTL. A denied request consumes
+//! nothing. Several quotas on one subject are checked together, all or nothing.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+mod limiter;
+mod quota;
+pub(crate) mod sliding_window_counter;
+pub(crate) mod sliding_window_log;
+pub(crate) mod token_bucket;
+
+pub use limiter::{
+    DecisionSource, FailurePolicy, RateLimiter, RateLimiterBuilder, DEFAULT_TIMEOUT,
+};
+pub use quota::Quota;
+pub use sliding_window_log::MAX_LOG_LIMIT;
+
+/// Which rate-limit algorithm a limiter runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// A counter per epoch-aligned window.
+    FixedWindow,
+    /// An exact log of admissions in the last period.
+    SlidingWindowLog,
+    /// Weighted previous window plus current window.
+    SlidingWindowCounter,
+    /// Continuous refill up to a capacity.
+    TokenBucket,
+    /// Generic cell rate algorithm.
+    Gcra,
+}
+
+impl Algorithm {
+    /// A short stable name, used in default policy names and metrics.
+    pub fn short_name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindowLog => "swl",
+            Algorithm::SlidingWindowCounter => "swc",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Whether the algorithm uses the quota's burst.
+    pub fn uses_burst(&self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+
+    /// The two numbers the script takes for a quota: (limit, period) for the
+    /// windows, (burst, interval) for the buckets.
+    pub(crate) fn params(&self, q: &Quota) -> (u64, u64) {
+        if self.uses_burst() {
+            (q.burst(), q.interval_micros())
+        } else {
+            (q.limit(), q.period_micros())
+        }
+    }
+
+    /// The most one request may cost under `q`.
+    pub fn capacity(&self, q: &Quota) -> u64 {
+        self.params(q).0
+    }
+
+    /// The in-memory twin of the script, for one quota.
+    pub(crate) fn step(
+        &self,
+        slot: &mut Option<Slot>,
+        now: u64,
+        cost: u64,
+        q: &Quota,
+        commit: bool,
+    ) -> Outcome {
+        let (a, b) = self.params(q);
+        let f = match self {
+            Algorithm::FixedWindow => fixed_window::step,
+            Algorithm::SlidingWindowLog => sliding_window_log::step,
+            Algorithm::SlidingWindowCounter => sliding_window_counter::step,
+            Algorithm::TokenBucket => token_bucket::step,
+            Algorithm::Gcra => gcra::step,
+        };
+        f(slot, now, cost, a, b, commit)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::FixedWindow => "fixed window",
+            Algorithm::SlidingWindowLog => "sliding window log",
+            Algorithm::SlidingWindowCounter => "sliding window counter",
+            Algorithm::TokenBucket => "token bucket",
+            Algorithm::Gcra => "GCRA",
+        })
+    }
+}
+
+/// State of one key in the memory backend.
+#[derive(Debug, Clone)]
+pub(crate) enum Slot {
+    /// GCRA's TAT or the token bucket's empty instant.
+    Int(u64),
+    /// Fixed window (previous unused) or sliding counter.
+    Window {
+        window: u64,
+        previous: u64,
+        count: u64,
+    },
+    /// Sliding log, sorted.
+    Log(VecDeque<u64>),
+}
+
+/// What one quota said about one request, in microseconds; the common form of
+/// a script's reply and of its Rust twin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Units left after this request (before it, when denied).
+    pub remaining: u64,
+    /// Microseconds until the quota is back to full.
+    pub reset_after_micros: u64,
+    /// Microseconds until this request could be admitted; 0 when admitted.
+    pub retry_after_micros: u64,
+    /// Microseconds the written state must live (memory backend only).
+    pub(crate) ttl_micros: u64,
+}
+
+impl Outcome {
+    pub(crate) fn allowed(remaining: u64, reset: u64, ttl: u64) -> Self {
+        Outcome {
+            remaining,
+            reset_after_micros: reset,
+            retry_after_micros: 0,
+            ttl_micros: ttl,
+        }
+    }
+
+    pub(crate) fn denied(remaining: u64, reset: u64, retry: u64) -> Self {
+        Outcome {
+            remaining,
+            reset_after_micros: reset,
+            // Never zero: a zero retry-after invites an immediate, rejected retry.
+            retry_after_micros: retry.max(1),
+            ttl_micros: 0,
+        }
+    }
+
+    /// Builds an outcome from a script's three figures.
+    pub fn from_reply(remaining: u64, reset_after_micros: u64, retry_after_micros: u64) -> Self {
+        Outcome {
+            remaining,
+            reset_after_micros,
+            retry_after_micros,
+            ttl_micros: 0,
+        }
+    }
+}
+
+/// One quota's part of a [`Decision`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QuotaDecision {
+    /// The quota.
+    pub quota: Quota,
+    /// Whether this quota alone would admit the request.
+    pub allowed: bool,
+    /// The most this quota admits at once (burst for buckets, limit for windows).
+    pub limit: u64,
+    /// Units left.
+    pub remaining: u64,
+    /// Time until the quota is back to full.
+    pub reset_after: Duration,
+    /// Time until this quota could admit the request; `None` when it does.
+    pub retry_after: Option<Duration>,
+}
+
+/// The answer to one check: admitted or not, and the figures to report.
+///
+/// With several quotas, the top-level figures are the strictest quota's (the
+/// one that denies with the longest wait, or, when admitted, the one with the
+/// fewest units left); every quota is listed in [`Decision::quotas`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// Whether the request is admitted.
+    pub allowed: bool,
+    /// The strictest quota's limit (burst for buckets).
+    pub limit: u64,
+    /// Units left under the strictest quota.
+    pub remaining: u64,
+    /// Time until the strictest quota is back to full.
+    pub reset_after: Duration,
+    /// When denied, how long to wait before retrying: never zero, rounded up.
+    pub retry_after: Option<Duration>,
+    /// Every quota, in configuration order.
+    pub quotas: Vec<QuotaDecision>,
+    /// Where the decision came from (the backend, a failure policy, a cache).
+    pub source: DecisionSource,
+}
+
+impl Decision {
+    pub(crate) fn from_outcomes(
+        algorithm: Algorithm,
+        quotas: &[Quota],
+        outcomes: &[Outcome],
+        allowed: bool,
+        source: DecisionSource,
+    ) -> Self {
+        let per: Vec<QuotaDecision> = quotas
+            .iter()
+            .zip(outcomes)
+            .map(|(q, o)| QuotaDecision {
+                quota: *q,
+                allowed: o.retry_after_micros == 0,
+                limit: algorithm.capacity(q),
+                remaining: o.remaining,
+                reset_after: Duration::from_micros(o.reset_after_micros),
+                retry_after: (o.retry_after_micros > 0)
+                    .then(|| Duration::from_micros(o.retry_after_micros)),
+            })
+            .collect();
+        let strictest = if allowed {
+            per.iter().min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
+        } else {
+            per.iter().max_by_key(|d| d.retry_after)
+        }
+        .copied()
+        .expect("at least one quota");
+        Decision {
+            allowed,
+            limit: strictest.limit,
+            remaining: strictest.remaining,
+            reset_after: strictest.reset_after,
+            retry_after: if allowed {
+                None
+            } else {
+                Some(strictest.retry_after.unwrap_or(Duration::from_micros(1)))
+            },
+            quotas: per,
+            source,
+        }
+    }
+
+    /// Whether the request was denied.
+    pub fn is_denied(&self) -> bool {
+        !self.allowed
+    }
+}

@@ -1,0 +1,48 @@
+//! Sliding window log: one entry per admitted unit, exact. The Redis script is
+//! `lua/sliding_window_log.lua`; this file is its twin for the memory backend.
+
+use std::collections::VecDeque;
+
+use super::{Outcome, Slot};
+
+/// The Lua script.
+pub(crate) const SCRIPT: &str = include_str!("../../lua/sliding_window_log.lua");
+
+/// The largest limit the log accepts: it keeps one entry per admitted unit,
+/// and memory and CPU grow with the limit. Larger limits belong to the
+/// sliding window counter.
+pub const MAX_LOG_LIMIT: u64 = 10_000;
+
+/// One quota's step: `limit` per `period` µs.
+pub(crate) fn step(
+    slot: &mut Option<Slot>,
+    now: u64,
+    cost: u64,
+    limit: u64,
+    period: u64,
+    commit: bool,
+) -> Outcome {
+    if !matches!(slot, Some(Slot::Log(_))) {
+        *slot = Some(Slot::Log(VecDeque::new()));
+    }
+    let Some(Slot::Log(log)) = slot else {
+        unreachable!("just set")
+    };
+    // Entries at or before now - period have left the window (kept sorted).
+    let cutoff = now.saturating_sub(period);
+    let gone = log.partition_point(|&t| t <= cutoff);
+    log.drain(..gone);
+    let count = log.len() as u64;
+    if count + cost > limit {
+        let freeing = log[(count + cost - limit - 1) as usize];
+        let newest = *log.back().expect("count + cost > limit >= cost implies entries");
+        return Outcome::denied(limit - count, newest + period - now, freeing + period - now);
+    }
+    if commit {
+        let at = log.partition_point(|&t| t <= now);
+        for _ in 0..cost {
+            log.insert(at, now);
+        }
+    }
+    Outcome::allowed(limit - count - cost, period, period)
+}
