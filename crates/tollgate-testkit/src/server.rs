@@ -367,3 +367,38 @@ fn create_temp_dir() -> Result<PathBuf> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_on_a_taken_port_is_port_busy() {
+        let first = RedisServer::start().expect("start redis-server");
+        let mut second = RedisServer {
+            port: first.port(),
+            extra_args: Vec::new(),
+            dir: create_temp_dir().unwrap(),
+            child: None,
+        };
+        match second.launch() {
+            Err(LaunchError::PortBusy(msg)) => {
+                assert!(msg.contains(&first.port().to_string()), "{msg}");
+            }
+            Err(LaunchError::Fatal(err)) => panic!("expected PortBusy, got {err}"),
+            Ok(()) => panic!("second server started on a taken port"),
+        }
+        assert!(second.child.is_none(), "failed launch must reap its child");
+        assert_eq!(first.cli(&["PING"]), "PONG");
+    }
+
+    #[test]
+    fn temp_dirs_are_fresh_and_removed_on_drop() {
+        let server = RedisServer::start().expect("start redis-server");
+        let dir = server.dir.clone();
+        assert!(dir.join(LOG_FILE).exists());
+        assert!(server.logs().contains("Ready to accept connections"));
+        drop(server);
+        assert!(!dir.exists(), "{} not removed", dir.display());
+    }
+}
