@@ -2,40 +2,41 @@
 -- KEYS[i]: one key per quota, all sharing one hash tag.
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost. ARGV[3]: unused.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
--- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}.
--- All-or-nothing: nothing is written unless every quota admits the cost.
+-- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
+-- the figures after counting the cost when every quota admits it, else the
+-- figures as they stand (nothing is written: all or nothing).
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local cost = tonumber(ARGV[2])
-local out, new, ttl, ok = {1}, {}, {}, true
-for i = 1, #KEYS do
-  local limit, period = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-  local w = math.floor(now / period)
-  local count = 0
+local n = #KEYS
+local w, count, limit, reset, ok = {}, {}, {}, {}, true
+for i = 1, n do
+  local period = tonumber(ARGV[3 + 2 * i])
+  limit[i] = tonumber(ARGV[2 + 2 * i])
+  w[i] = math.floor(now / period)
+  reset[i] = (w[i] + 1) * period - now
+  count[i] = 0
   local v = redis.call('GET', KEYS[i])
   if v then
     local sep = string.find(v, ':', 1, true)
     -- A count from an earlier window no longer counts.
-    if tonumber(string.sub(v, 1, sep - 1)) == w then count = tonumber(string.sub(v, sep + 1)) end
+    if tonumber(string.sub(v, 1, sep - 1)) == w[i] then count[i] = tonumber(string.sub(v, sep + 1)) end
   end
-  local reset = (w + 1) * period - now
-  local j = 3 * i - 1
-  if count + cost > limit then
-    ok = false
-    out[j], out[j + 1], out[j + 2] = limit - count, reset, reset
-  else
-    new[i], ttl[i] = string.format('%d:%d', w, count + cost), math.ceil(reset / 1000)
-    out[j], out[j + 1], out[j + 2] = limit - count - cost, reset, 0
-  end
+  if count[i] + cost > limit[i] then ok = false end
 end
-if ok then
-  for i = 1, #KEYS do
-    redis.call('SET', KEYS[i], new[i], 'PX', ttl[i])
+local out = {ok and 1 or 0}
+for i = 1, n do
+  local j = 3 * i - 1
+  if ok then
+    redis.call('SET', KEYS[i], string.format('%d:%d', w[i], count[i] + cost), 'PX', math.ceil(reset[i] / 1000))
+    out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, reset[i], 0
+  else
+    local retry = 0
+    if count[i] + cost > limit[i] then retry = reset[i] end
+    out[j], out[j + 1], out[j + 2] = limit[i] - count[i], reset[i], retry
   end
-else
-  out[1] = 0
 end
 return out

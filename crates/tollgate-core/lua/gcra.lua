@@ -2,36 +2,35 @@
 -- KEYS[i]: one key per quota, all sharing one hash tag.
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost. ARGV[3]: unused.
 -- ARGV[2+2i], ARGV[3+2i]: burst and emission interval (µs) of quota i.
--- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}.
--- All-or-nothing: nothing is written unless every quota admits the cost.
+-- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
+-- the figures after taking the cost when every quota admits it, else the
+-- figures as they stand (nothing is written: all or nothing).
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local cost = tonumber(ARGV[2])
-local out, new, ok = {1}, {}, true
-for i = 1, #KEYS do
-  local burst, interval = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
-  local tat = tonumber(redis.call('GET', KEYS[i])) or now
-  if tat < now then tat = now end
-  local limit_at = now + burst * interval
-  local nt = tat + cost * interval
-  local j = 3 * i - 1
-  if nt > limit_at then
-    ok = false
-    out[j], out[j + 1], out[j + 2] = math.floor((limit_at - tat) / interval), tat - now, nt - limit_at
-  else
-    new[i] = nt
-    out[j], out[j + 1], out[j + 2] = math.floor((limit_at - nt) / interval), nt - now, 0
-  end
+local n = #KEYS
+local tat, nt, limit_at, interval, ok = {}, {}, {}, {}, true
+for i = 1, n do
+  interval[i] = tonumber(ARGV[3 + 2 * i])
+  limit_at[i] = now + tonumber(ARGV[2 + 2 * i]) * interval[i]
+  local t = tonumber(redis.call('GET', KEYS[i])) or now
+  if t < now then t = now end
+  tat[i], nt[i] = t, t + cost * interval[i]
+  if nt[i] > limit_at[i] then ok = false end
 end
-if ok then
-  for i = 1, #KEYS do
+local out = {ok and 1 or 0}
+for i = 1, n do
+  local j = 3 * i - 1
+  if ok then
     -- %d: Lua's default number format keeps only 14 digits.
-    redis.call('SET', KEYS[i], string.format('%d', new[i]), 'PX', math.ceil((new[i] - now) / 1000))
+    redis.call('SET', KEYS[i], string.format('%d', nt[i]), 'PX', math.ceil((nt[i] - now) / 1000))
+    out[j], out[j + 1], out[j + 2] = math.floor((limit_at[i] - nt[i]) / interval[i]), nt[i] - now, 0
+  else
+    out[j], out[j + 1] = math.floor((limit_at[i] - tat[i]) / interval[i]), tat[i] - now
+    out[j + 2] = math.max(nt[i] - limit_at[i], 0)
   end
-else
-  out[1] = 0
 end
 return out

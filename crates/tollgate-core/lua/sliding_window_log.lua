@@ -5,49 +5,52 @@
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost.
 -- ARGV[3]: a random nonce from the client, making members unique.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
--- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}.
--- All-or-nothing: nothing is added unless every quota admits the cost.
+-- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
+-- the figures after logging the cost when every quota admits it, else the
+-- figures as they stand (nothing is added: all or nothing).
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local cost = tonumber(ARGV[2])
-local out, ok = {1}, true
-for i = 1, #KEYS do
-  local limit, period = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
+local n = #KEYS
+local count, limit, period, ok = {}, {}, {}, true
+for i = 1, n do
+  limit[i], period[i] = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
   -- Entries at or before now - period have left the window.
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - period))
-  local count = redis.call('ZCARD', KEYS[i])
-  local j = 3 * i - 1
-  if count + cost > limit then
-    ok = false
-    -- The entry whose expiry frees enough room for this cost.
-    local idx = count + cost - limit - 1
-    local freeing = redis.call('ZRANGE', KEYS[i], idx, idx, 'WITHSCORES')
-    local newest = redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')
-    out[j], out[j + 1], out[j + 2] = limit - count, tonumber(newest[2]) + period - now,
-      tonumber(freeing[2]) + period - now
-  else
-    out[j], out[j + 1], out[j + 2] = limit - count - cost, period, 0
-  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - period[i]))
+  count[i] = redis.call('ZCARD', KEYS[i])
+  if count[i] + cost > limit[i] then ok = false end
 end
-if ok then
-  local score = string.format('%d', now)
-  for i = 1, #KEYS do
-    local n = 0
-    while n < cost do
+local out = {ok and 1 or 0}
+local score = string.format('%d', now)
+for i = 1, n do
+  local j = 3 * i - 1
+  if ok then
+    local m = 0
+    while m < cost do
       -- ZADD in chunks: unpack has a limit on how many values it returns.
-      local args, m = {}, 0
-      while n < cost and m < 1000 do
-        n, m = n + 1, m + 1
-        args[2 * m - 1], args[2 * m] = score, ARGV[3] .. ':' .. n
+      local args, k = {}, 0
+      while m < cost and k < 1000 do
+        m, k = m + 1, k + 1
+        args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. m
       end
       redis.call('ZADD', KEYS[i], unpack(args))
     end
-    redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[3 + 2 * i]) / 1000))
+    redis.call('PEXPIRE', KEYS[i], math.ceil(period[i] / 1000))
+    out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, period[i], 0
+  else
+    local reset, retry = 0, 0
+    if count[i] > 0 then
+      reset = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2]) + period[i] - now
+    end
+    if count[i] + cost > limit[i] then
+      -- The entry whose expiry frees enough room for this cost.
+      local idx = count[i] + cost - limit[i] - 1
+      retry = tonumber(redis.call('ZRANGE', KEYS[i], idx, idx, 'WITHSCORES')[2]) + period[i] - now
+    end
+    out[j], out[j + 1], out[j + 2] = limit[i] - count[i], reset, retry
   end
-else
-  out[1] = 0
 end
 return out

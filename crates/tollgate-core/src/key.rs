@@ -214,7 +214,11 @@ impl Keyspace {
     /// The key for `subject`, with an optional suffix after the hash tag.
     pub fn key(&self, subject: &Subject, suffix: Option<&str>) -> String {
         let mut key = String::with_capacity(
-            self.prefix.len() + self.policy.len() + subject.0.len() + 8 + suffix.map_or(0, str::len),
+            self.prefix.len()
+                + self.policy.len()
+                + subject.0.len()
+                + 8
+                + suffix.map_or(0, str::len),
         );
         key.push_str(&self.prefix);
         key.push(':');

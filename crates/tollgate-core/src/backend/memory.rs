@@ -107,11 +107,7 @@ impl MemoryBackend {
 
     /// Number of rate-limit keys held, expired or not yet evicted.
     pub fn len(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| lock(s).map.len())
-            .sum()
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     /// Whether no rate-limit key is held.

@@ -42,7 +42,10 @@ pub(crate) use lua;
 
 lua!(FIXED_WINDOW, crate::rate::fixed_window::SCRIPT);
 lua!(SLIDING_WINDOW_LOG, crate::rate::sliding_window_log::SCRIPT);
-lua!(SLIDING_WINDOW_COUNTER, crate::rate::sliding_window_counter::SCRIPT);
+lua!(
+    SLIDING_WINDOW_COUNTER,
+    crate::rate::sliding_window_counter::SCRIPT
+);
 lua!(TOKEN_BUCKET, crate::rate::token_bucket::SCRIPT);
 lua!(GCRA, crate::rate::gcra::SCRIPT);
 
@@ -216,7 +219,9 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
         .iter()
         .map(|v| match v {
             Value::Int(n) => Ok(*n),
-            other => Err(Error::Protocol(format!("expected an integer, got {other:?}"))),
+            other => Err(Error::Protocol(format!(
+                "expected an integer, got {other:?}"
+            ))),
         })
         .collect::<Result<_>>()?;
     if nums.len() != 1 + 3 * quotas {

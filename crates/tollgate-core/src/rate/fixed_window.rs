@@ -21,15 +21,18 @@ pub(crate) fn step(
         _ => 0,
     };
     let reset = (w + 1) * period - now;
-    if count + cost > limit {
-        return Outcome::denied(limit - count, reset, reset);
-    }
-    if commit {
+    let fits = count + cost <= limit;
+    if commit && fits {
         *slot = Some(Slot::Window {
             window: w,
             previous: 0,
             count: count + cost,
         });
+        return Outcome::allowed(limit - count - cost, reset, reset);
     }
-    Outcome::allowed(limit - count - cost, reset, reset)
+    Outcome::current(
+        limit.saturating_sub(count),
+        reset,
+        if fits { 0 } else { reset },
+    )
 }

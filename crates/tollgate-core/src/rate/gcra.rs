@@ -24,11 +24,10 @@ pub(crate) fn step(
     let tat = stored.max(now);
     let limit_at = now + burst * interval;
     let nt = tat + cost * interval;
-    if nt > limit_at {
-        return Outcome::denied((limit_at - tat) / interval, tat - now, nt - limit_at);
-    }
-    if commit {
+    let retry = nt.saturating_sub(limit_at);
+    if commit && retry == 0 {
         *slot = Some(Slot::Int(nt));
+        return Outcome::allowed((limit_at - nt) / interval, nt - now, nt - now);
     }
-    Outcome::allowed((limit_at - nt) / interval, nt - now, nt - now)
+    Outcome::current(limit_at.saturating_sub(tat) / interval, tat - now, retry)
 }

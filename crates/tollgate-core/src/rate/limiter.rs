@@ -386,7 +386,9 @@ impl RateLimiterBuilder {
     /// Checks the configuration and builds the limiter.
     pub fn build(self) -> Result<RateLimiter> {
         if self.quotas.is_empty() {
-            return Err(Error::InvalidConfig("a limiter needs at least one quota".into()));
+            return Err(Error::InvalidConfig(
+                "a limiter needs at least one quota".into(),
+            ));
         }
         for q in &self.quotas {
             if q.has_explicit_burst() && !self.algorithm.uses_burst() {
@@ -401,7 +403,9 @@ impl RateLimiterBuilder {
                 )));
             }
             if self.algorithm == Algorithm::SlidingWindowCounter
-                && q.limit().checked_mul(q.period_micros()).is_none_or(|p| p > 1 << 53)
+                && q.limit()
+                    .checked_mul(q.period_micros())
+                    .is_none_or(|p| p > 1 << 53)
             {
                 return Err(Error::InvalidQuota(format!(
                     "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
@@ -454,7 +458,12 @@ fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
     let mut h = Sha256::new();
     h.update(algorithm.short_name());
     for q in quotas {
-        h.update(format!("|{}/{}/{}", q.limit(), q.period_micros(), q.burst()));
+        h.update(format!(
+            "|{}/{}/{}",
+            q.limit(),
+            q.period_micros(),
+            q.burst()
+        ));
     }
     format!("{}-{}", algorithm.short_name(), hex(&h.finalize()[..4]))
 }
@@ -503,7 +512,12 @@ impl Breaker {
         now >= until
             && self
                 .open_until
-                .compare_exchange(until, now + self.cooldown_us, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(
+                    until,
+                    now + self.cooldown_us,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
                 .is_ok()
     }
 

@@ -152,12 +152,13 @@ impl Outcome {
         }
     }
 
-    pub(crate) fn denied(remaining: u64, reset: u64, retry: u64) -> Self {
+    /// The figures as they stand, without taking the cost; `retry` is 0
+    /// when this quota alone would admit the cost.
+    pub(crate) fn current(remaining: u64, reset: u64, retry: u64) -> Self {
         Outcome {
             remaining,
             reset_after_micros: reset,
-            // Never zero: a zero retry-after invites an immediate, rejected retry.
-            retry_after_micros: retry.max(1),
+            retry_after_micros: retry,
             ttl_micros: 0,
         }
     }
@@ -237,7 +238,8 @@ impl Decision {
             })
             .collect();
         let strictest = if allowed {
-            per.iter().min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
+            per.iter()
+                .min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
         } else {
             per.iter().max_by_key(|d| d.retry_after)
         }

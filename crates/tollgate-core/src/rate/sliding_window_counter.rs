@@ -35,21 +35,30 @@ pub(crate) fn step(
         _ => (0, 0),
     };
     let est = cur + (prev as u128 * (period - e) as u128).div_ceil(period as u128) as u64;
-    if est + cost > limit {
-        let retry = if cur + cost <= limit {
-            period - ((limit - cur - cost) as u128 * period as u128 / prev as u128) as u64 - e
-        } else {
-            period - e + period - ((limit - cost) as u128 * period as u128 / cur as u128) as u64
-        };
-        let reset = if cur > 0 { 2 * period - e } else { period - e };
-        return Outcome::denied(limit.saturating_sub(est), reset, retry);
-    }
-    if commit {
+    let fits = est + cost <= limit;
+    if commit && fits {
         *slot = Some(Slot::Window {
             window: w,
             previous: prev,
             count: cur + cost,
         });
+        return Outcome::allowed(limit - est - cost, 2 * period - e, 2 * period - e);
     }
-    Outcome::allowed(limit - est - cost, 2 * period - e, 2 * period - e)
+    let retry = if fits {
+        0
+    } else if cur + cost <= limit {
+        // Later in this window, once the previous window's weight has dropped.
+        period - ((limit - cur - cost) as u128 * period as u128 / prev as u128) as u64 - e
+    } else {
+        // In the next window, once this window's weight has dropped.
+        period - e + period - ((limit - cost) as u128 * period as u128 / cur as u128) as u64
+    };
+    let reset = if cur > 0 {
+        2 * period - e
+    } else if prev > 0 {
+        period - e
+    } else {
+        0
+    };
+    Outcome::current(limit.saturating_sub(est), reset, retry)
 }

@@ -33,16 +33,20 @@ pub(crate) fn step(
     let gone = log.partition_point(|&t| t <= cutoff);
     log.drain(..gone);
     let count = log.len() as u64;
-    if count + cost > limit {
-        let freeing = log[(count + cost - limit - 1) as usize];
-        let newest = *log.back().expect("count + cost > limit >= cost implies entries");
-        return Outcome::denied(limit - count, newest + period - now, freeing + period - now);
-    }
-    if commit {
+    let fits = count + cost <= limit;
+    if commit && fits {
         let at = log.partition_point(|&t| t <= now);
         for _ in 0..cost {
             log.insert(at, now);
         }
+        return Outcome::allowed(limit - count - cost, period, period);
     }
-    Outcome::allowed(limit - count - cost, period, period)
+    let reset = log.back().map_or(0, |&t| (t + period).saturating_sub(now));
+    let retry = if fits {
+        0
+    } else {
+        // The entry whose expiry frees enough room for this cost.
+        (log[(count + cost - limit - 1) as usize] + period).saturating_sub(now)
+    };
+    Outcome::current(limit.saturating_sub(count), reset, retry)
 }

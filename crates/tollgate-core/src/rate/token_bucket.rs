@@ -20,22 +20,28 @@ pub(crate) fn step(
     let full = capacity * interval;
     // Signed: a fresh bucket's empty instant lies `full` before now, which may
     // precede the epoch under a fake clock.
-    let floor = now as i128 - full as i128;
+    let now_i = now as i128;
+    let floor = now_i - full as i128;
     let empty_at = match slot {
         Some(Slot::Int(t)) => (*t as i128).max(floor),
         _ => floor,
     };
-    let tokens = ((now as i128 - empty_at) / interval as i128) as u64;
+    let tokens = ((now_i - empty_at).max(0) / interval as i128) as u64;
     let after = empty_at + (cost * interval) as i128;
-    if tokens < cost {
-        let reset = (empty_at + full as i128 - now as i128) as u64;
-        return Outcome::denied(tokens, reset, (after - now as i128) as u64);
-    }
-    let reset = (after + full as i128 - now as i128) as u64;
-    if commit {
-        // Stored as an integer like the script does; a negative instant is only
-        // possible with a fake clock near the epoch and clamps to zero.
+    if commit && tokens >= cost {
+        let reset = (after + full as i128 - now_i) as u64;
+        // A negative instant is only possible with a fake clock near the epoch.
         *slot = Some(Slot::Int(after.max(0) as u64));
+        return Outcome::allowed(tokens - cost, reset, reset);
     }
-    Outcome::allowed(tokens - cost, reset, reset)
+    let retry = if tokens < cost {
+        (after - now_i).max(0) as u64
+    } else {
+        0
+    };
+    Outcome::current(
+        tokens,
+        (empty_at + full as i128 - now_i).max(0) as u64,
+        retry,
+    )
 }

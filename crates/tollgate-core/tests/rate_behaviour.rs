@@ -1,0 +1,726 @@
+//! The rate-limit behaviour suite: every test runs against the memory backend,
+//! a standalone redis-server and a 3-master Redis Cluster (real processes,
+//! started by the test kit; no mocks).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tollgate_core::{
+    Algorithm, DecisionSource, Error, FailurePolicy, ManualClock, MemoryBackend, Quota,
+    RateBackend, RateLimiter, RedisBackend,
+};
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+const ALL: [Algorithm; 5] = [
+    Algorithm::FixedWindow,
+    Algorithm::SlidingWindowLog,
+    Algorithm::SlidingWindowCounter,
+    Algorithm::TokenBucket,
+    Algorithm::Gcra,
+];
+
+fn server() -> &'static RedisServer {
+    static S: OnceLock<RedisServer> = OnceLock::new();
+    S.get_or_init(|| RedisServer::start().expect("redis-server"))
+}
+
+fn cluster() -> &'static RedisCluster {
+    static C: OnceLock<RedisCluster> = OnceLock::new();
+    C.get_or_init(|| RedisCluster::start().expect("redis cluster"))
+}
+
+/// A unique key prefix per test, so tests share servers without sharing keys.
+fn prefix() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "t{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Memory,
+    Standalone,
+    Cluster,
+}
+
+const KINDS: [Kind; 3] = [Kind::Memory, Kind::Standalone, Kind::Cluster];
+
+/// A backend of `kind`, plus a checker that every key under `prefix` has a TTL.
+struct Target {
+    kind: Kind,
+    backend: Arc<dyn RateBackend>,
+    memory: Option<MemoryBackend>,
+}
+
+impl Target {
+    async fn new(kind: Kind, clock: &ManualClock) -> Target {
+        match kind {
+            Kind::Memory => {
+                let m = MemoryBackend::with_clock(clock.clone());
+                Target {
+                    kind,
+                    backend: Arc::new(m.clone()),
+                    memory: Some(m),
+                }
+            }
+            Kind::Standalone => Target {
+                kind,
+                backend: Arc::new(RedisBackend::new(server().connection_manager().await)),
+                memory: None,
+            },
+            Kind::Cluster => Target {
+                kind,
+                backend: Arc::new(RedisBackend::new(cluster().connection().await)),
+                memory: None,
+            },
+        }
+    }
+
+    fn limiter(
+        &self,
+        alg: Algorithm,
+        quotas: &[Quota],
+        prefix: &str,
+        clock: &ManualClock,
+    ) -> RateLimiter {
+        let mut b = RateLimiter::builder(self.backend.clone(), alg)
+            .prefix(prefix)
+            .clock(clock.clone())
+            .failure_policy(FailurePolicy::Deny)
+            .timeout(Duration::from_secs(5))
+            .deny_cache(0);
+        for q in quotas {
+            b = b.quota(*q);
+        }
+        b.build().unwrap()
+    }
+
+    /// Rule 4: every key written has a TTL.
+    async fn assert_all_keys_expire(&self, prefix: &str, clock: &ManualClock) {
+        match self.kind {
+            Kind::Memory => {
+                let m = self.memory.as_ref().unwrap();
+                assert!(!m.is_empty(), "the scenario wrote no entry");
+                // Days later every entry has expired and is evicted.
+                clock.advance(Duration::from_secs(3 * 86_400));
+                m.evict_expired();
+                assert_eq!(m.len(), 0, "memory entries without expiry");
+            }
+            Kind::Standalone => assert_ttls(&[server()], prefix),
+            Kind::Cluster => {
+                let nodes: Vec<&RedisServer> = cluster().nodes().iter().collect();
+                assert_ttls(&nodes, prefix)
+            }
+        }
+    }
+}
+
+fn assert_ttls(nodes: &[&RedisServer], prefix: &str) {
+    let mut seen = 0;
+    for node in nodes {
+        let keys = node.cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
+        for key in keys.lines().filter(|k| !k.is_empty()) {
+            let pttl: i64 = node.cli(&["PTTL", key]).parse().unwrap();
+            assert!(pttl > 0, "key {key} has PTTL {pttl}");
+            seen += 1;
+        }
+    }
+    assert!(seen > 0, "the scenario wrote no key under {prefix}");
+}
+
+fn q(limit: u64, secs: u64) -> Quota {
+    Quota::new(limit, Duration::from_secs(secs)).unwrap()
+}
+
+/// Exactly `limit` admitted in a burst, the next denied with a retry-after
+/// that is honest: just before it, still denied; at it, admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admits_exactly_the_limit_then_retry_after_is_exact() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[q(5, 10)], &p, &clock);
+            let subject = format!("user-{alg:?}");
+            for i in 0..5 {
+                let d = l.check(subject.as_str()).await.unwrap();
+                assert!(d.allowed, "{kind:?} {alg:?}: request {i} denied: {d:?}");
+                assert_eq!(d.remaining, 4 - i, "{kind:?} {alg:?}");
+                assert_eq!(d.limit, 5);
+                assert_eq!(d.source, DecisionSource::Backend);
+            }
+            let d = l.check(subject.as_str()).await.unwrap();
+            assert!(!d.allowed, "{kind:?} {alg:?}: sixth admitted");
+            let retry = d.retry_after.expect("retry_after when denied");
+            assert!(retry > Duration::ZERO);
+            // The counter may wait into the next window for the weight to drop.
+            let most = if alg == Algorithm::SlidingWindowCounter {
+                20
+            } else {
+                10
+            };
+            assert!(
+                retry <= Duration::from_secs(most),
+                "{kind:?} {alg:?}: {retry:?}"
+            );
+            // Denials consume nothing: many more denials do not push the retry out.
+            for _ in 0..5 {
+                let again = l.check(subject.as_str()).await.unwrap();
+                assert!(!again.allowed);
+                assert_eq!(again.retry_after, Some(retry), "{kind:?} {alg:?}");
+            }
+            clock.advance(retry - Duration::from_micros(1));
+            assert!(
+                !l.check(subject.as_str()).await.unwrap().allowed,
+                "{kind:?} {alg:?}: admitted early"
+            );
+            clock.advance(Duration::from_micros(1));
+            let d = l.check(subject.as_str()).await.unwrap();
+            assert!(d.allowed, "{kind:?} {alg:?}: denied at retry_after: {d:?}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
+/// A limit of one admits one (upstash#39).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limit_of_one_admits_one() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[q(1, 1)], &p, &clock);
+            assert!(l.check("a").await.unwrap().allowed, "{kind:?} {alg:?}");
+            assert!(!l.check("a").await.unwrap().allowed, "{kind:?} {alg:?}");
+            // Other subjects are independent.
+            assert!(l.check("b").await.unwrap().allowed, "{kind:?} {alg:?}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
+/// Weighted costs; a cost that can never fit is its own error and leaves the
+/// state alone (rwz/redis-gcra#6: later calls must still be limited).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_cost_and_impossible_cost() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[q(10, 60)], &p, &clock);
+            let d = l.check_n("s", 7).await.unwrap();
+            assert!(d.allowed && d.remaining == 3, "{kind:?} {alg:?}: {d:?}");
+            let d = l.check_n("s", 4).await.unwrap();
+            assert!(!d.allowed && d.remaining == 3, "{kind:?} {alg:?}: {d:?}");
+            match l.check_n("s", 11).await {
+                Err(Error::CostExceedsCapacity {
+                    cost: 11,
+                    capacity: 10,
+                }) => {}
+                other => panic!("{kind:?} {alg:?}: {other:?}"),
+            }
+            let d = l.check_n("s", 3).await.unwrap();
+            assert!(d.allowed && d.remaining == 0, "{kind:?} {alg:?}: {d:?}");
+            assert!(!l.check("s").await.unwrap().allowed, "{kind:?} {alg:?}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
+/// Several quotas on one subject, in one script, all or nothing: a denial by
+/// one quota takes nothing from the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_quotas_all_or_nothing() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            // 2 per second AND 3 per hour.
+            let l = t.limiter(alg, &[q(2, 1), q(3, 3600)], &p, &clock);
+            assert!(l.check("u").await.unwrap().allowed);
+            let d = l.check("u").await.unwrap();
+            assert!(d.allowed, "{kind:?} {alg:?}");
+            assert_eq!(d.quotas.len(), 2);
+            assert_eq!(
+                (d.quotas[0].remaining, d.quotas[1].remaining),
+                (0, 1),
+                "{kind:?} {alg:?}"
+            );
+            // Denied by the per-second quota: the hourly one keeps its unit.
+            let d = l.check("u").await.unwrap();
+            assert!(!d.allowed, "{kind:?} {alg:?}");
+            assert!(
+                !d.quotas[0].allowed && d.quotas[1].allowed,
+                "{kind:?} {alg:?}: {d:?}"
+            );
+            assert_eq!(d.quotas[1].remaining, 1, "{kind:?} {alg:?}");
+            clock.advance(Duration::from_secs(2));
+            assert!(l.check("u").await.unwrap().allowed, "{kind:?} {alg:?}");
+            // Now the hourly quota is spent: it decides, with the longer wait.
+            let d = l.check("u").await.unwrap();
+            assert!(!d.allowed, "{kind:?} {alg:?}");
+            assert!(
+                d.quotas[0].allowed && !d.quotas[1].allowed,
+                "{kind:?} {alg:?}: {d:?}"
+            );
+            assert!(
+                d.retry_after.unwrap() > Duration::from_secs(60),
+                "{kind:?} {alg:?}: {d:?}"
+            );
+            assert_eq!(d.limit, 3);
+            // …and the per-second quota was not charged by that denial.
+            assert_eq!(d.quotas[0].remaining, 1, "{kind:?} {alg:?}: {d:?}");
+            assert_eq!(l.check("u").await.unwrap().quotas[0].remaining, 1);
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
+/// The token bucket and GCRA: a burst of exactly `burst`, then the sustained
+/// rate (go-redis/redis_rate#24: too many allowed when burst ≠ 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_then_sustained_rate() {
+    for kind in KINDS {
+        for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let quota = Quota::per_second(1).unwrap().with_burst(5).unwrap();
+            let l = t.limiter(alg, &[quota], &p, &clock);
+            let mut admitted = 0;
+            for _ in 0..20 {
+                admitted += l.check("b").await.unwrap().allowed as u32;
+            }
+            assert_eq!(admitted, 5, "{kind:?} {alg:?}");
+            // Over the next 10 s, one per second.
+            let mut admitted = 0;
+            for _ in 0..100 {
+                clock.advance(Duration::from_millis(100));
+                admitted += l.check("b").await.unwrap().allowed as u32;
+            }
+            assert_eq!(admitted, 10, "{kind:?} {alg:?}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
+/// The sliding log is exact over any window; the counter stays within its
+/// documented bound; the fixed window resets at the edge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_shapes() {
+    for kind in KINDS {
+        let clock = ManualClock::new(1_000_000_000_000_000); // a window edge
+        let t = Target::new(kind, &clock).await;
+        let p = prefix();
+        let log = t.limiter(Algorithm::SlidingWindowLog, &[q(4, 10)], &p, &clock);
+        let fw = t.limiter(Algorithm::FixedWindow, &[q(4, 10)], &p, &clock);
+        let swc = t.limiter(Algorithm::SlidingWindowCounter, &[q(4, 10)], &p, &clock);
+        clock.advance(Duration::from_secs(9));
+        for l in [&log, &fw, &swc] {
+            for _ in 0..4 {
+                assert!(l.check("w").await.unwrap().allowed);
+            }
+        }
+        clock.advance(Duration::from_secs(2)); // 11 s: a new fixed window
+        assert!(
+            fw.check("w").await.unwrap().allowed,
+            "{kind:?}: fixed window resets at the edge"
+        );
+        assert!(
+            !log.check("w").await.unwrap().allowed,
+            "{kind:?}: the log remembers the last 10 s"
+        );
+        // The counter weights the previous window by 9/10: ceil(4 * 0.9) = 4.
+        assert!(!swc.check("w").await.unwrap().allowed, "{kind:?}");
+        clock.advance(Duration::from_secs(8)); // 19 s: the log's entries from 9 s are gone
+        assert!(log.check("w").await.unwrap().allowed, "{kind:?}");
+        // Counter: ceil(4 * 0.1) = 1 of the previous window, so 3 more.
+        let mut n = 0;
+        for _ in 0..10 {
+            n += swc.check("w").await.unwrap().allowed as u32;
+        }
+        assert_eq!(n, 3, "{kind:?}");
+        t.assert_all_keys_expire(&p, &clock).await;
+    }
+}
+
+/// The memory twins and the Lua scripts agree figure for figure on a long
+/// random sequence of costs and clock steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_twins_match_the_scripts() {
+    let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for alg in ALL {
+        let clock = ManualClock::starting_now();
+        let mem = Target::new(Kind::Memory, &clock).await;
+        let redis = Target::new(Kind::Standalone, &clock).await;
+        let p = prefix();
+        let quotas = [
+            Quota::new(7, Duration::from_millis(1500)).unwrap(),
+            q(20, 20),
+        ];
+        let a = mem.limiter(alg, &quotas, &p, &clock);
+        let b = redis.limiter(alg, &quotas, &p, &clock);
+        for step in 0..400 {
+            clock.advance(Duration::from_micros(next(400_000)));
+            let cost = 1 + next(3);
+            let da = a.check_n("same", cost).await.unwrap();
+            let db = b.check_n("same", cost).await.unwrap();
+            assert_eq!(da, db, "{alg:?} diverged at step {step}");
+        }
+    }
+}
+
+/// One EVALSHA per decision; NOSCRIPT (after SCRIPT FLUSH) is recovered by one
+/// EVAL; other errors are returned, not retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_noscript_recovery_and_no_blind_retry() {
+    let server = RedisServer::start().unwrap();
+    let conn = server.connection_manager().await;
+    let clock = ManualClock::starting_now();
+    let backend = RedisBackend::new(conn.clone());
+    let l = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(q(100, 60))
+        .clock(clock.clone())
+        .failure_policy(FailurePolicy::Deny)
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    assert!(l.check("x").await.unwrap().allowed); // loads the script (NOSCRIPT + EVAL)
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    for _ in 0..25 {
+        l.check("x").await.unwrap();
+    }
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=25,"), "{stats}");
+    assert!(!stats.contains("cmdstat_eval:"), "{stats}");
+
+    server.cli(&["SCRIPT", "FLUSH"]);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    assert!(l.check("x").await.unwrap().allowed);
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=1,"), "{stats}");
+    assert!(stats.contains("cmdstat_eval:calls=1,"), "{stats}");
+
+    // A key of the wrong type is a real error: returned once, never retried.
+    let mut c = conn.clone();
+    let key = l.keys_for(&"bad".into())[0].clone();
+    let _: () = c.hset(&key, "f", "v").await.unwrap();
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    match l.check("bad").await {
+        Err(Error::Backend(e)) => assert!(e.to_string().contains("WRONGTYPE"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=1,"), "{stats}");
+    assert!(!stats.contains("cmdstat_eval:"), "{stats}");
+}
+
+/// Time comes from the Redis server by default: no client clock at all, and
+/// two limiters agree whatever the application's clock says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_by_default() {
+    for kind in [Kind::Standalone, Kind::Cluster] {
+        let clock = ManualClock::new(0);
+        let t = Target::new(kind, &clock).await;
+        let p = prefix();
+        for alg in ALL {
+            let l = RateLimiter::builder(t.backend.clone(), alg)
+                .prefix(&p)
+                .quota(q(3, 3600))
+                .failure_policy(FailurePolicy::Deny)
+                .deny_cache(0)
+                .build()
+                .unwrap();
+            for _ in 0..3 {
+                assert!(l.check("srv").await.unwrap().allowed, "{kind:?} {alg:?}");
+            }
+            let d = l.check("srv").await.unwrap();
+            assert!(!d.allowed, "{kind:?} {alg:?}");
+            assert!(d.retry_after.unwrap() <= Duration::from_secs(2 * 3600));
+        }
+        t.assert_all_keys_expire(&p, &clock).await;
+    }
+}
+
+/// 8 limiters on separate connections, 400 concurrent checks on one subject:
+/// never more admitted than the algorithm allows (exactly the limit, with the
+/// clock held still), on every backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_limiters_never_over_admit() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::starting_now();
+            let p = prefix();
+            let mut limiters = Vec::new();
+            let shared_memory = Target::new(Kind::Memory, &clock).await;
+            for _ in 0..8 {
+                let t = if kind == Kind::Memory {
+                    Target {
+                        kind,
+                        backend: shared_memory.backend.clone(),
+                        memory: None,
+                    }
+                } else {
+                    Target::new(kind, &clock).await // a new connection each
+                };
+                limiters.push(t.limiter(alg, &[q(50, 3600)], &p, &clock));
+            }
+            let mut tasks = Vec::new();
+            for i in 0..400 {
+                let l = limiters[i % 8].clone();
+                tasks.push(tokio::spawn(async move {
+                    l.check("hot").await.unwrap().allowed
+                }));
+            }
+            let mut admitted = 0;
+            for t in tasks {
+                admitted += t.await.unwrap() as u32;
+            }
+            assert_eq!(admitted, 50, "{kind:?} {alg:?}");
+        }
+    }
+}
+
+/// The same with the server's clock running: exact for the fixed window (per
+/// window touched), the log, the bucket and GCRA; within 2× for the counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_limiters_on_server_time() {
+    for kind in [Kind::Standalone, Kind::Cluster] {
+        for alg in ALL {
+            let clock = ManualClock::new(0);
+            let p = prefix();
+            let mut limiters = Vec::new();
+            for _ in 0..8 {
+                let t = Target::new(kind, &clock).await;
+                limiters.push(
+                    RateLimiter::builder(t.backend.clone(), alg)
+                        .prefix(&p)
+                        .quota(q(50, 3600))
+                        .failure_policy(FailurePolicy::Deny)
+                        .timeout(Duration::from_secs(5))
+                        .deny_cache(0)
+                        .build()
+                        .unwrap(),
+                );
+            }
+            let started = std::time::SystemTime::now();
+            let mut tasks = Vec::new();
+            for i in 0..400 {
+                let l = limiters[i % 8].clone();
+                tasks.push(tokio::spawn(async move {
+                    l.check("hot").await.unwrap().allowed
+                }));
+            }
+            let mut admitted = 0u64;
+            for t in tasks {
+                admitted += t.await.unwrap() as u64;
+            }
+            let elapsed = started.elapsed().unwrap().as_secs();
+            // One refill per 72 s for the buckets; a new window on an hour edge.
+            let bound = match alg {
+                Algorithm::TokenBucket | Algorithm::Gcra => 50 + elapsed / 72 + 1,
+                Algorithm::SlidingWindowLog => 50,
+                Algorithm::FixedWindow => 100,
+                _ => 100,
+            };
+            assert!(admitted <= bound, "{kind:?} {alg:?}: {admitted} > {bound}");
+            assert!(admitted >= 50, "{kind:?} {alg:?}: only {admitted}");
+        }
+    }
+}
+
+/// Configuration errors come before any round trip.
+#[tokio::test]
+async fn configuration_errors() {
+    let m = MemoryBackend::new();
+    let burst = Quota::per_second(1).unwrap().with_burst(3).unwrap();
+    assert!(matches!(
+        RateLimiter::fixed_window(m.clone(), burst),
+        Err(Error::InvalidQuota(_))
+    ));
+    assert!(RateLimiter::token_bucket(m.clone(), burst).is_ok());
+    assert!(matches!(
+        RateLimiter::sliding_window_log(m.clone(), Quota::per_hour(1_000_000).unwrap()),
+        Err(Error::InvalidQuota(_))
+    ));
+    assert!(matches!(
+        RateLimiter::builder(m.clone(), Algorithm::Gcra).build(),
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        RateLimiter::builder(m.clone(), Algorithm::Gcra)
+            .quota(Quota::per_second(1).unwrap())
+            .prefix("a{b}")
+            .build(),
+        Err(Error::InvalidConfig(_))
+    ));
+}
+
+/// Two limiters with different quotas never share counters unless named alike.
+#[tokio::test]
+async fn different_policies_do_not_share_counters() {
+    let m = MemoryBackend::new();
+    let a = RateLimiter::gcra(m.clone(), Quota::per_minute(1).unwrap()).unwrap();
+    let b = RateLimiter::gcra(m.clone(), Quota::per_minute(2).unwrap()).unwrap();
+    assert!(a.check("k").await.unwrap().allowed);
+    assert!(b.check("k").await.unwrap().allowed);
+    let named = |n: u64| {
+        RateLimiter::builder(m.clone(), Algorithm::Gcra)
+            .quota(Quota::per_minute(n).unwrap())
+            .name("shared")
+            .build()
+            .unwrap()
+    };
+    assert!(named(1).check("k").await.unwrap().allowed);
+    assert!(!named(1).check("k").await.unwrap().allowed);
+}
+
+/// A dead or paused Redis costs at most the timeout, then nothing once the
+/// breaker opens; the default policy admits; recovery needs no restart. An
+/// exhausted limit is a denial from the backend, never a fallback
+/// (rate-limiter-flexible#337).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policy_timeout_breaker_and_recovery() {
+    let mut server = RedisServer::start().unwrap();
+    let backend = RedisBackend::new(server.connection_manager().await);
+    let open = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+        .quota(q(2, 3600))
+        .timeout(Duration::from_millis(100))
+        .circuit_breaker(3, Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let closed = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+        .quota(q(2, 3600))
+        .name("closed")
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let fallback = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+        .quota(q(40, 3600))
+        .name("fallback")
+        .failure_policy(FailurePolicy::Fallback {
+            instances: 4.try_into().unwrap(),
+        })
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    // Exhausted is a backend denial, not a fallback.
+    for _ in 0..2 {
+        assert!(open.check("s").await.unwrap().allowed);
+    }
+    let d = open.check("s").await.unwrap();
+    assert!(!d.allowed && d.source == DecisionSource::Backend);
+
+    server.pause();
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        let d = open.check("p").await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.source, DecisionSource::FailOpen);
+    }
+    // 3 timeouts of 100 ms, then the breaker answers at once (bound generous).
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(closed.check("p").await.unwrap_err().is_unavailable());
+    // Fallback: a quarter of the limit, locally.
+    let mut n = 0;
+    for _ in 0..20 {
+        let d = fallback.check("f").await.unwrap();
+        assert_eq!(d.source, DecisionSource::Fallback);
+        n += d.allowed as u32;
+    }
+    assert_eq!(n, 10);
+    server.resume();
+
+    // Killed and restarted: recovers without rebuilding anything.
+    server.stop();
+    assert!(closed.check("k").await.unwrap_err().is_unavailable());
+    server.restart().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Ok(d) = closed.check("k").await {
+            assert_eq!(d.source, DecisionSource::Backend);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no recovery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    loop {
+        let d = open.check("k2").await.unwrap();
+        if d.source == DecisionSource::Backend {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no recovery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The deny cache answers a blocked subject locally, only until the
+/// backend's own retry-after, and never for a smaller cost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_saves_round_trips_and_never_over_denies() {
+    let server = RedisServer::start().unwrap();
+    let clock = ManualClock::starting_now();
+    let l = RateLimiter::builder(
+        RedisBackend::new(server.connection_manager().await),
+        Algorithm::Gcra,
+    )
+    .quota(Quota::per_second(1).unwrap().with_burst(2).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    assert!(l.check_n("flood", 2).await.unwrap().allowed);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let first = l.check_n("flood", 2).await.unwrap();
+    assert!(!first.allowed && first.source == DecisionSource::Backend);
+    for _ in 0..1000 {
+        let d = l.check_n("flood", 2).await.unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.source, DecisionSource::DenyCache);
+    }
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=1,"), "{stats}");
+    // A smaller cost may fit sooner: it goes to Redis.
+    clock.advance(Duration::from_secs(1));
+    let d = l.check_n("flood", 1).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Backend);
+    assert!(d.allowed);
+    // At the announced retry-after the cache lets go.
+    clock.advance(Duration::from_secs(2));
+    let d = l.check_n("flood", 2).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Backend);
+}
+
+/// The sliding log's memory stays bounded by the limit under a flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_memory_bounded_by_limit() {
+    let clock = ManualClock::starting_now();
+    let t = Target::new(Kind::Standalone, &clock).await;
+    let p = prefix();
+    let l = t.limiter(Algorithm::SlidingWindowLog, &[q(100, 60)], &p, &clock);
+    for _ in 0..1000 {
+        l.check("flood").await.unwrap();
+    }
+    let key = &l.keys_for(&"flood".into())[0];
+    let card: u64 = server().cli(&["ZCARD", key]).parse().unwrap();
+    assert_eq!(card, 100);
+}
