@@ -35,6 +35,8 @@ const STDIO_FILE: &str = "stdio.log";
 #[derive(Debug)]
 pub struct RedisServer {
     port: u16,
+    /// For a sentinel: its config file (Sentinel must have one on disk).
+    sentinel_conf: Option<PathBuf>,
     extra_args: Vec<String>,
     dir: PathBuf,
     child: Option<Child>,
@@ -61,12 +63,43 @@ impl RedisServer {
     pub fn start_with_args(extra: &[&str]) -> Result<RedisServer> {
         require_binaries()?;
         let dir = create_temp_dir()?;
-        let mut server = RedisServer {
+        let server = RedisServer {
             port: 0,
+            sentinel_conf: None,
             extra_args: extra.iter().map(|s| (*s).to_owned()).collect(),
             dir,
             child: None,
         };
+        server.start_on_free_port()
+    }
+
+    /// Starts a Redis Sentinel monitoring `master` under the name `service`
+    /// (quorum 1, down after 1 s, failover timeout 3 s), on a free port.
+    pub fn start_sentinel(master: &RedisServer, service: &str) -> Result<RedisServer> {
+        require_binaries()?;
+        let dir = create_temp_dir()?;
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "sentinel monitor {service} 127.0.0.1 {port} 1\n\
+                 sentinel down-after-milliseconds {service} 1000\n\
+                 sentinel failover-timeout {service} 3000\n",
+                port = master.port()
+            ),
+        )?;
+        let server = RedisServer {
+            port: 0,
+            sentinel_conf: Some(conf),
+            extra_args: Vec::new(),
+            dir,
+            child: None,
+        };
+        server.start_on_free_port()
+    }
+
+    fn start_on_free_port(mut self) -> Result<RedisServer> {
+        let server = &mut self;
         let mut last_busy = String::new();
         for _ in 0..START_ATTEMPTS {
             let Some(port) = ports::next_free_port() else {
@@ -76,7 +109,7 @@ impl RedisServer {
             };
             server.port = port;
             match server.launch() {
-                Ok(()) => return Ok(server),
+                Ok(()) => return Ok(self),
                 Err(LaunchError::PortBusy(msg)) => last_busy = msg,
                 Err(LaunchError::Fatal(err)) => return Err(err),
             }
@@ -240,10 +273,18 @@ impl RedisServer {
         let fatal = |e: std::io::Error| LaunchError::Fatal(TestkitError::Io(e));
         let stdio = File::create(self.dir.join(STDIO_FILE)).map_err(fatal)?;
         let stderr = stdio.try_clone().map_err(fatal)?;
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        match &self.sentinel_conf {
+            Some(conf) => {
+                command.arg(conf).arg("--sentinel");
+            }
+            None => {
+                command.args(["--save", "", "--appendonly", "no"]);
+            }
+        }
+        let child = command
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
             .args(["--daemonize", "no"])
             .arg("--dir")
             .arg(&self.dir)
@@ -377,6 +418,7 @@ mod tests {
         let first = RedisServer::start().expect("start redis-server");
         let mut second = RedisServer {
             port: first.port(),
+            sentinel_conf: None,
             extra_args: Vec::new(),
             dir: create_temp_dir().unwrap(),
             child: None,

@@ -44,7 +44,6 @@ struct Inner {
     clock: Arc<dyn Clock>,
     shards: Vec<Mutex<Shard>>,
     hasher: RandomState,
-    #[allow(dead_code)] // until the lock module lands
     locks: MemoryLocks,
 }
 
@@ -100,7 +99,6 @@ impl MemoryBackend {
     }
 
     /// The lock state (used by the lock module).
-    #[allow(dead_code)] // until the lock module lands
     pub(crate) fn locks(&self) -> &MemoryLocks {
         &self.inner.locks
     }
@@ -207,5 +205,65 @@ impl RateBackend for MemoryBackend {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{Algorithm, ManualClock, MemoryBackend, Quota, RateLimiter};
+
+    /// Memory stays bounded by the live keys: expired entries go on their own
+    /// as new subjects arrive, without an explicit sweep.
+    #[tokio::test]
+    async fn expired_entries_are_evicted_as_the_map_grows() {
+        let clock = ManualClock::starting_now();
+        let backend = MemoryBackend::with_clock(clock.clone());
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            let l = RateLimiter::builder(backend.clone(), alg)
+                .quota(Quota::per_second(5).unwrap())
+                .build()
+                .unwrap();
+            for round in 0..10u64 {
+                for i in 0..5_000u64 {
+                    l.check(round * 1_000_000 + i).await.unwrap();
+                }
+                clock.advance(Duration::from_secs(3));
+            }
+            // Ten rounds of 5 000 subjects; only the latest rounds can remain.
+            assert!(backend.len() <= 25_000, "{alg:?}: {} entries", backend.len());
+            backend.evict_expired();
+            clock.advance(Duration::from_secs(3));
+            backend.evict_expired();
+            assert_eq!(backend.len(), 0, "{alg:?}");
+        }
+    }
+
+    /// Concurrent checks on one subject from many threads never over-admit.
+    #[test]
+    fn concurrent_threads_never_over_admit() {
+        let backend = MemoryBackend::with_clock(ManualClock::starting_now());
+        let l = RateLimiter::token_bucket(backend, Quota::per_hour(1000).unwrap()).unwrap();
+        let admitted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    for _ in 0..500 {
+                        if rt.block_on(l.check("hot")).unwrap().allowed {
+                            admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(admitted.into_inner(), 1000);
     }
 }

@@ -16,9 +16,13 @@ use crate::rate::{Algorithm, Outcome, Quota};
 
 pub(crate) mod memory;
 pub(crate) mod redis;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinel;
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
+#[cfg(feature = "sentinel")]
+pub use self::sentinel::SentinelConnection;
 
 /// One rate-limit decision to make: the keys (one per quota, one hash tag),
 /// the quotas, the cost, and optionally the time.

@@ -219,9 +219,17 @@ impl RateLimiter {
                 now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
                 nonce: random_u64(),
             };
-            let outcome = tokio::time::timeout(inner.timeout, inner.backend.check_rate(&request))
-                .await
-                .unwrap_or(Err(Error::Timeout(inner.timeout)));
+            let outcome = {
+                let mut call = inner.backend.check_rate(&request);
+                // The memory backend answers on the first poll: no timer
+                // needed (and none is required of the runtime).
+                match futures_util::poll!(&mut call) {
+                    std::task::Poll::Ready(r) => r,
+                    std::task::Poll::Pending => tokio::time::timeout(inner.timeout, call)
+                        .await
+                        .unwrap_or(Err(Error::Timeout(inner.timeout))),
+                }
+            };
             match outcome {
                 Ok(reply) if reply.outcomes.len() == inner.quotas.len() => {
                     inner.breaker.success();

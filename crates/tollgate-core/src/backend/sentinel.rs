@@ -1,0 +1,123 @@
+//! [`SentinelConnection`]: a multiplexed connection to the current master
+//! behind Redis Sentinel that follows failovers.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use futures_util::FutureExt;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
+
+use super::RedisBackend;
+use crate::error::Result;
+
+/// A connection to the master that Sentinel currently names.
+///
+/// The master is asked of the sentinels on first use and again after a
+/// connection error or a `READONLY` reply (the old master was demoted). The
+/// failed command itself is not retried — nothing is retried blindly — so the
+/// caller's failure policy sees that one error and the next call goes to the
+/// new master.
+#[derive(Clone)]
+pub struct SentinelConnection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    current: Mutex<Option<MultiplexedConnection>>,
+}
+
+impl fmt::Debug for SentinelConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelConnection").finish_non_exhaustive()
+    }
+}
+
+impl SentinelConnection {
+    /// A connection to the master `service` known to `sentinels`
+    /// (`redis://host:port` of each sentinel). Connects on first use.
+    pub fn new<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
+        let urls: Vec<String> = sentinels.iter().map(|s| s.as_ref().to_owned()).collect();
+        let client = SentinelClient::build(urls, service.to_owned(), None, SentinelServerType::Master)?;
+        Ok(SentinelConnection {
+            inner: Arc::new(Inner {
+                sentinel: tokio::sync::Mutex::new(client),
+                current: Mutex::new(None),
+            }),
+        })
+    }
+
+    async fn get(&self) -> redis::RedisResult<MultiplexedConnection> {
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let mut sentinel = self.inner.sentinel.lock().await;
+        // Another caller may have resolved the master while we waited.
+        if let Some(c) = self.cached() {
+            return Ok(c);
+        }
+        let client = sentinel.async_get_client().await?;
+        let conn = client.get_multiplexed_async_connection().await?;
+        *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn cached(&self) -> Option<MultiplexedConnection> {
+        self.inner
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn observe<T>(&self, result: &redis::RedisResult<T>) {
+        if let Err(e) = result {
+            let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+            if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+    }
+}
+
+impl ConnectionLike for SentinelConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        async move {
+            let mut conn = self.get().await?;
+            let result = conn.req_packed_command(cmd).await;
+            self.observe(&result);
+            result
+        }
+        .boxed()
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        async move {
+            let mut conn = self.get().await?;
+            let result = conn.req_packed_commands(pipeline, offset, count).await;
+            self.observe(&result);
+            result
+        }
+        .boxed()
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+impl RedisBackend<SentinelConnection> {
+    /// A backend on the master `service` behind Redis Sentinel; follows
+    /// failovers (see [`SentinelConnection`]). Lock waiters poll instead of
+    /// subscribing, so a failover never strands them on a stale subscription.
+    pub fn sentinel<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
+        Ok(RedisBackend::new(SentinelConnection::new(sentinels, service)?).with_kind("sentinel"))
+    }
+}
