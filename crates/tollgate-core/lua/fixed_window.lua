@@ -1,17 +1,11 @@
 -- Fixed window aligned to the epoch: one string per key, "<window index>:<count>".
 -- KEYS[i]: one key per quota, all sharing one hash tag.
--- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost. ARGV[3]: unused.
+-- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost (both read by
+-- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS). ARGV[3]: unused.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
 -- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
 -- the figures after counting the cost when every quota admits it, else the
 -- figures as they stand (nothing is written: all or nothing).
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local cost = tonumber(ARGV[2])
-local n = #KEYS
 local w, count, limit, reset, ok = {}, {}, {}, {}, true
 for i = 1, n do
   local period = tonumber(ARGV[3 + 2 * i])

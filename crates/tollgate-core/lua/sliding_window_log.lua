@@ -2,19 +2,13 @@
 -- scored by its time in µs. Exact; memory is bounded by the limit because a
 -- denied request adds nothing.
 -- KEYS[i]: one key per quota, all sharing one hash tag.
--- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost.
+-- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost (both read by
+-- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS).
 -- ARGV[3]: a random nonce from the client, making members unique.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
 -- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
 -- the figures after logging the cost when every quota admits it, else the
 -- figures as they stand (nothing is added: all or nothing).
-local now = tonumber(ARGV[1])
-if not now then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local cost = tonumber(ARGV[2])
-local n = #KEYS
 local count, limit, period, ok = {}, {}, {}, true
 for i = 1, n do
   limit[i], period[i] = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])

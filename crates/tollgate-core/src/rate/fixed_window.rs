@@ -3,8 +3,11 @@
 
 use super::{Outcome, Slot};
 
-/// The Lua script.
-pub(crate) const SCRIPT: &str = include_str!("../../lua/fixed_window.lua");
+/// The Lua script, after the shared prelude.
+pub(crate) const SCRIPT: &str = concat!(
+    include_str!("../../lua/rate_prelude.lua"),
+    include_str!("../../lua/fixed_window.lua")
+);
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(

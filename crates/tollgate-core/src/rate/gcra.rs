@@ -4,8 +4,11 @@
 
 use super::{Outcome, Slot};
 
-/// The Lua script.
-pub(crate) const SCRIPT: &str = include_str!("../../lua/gcra.lua");
+/// The Lua script, after the shared prelude.
+pub(crate) const SCRIPT: &str = concat!(
+    include_str!("../../lua/rate_prelude.lua"),
+    include_str!("../../lua/gcra.lua")
+);
 
 /// One quota's step. `burst` and `interval` are the quota's burst and
 /// emission interval in µs. With `commit`, an admitted cost is written back.

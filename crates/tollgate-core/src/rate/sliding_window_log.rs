@@ -5,8 +5,11 @@ use std::collections::VecDeque;
 
 use super::{Outcome, Slot};
 
-/// The Lua script.
-pub(crate) const SCRIPT: &str = include_str!("../../lua/sliding_window_log.lua");
+/// The Lua script, after the shared prelude.
+pub(crate) const SCRIPT: &str = concat!(
+    include_str!("../../lua/rate_prelude.lua"),
+    include_str!("../../lua/sliding_window_log.lua")
+);
 
 /// The largest limit the log accepts: it keeps one entry per admitted unit,
 /// and memory and CPU grow with the limit. Larger limits belong to the

@@ -4,8 +4,11 @@
 
 use super::{Outcome, Slot};
 
-/// The Lua script.
-pub(crate) const SCRIPT: &str = include_str!("../../lua/token_bucket.lua");
+/// The Lua script, after the shared prelude.
+pub(crate) const SCRIPT: &str = concat!(
+    include_str!("../../lua/rate_prelude.lua"),
+    include_str!("../../lua/token_bucket.lua")
+);
 
 /// One quota's step. `capacity` tokens, one token every `interval` µs. With
 /// `commit`, admitted tokens are taken.

@@ -1,0 +1,10 @@
+-- Prologue shared by the five rate-limit scripts; the loader prepends it to
+-- each (Redis scripts cannot include one another).
+-- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost.
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+local n = #KEYS
