@@ -17,6 +17,12 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now_micros(&self) -> u64;
 }
 
+impl<T: Clock + ?Sized> Clock for Arc<T> {
+    fn now_micros(&self) -> u64 {
+        (**self).now_micros()
+    }
+}
+
 /// The operating system's wall clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;

@@ -261,9 +261,10 @@ impl RateLimiter {
                     DecisionSource::Backend,
                 );
                 if allowed {
-                    tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
+                    tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
                 } else {
-                    tracing::info!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
+                    // Middleware reports decisions at info; the plain API at debug.
+                    tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
                     if let Some(cache) = &inner.deny_cache {
                         cache.insert(&keys[0], cost, local_now, &d);
                     }
@@ -276,7 +277,12 @@ impl RateLimiter {
 
     async fn on_failure(&self, subject: Subject, cost: u64, error: Error) -> Result<Decision> {
         let inner = &self.inner;
-        tracing::warn!(policy = inner.keyspace.policy(), error = %error, failure_policy = ?inner.policy, "rate-limit backend failed");
+        if matches!(error, Error::CircuitOpen) {
+            // Once per check while the circuit is open: keep it out of warn.
+            tracing::debug!(policy = inner.keyspace.policy(), failure_policy = ?inner.policy, "rate-limit backend skipped: circuit open");
+        } else {
+            tracing::warn!(policy = inner.keyspace.policy(), error = %error, failure_policy = ?inner.policy, "rate-limit backend failed");
+        }
         match inner.policy {
             FailurePolicy::Allow => {
                 let outcomes: Vec<Outcome> = inner
