@@ -24,15 +24,24 @@ async fn sentinel_backend_follows_a_failover() {
         .unwrap();
     let d = limiter.check("s").await.unwrap();
     assert!(d.allowed && d.source == DecisionSource::Backend);
-    assert!(master.cli(&["DBSIZE"]).parse::<u64>().unwrap() > 0, "wrote to the master");
+    assert!(
+        master.cli(&["DBSIZE"]).parse::<u64>().unwrap() > 0,
+        "wrote to the master"
+    );
 
     // The sentinel must know the replica before it can promote it.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !sentinel.cli(&["SENTINEL", "REPLICAS", "main"]).contains(&replica.port().to_string()) {
+    while !sentinel
+        .cli(&["SENTINEL", "REPLICAS", "main"])
+        .contains(&replica.port().to_string())
+    {
         assert!(Instant::now() < deadline, "sentinel never saw the replica");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    while replica.cli(&["INFO", "replication"]).contains("master_link_status:down") {
+    while replica
+        .cli(&["INFO", "replication"])
+        .contains("master_link_status:down")
+    {
         assert!(Instant::now() < deadline, "replica never synced");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -56,7 +65,10 @@ async fn sentinel_backend_follows_a_failover() {
                 errors += 1;
             }
         }
-        assert!(Instant::now() < deadline, "never reached the new master ({errors} errors)");
+        assert!(
+            Instant::now() < deadline,
+            "never reached the new master ({errors} errors)"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The new master now holds the limiter's key and keeps counting.

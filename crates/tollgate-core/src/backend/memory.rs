@@ -238,7 +238,11 @@ mod tests {
                 clock.advance(Duration::from_secs(3));
             }
             // Ten rounds of 5 000 subjects; only the latest rounds can remain.
-            assert!(backend.len() <= 25_000, "{alg:?}: {} entries", backend.len());
+            assert!(
+                backend.len() <= 25_000,
+                "{alg:?}: {} entries",
+                backend.len()
+            );
             backend.evict_expired();
             clock.advance(Duration::from_secs(3));
             backend.evict_expired();
@@ -255,7 +259,9 @@ mod tests {
         std::thread::scope(|s| {
             for _ in 0..8 {
                 s.spawn(|| {
-                    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
                     for _ in 0..500 {
                         if rt.block_on(l.check("hot")).unwrap().allowed {
                             admitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -40,7 +40,8 @@ impl SentinelConnection {
     /// (`redis://host:port` of each sentinel). Connects on first use.
     pub fn new<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
         let urls: Vec<String> = sentinels.iter().map(|s| s.as_ref().to_owned()).collect();
-        let client = SentinelClient::build(urls, service.to_owned(), None, SentinelServerType::Master)?;
+        let client =
+            SentinelClient::build(urls, service.to_owned(), None, SentinelServerType::Master)?;
         Ok(SentinelConnection {
             inner: Arc::new(Inner {
                 sentinel: tokio::sync::Mutex::new(client),
@@ -75,7 +76,8 @@ impl SentinelConnection {
     fn observe<T>(&self, result: &redis::RedisResult<T>) {
         if let Err(e) = result {
             let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
-            if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+            {
                 *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
             }
         }
