@@ -5,6 +5,10 @@
 //!   [`RateBackend`]: one atomic Lua script and one round trip per decision on
 //!   Redis, the same semantics in memory.
 //! - [`Quota`] says how much per how long; [`Decision`] is the answer.
+//! - [`Locker`] hands out fenced [`Lease`]s over a [`LockBackend`] (Redis or
+//!   memory), with renewal, loss detection and pub/sub hand-off;
+//!   [`Redlock`] does the same over several independent masters. See
+//!   [`lock`].
 //! - Keys follow [`key`]'s rules, so they are safe on Redis Cluster.
 //!
 //! See the `tollgate` crate for the tower middleware and axum extractors.
@@ -17,10 +21,16 @@ pub mod key;
 pub mod lock;
 pub mod rate;
 
+#[cfg(feature = "sentinel")]
+pub use backend::SentinelConnection;
 pub use backend::{MemoryBackend, RateBackend, RedisBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
 pub use key::{Keyspace, Subject};
+pub use lock::{
+    FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder, Redlock,
+    RedlockBuilder,
+};
 pub use rate::{
     Algorithm, Decision, DecisionSource, FailurePolicy, Quota, QuotaDecision, RateLimiter,
     RateLimiterBuilder,

@@ -37,7 +37,6 @@ macro_rules! lua {
             std::sync::LazyLock::new(|| $crate::backend::redis::LuaScript::new($body));
     };
 }
-#[allow(unused_imports)] // used by the lock scripts
 pub(crate) use lua;
 
 lua!(FIXED_WINDOW, crate::rate::fixed_window::SCRIPT);
@@ -182,7 +181,6 @@ where
     }
 
     /// The pub/sub client, if any.
-    #[allow(dead_code)] // until the lock module lands
     pub(crate) fn pubsub_client(&self) -> Option<&redis::Client> {
         self.pubsub.as_deref()
     }

@@ -1,5 +1,293 @@
-//! Lock state of the memory backend.
+//! Lock state of the memory backend: the same semantics as the scripts,
+//! timed by the backend's clock.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::broadcast;
+
+use super::backend::{
+    AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
+};
+use super::FencingToken;
+use crate::backend::MemoryBackend;
+use crate::error::Result;
+
+/// How many release notifications a slow subscriber may fall behind before
+/// it is told to resync.
+const EVENT_CAPACITY: usize = 1024;
 
 /// Locks held in memory.
-#[derive(Debug, Default)]
-pub(crate) struct MemoryLocks {}
+pub(crate) struct MemoryLocks {
+    state: Mutex<State>,
+    events: broadcast::Sender<String>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Lock key → holder.
+    held: HashMap<String, Holder>,
+    /// Fence key → last fence and its expiry.
+    fences: HashMap<String, Fence>,
+    ops: u64,
+    next_sweep: u64,
+}
+
+struct Holder {
+    token: String,
+    /// Expiry on the backend clock, µs.
+    expires_at: u64,
+}
+
+struct Fence {
+    value: u64,
+    expires_at: u64,
+}
+
+impl Default for MemoryLocks {
+    fn default() -> Self {
+        MemoryLocks {
+            state: Mutex::new(State::default()),
+            events: broadcast::channel(EVENT_CAPACITY).0,
+        }
+    }
+}
+
+impl fmt::Debug for MemoryLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.lock();
+        f.debug_struct("MemoryLocks")
+            .field("held", &s.held.len())
+            .field("fences", &s.fences.len())
+            .finish()
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
+}
+
+impl MemoryLocks {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Entries are replaced whole, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live holder of `key` at `now`, dropping an expired one.
+    fn live<'a>(state: &'a mut State, key: &str, now: u64) -> Option<&'a mut Holder> {
+        if state.held.get(key).is_some_and(|h| h.expires_at <= now) {
+            state.held.remove(key);
+        }
+        state.held.get_mut(key)
+    }
+
+    fn sweep(state: &mut State, now: u64) {
+        state.ops += 1;
+        if state.ops >= state.next_sweep {
+            state.held.retain(|_, h| h.expires_at > now);
+            state.fences.retain(|_, f| f.expires_at > now);
+            state.next_sweep =
+                state.ops + ((state.held.len() + state.fences.len()) as u64).max(1024);
+        }
+    }
+
+    pub(crate) fn acquire(&self, req: &AcquireRequest, now: u64) -> AcquireReply {
+        let mut state = self.lock();
+        Self::sweep(&mut state, now);
+        if let Some(h) = Self::live(&mut state, &req.keys.lock, now) {
+            return AcquireReply::Held {
+                pttl: Some(Duration::from_micros(h.expires_at - now)),
+            };
+        }
+        state.held.insert(
+            req.keys.lock.clone(),
+            Holder {
+                token: req.token.clone(),
+                expires_at: now.saturating_add(micros(req.ttl)),
+            },
+        );
+        let prev = state
+            .fences
+            .get(&req.keys.fence)
+            .filter(|f| f.expires_at > now)
+            .map_or(0, |f| f.value);
+        let fence = now.max(prev.saturating_add(1));
+        state.fences.insert(
+            req.keys.fence.clone(),
+            Fence {
+                value: fence,
+                expires_at: now.saturating_add(micros(req.fence_ttl)),
+            },
+        );
+        AcquireReply::Acquired {
+            fence: FencingToken(fence),
+        }
+    }
+
+    pub(crate) fn release(&self, keys: &LockKeys, token: &str, now: u64) -> bool {
+        let released = {
+            let mut state = self.lock();
+            match Self::live(&mut state, &keys.lock, now) {
+                Some(h) if h.token == token => {
+                    state.held.remove(&keys.lock);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if released {
+            // No subscriber is fine: nobody waits.
+            let _ = self.events.send(keys.channel.clone());
+        }
+        released
+    }
+
+    pub(crate) fn extend(&self, keys: &LockKeys, token: &str, ttl: Duration, now: u64) -> bool {
+        let mut state = self.lock();
+        match Self::live(&mut state, &keys.lock, now) {
+            Some(h) if h.token == token => {
+                h.expires_at = now.saturating_add(micros(ttl));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn raise_fence(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+        now: u64,
+    ) -> bool {
+        let mut state = self.lock();
+        if Self::live(&mut state, &keys.lock, now).is_none_or(|h| h.token != token) {
+            return false;
+        }
+        let entry = state.fences.entry(keys.fence.clone()).or_insert(Fence {
+            value: 0,
+            expires_at: 0,
+        });
+        if entry.expires_at <= now {
+            entry.value = 0;
+        }
+        if fence.get() > entry.value {
+            entry.value = fence.get();
+            entry.expires_at = now.saturating_add(micros(fence_ttl));
+        }
+        true
+    }
+
+    /// Removes a lock whoever holds it; `true` when there was one.
+    pub(crate) fn break_lock(&self, key: &str, now: u64) -> bool {
+        let mut state = self.lock();
+        Self::live(&mut state, key, now).is_some() && state.held.remove(key).is_some()
+    }
+
+    fn events(&self, channel_prefix: &str) -> ReleaseEvents {
+        let rx = self.events.subscribe();
+        let prefix = channel_prefix.to_owned();
+        futures_util::stream::unfold(rx, |mut rx| async move {
+            match rx.recv().await {
+                Ok(channel) => Some((Some(ReleaseEvent::Released { channel }), rx)),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    Some((Some(ReleaseEvent::Resync), rx))
+                }
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        })
+        .filter_map(move |event| {
+            let keep = match &event {
+                Some(ReleaseEvent::Released { channel }) => channel.starts_with(&prefix),
+                Some(_) => true,
+                None => false,
+            };
+            futures_util::future::ready(if keep { event } else { None })
+        })
+        .boxed()
+    }
+}
+
+impl MemoryBackend {
+    /// Removes the lock stored under `key` (a [`LockKeys::lock`] key), whoever
+    /// holds it, like `DEL` on Redis: an operator's tool for a stuck holder,
+    /// and a way for tests to take a lock away. The holder's lease is lost at
+    /// its next renewal. Returns whether a live lock was removed.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let locker = Locker::new(backend.clone());
+    /// let lease = locker.try_acquire("jobs", &LockOptions::new()).await?;
+    /// assert!(backend.break_lock(lease.key()));
+    /// assert!(!lease.release().await?); // no longer ours
+    /// # Ok(()) }
+    /// ```
+    pub fn break_lock(&self, key: &str) -> bool {
+        self.locks().break_lock(key, self.clock().now_micros())
+    }
+}
+
+impl LockBackend for MemoryBackend {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<AcquireReply>> {
+        let reply = self.locks().acquire(request, self.clock().now_micros());
+        futures_util::future::ready(Ok(reply)).boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let ok = self.locks().release(keys, token, self.clock().now_micros());
+        futures_util::future::ready(Ok(ok)).boxed()
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let ok = self
+            .locks()
+            .extend(keys, token, ttl, self.clock().now_micros());
+        futures_util::future::ready(Ok(ok)).boxed()
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let ok = self
+            .locks()
+            .raise_fence(keys, token, fence, fence_ttl, self.clock().now_micros());
+        futures_util::future::ready(Ok(ok)).boxed()
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
+        let events = self.locks().events(channel_prefix);
+        Some(futures_util::future::ready(Ok(events)).boxed())
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        "memory"
+    }
+}

@@ -1,3 +1,191 @@
-//! Fenced distributed locks (being built).
+//! Fenced distributed locks: [`Locker`], [`Lease`], [`FencingToken`], and
+//! [`Redlock`] across independent masters.
+//!
+//! # Before you take a lock
+//!
+//! A lock is the last resort. In order of preference:
+//!
+//! 1. **A unique constraint** in the database that holds the data: the second
+//!    insert fails, whoever runs it and whenever.
+//! 2. **An idempotency key**: do the work as often as it happens, and let the
+//!    resource apply it once.
+//! 3. **A single-writer design**: route all writes for a key to one owner (a
+//!    partitioned queue, an actor).
+//! 4. **A lock with a fencing token checked by the resource.** A lease can
+//!    always be lost without the holder knowing in time (a process pause, a
+//!    network partition), so mutual exclusion alone never protects data. The
+//!    resource must remember the highest [`FencingToken`] it has accepted and
+//!    refuse writes that carry a lower one.
+//!
+//! Locks remain the right tool for *efficiency* (not doing expensive work
+//! twice, e.g. [`Locker::fill_once`]) and, with fencing, for correctness.
+//!
+//! # Guarantees
+//!
+//! - **Mutual exclusion while valid.** A lock is `SET key token NX PX ttl` in
+//!   one script with a 128-bit owner token from the OS CSPRNG; only the
+//!   token's holder can extend it (compare-and-`PEXPIRE`) or release it
+//!   (compare-and-`DEL`, then `PUBLISH` to waiters).
+//! - **Fencing tokens strictly increase per lock name**, across all holders,
+//!   processes and restarts. The acquire script computes
+//!   `max(previous + 1, server time in µs)` and keeps `previous` in a sibling
+//!   key of the same cluster slot with a long TTL (30 days, refreshed by every
+//!   acquire — no immortal keys). Because the server time is a floor, the
+//!   tokens keep increasing after Redis loses that key: a restart without
+//!   persistence, a failover to a lagging replica, or expiry.
+//!   **Assumption:** the Redis server's clock does not step back (by more than
+//!   the time since the last acquire). Run NTP in slewing mode on Redis hosts.
+//! - **Loss is reported before expiry.** A watchdog renews the lease every
+//!   TTL/3. Its safe deadline is measured on this process's monotonic clock
+//!   from *before* the acquire was sent, minus a drift allowance (1 % of the
+//!   TTL + 2 ms by default); when no renewal succeeds before it, or a renewal
+//!   finds the lock taken, [`Lease::lost`] resolves and [`Lease::is_held`]
+//!   turns false — while the lock still exists on Redis. Middleware uses this
+//!   to cancel the protected work. A cap on the total hold time
+//!   ([`LockOptions::max_hold`]) bounds stuck holders; renewal stops at
+//!   release.
+//! - **No hang, no blocking drop.** Every round trip is bounded
+//!   ([`LockerBuilder::timeout`]); dropping a [`Lease`] releases it on the
+//!   runtime it was acquired on, without blocking.
+//! - **Waiting is cheap.** Waiters of one [`Locker`] share a single pub/sub
+//!   subscription (one pattern for all lock names, started on first wait,
+//!   stopped with the locker; a [`Redlock`] has one per instance), and fall
+//!   back to a jittered poll bounded by the holder's remaining TTL, so a
+//!   missed notification never strands a waiter; the wait bound is honoured.
+//!   A backend without pub/sub (a [`RedisBackend`](crate::RedisBackend)
+//!   built without [`with_pubsub`](crate::RedisBackend::with_pubsub)) is
+//!   polled.
+//! - **Loss is a signal, release too.** [`Lease::lost`] resolves when the
+//!   lease is lost *or* released/dropped, so a `select!` on it never hangs;
+//!   [`Lease::is_lost`] tells the two apart.
+//!
+//! Everything works the same on [`MemoryBackend`](crate::MemoryBackend) (one
+//! process), on a standalone Redis, Sentinel, and Redis Cluster (all keys of a
+//! lock share its hash tag; `PUBLISH` reaches every node). [`Redlock`] runs
+//! the same lock over several independent masters — read its docs for when
+//! not to.
+//!
+//! # A resource that rejects stale tokens
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate_core::Error> {
+//! use std::sync::Mutex;
+//! use tollgate_core::{FencingToken, LockOptions, Locker, MemoryBackend};
+//!
+//! /// The protected resource: it keeps the highest fence it has accepted.
+//! #[derive(Default)]
+//! struct Storage {
+//!     highest: Mutex<Option<FencingToken>>,
+//!     data: Mutex<Vec<String>>,
+//! }
+//!
+//! impl Storage {
+//!     fn write(&self, fence: FencingToken, value: &str) -> Result<(), String> {
+//!         let mut highest = self.highest.lock().unwrap();
+//!         if highest.is_some_and(|h| fence < h) {
+//!             return Err(format!("stale fencing token {fence}"));
+//!         }
+//!         *highest = Some(fence);
+//!         self.data.lock().unwrap().push(value.to_owned());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! let storage = Storage::default();
+//! let locker = Locker::new(MemoryBackend::new());
+//! let opts = LockOptions::new();
+//!
+//! // Client 1 takes the lock, then stalls (a GC pause, say) while its lease is
+//! // lost and client 2 takes over.
+//! let first = locker.try_acquire("file", &opts).await?;
+//! let stale = first.fence();
+//! drop(first);
+//! tokio::task::yield_now().await; // let the drop's release run
+//! let second = locker.try_acquire("file", &opts).await?;
+//! storage.write(second.fence(), "from client 2").unwrap();
+//!
+//! // Client 1 wakes up and writes with its old token: refused.
+//! assert!(storage.write(stale, "from client 1").is_err());
+//! assert_eq!(*storage.data.lock().unwrap(), ["from client 2"]);
+//! # Ok(()) }
+//! ```
+//!
+//! In a database the check is one conditional write, e.g.
+//! `UPDATE files SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2`.
 
+pub mod backend;
+mod core;
+mod lease;
+mod locker;
 pub(crate) mod memory;
+mod options;
+mod redis;
+mod waiters;
+
+pub use self::backend::{
+    AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
+};
+pub use self::core::{DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL};
+pub use self::lease::{Lease, LeaseLost};
+pub use self::locker::{Locker, LockerBuilder, Redlock, RedlockBuilder};
+pub use self::options::{FencingToken, LockOptions, DEFAULT_TTL};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_sync<T: Send + Sync + std::fmt::Debug + 'static>() {}
+    fn lost_future<T>()
+    where
+        T: std::future::Future<Output = ()>
+            + Send
+            + Sync
+            + Unpin
+            + Clone
+            + std::fmt::Debug
+            + 'static,
+    {
+    }
+
+    #[test]
+    fn public_types_are_thread_safe() {
+        send_sync::<Locker>();
+        send_sync::<Redlock>();
+        send_sync::<Lease>();
+        send_sync::<LockOptions>();
+        send_sync::<FencingToken>();
+        lost_future::<LeaseLost>();
+        let _: &dyn LockBackend = &crate::MemoryBackend::new();
+    }
+
+    fn send<T: Send>(_: &T) {}
+
+    #[tokio::test]
+    async fn futures_are_send() {
+        let locker = Locker::new(crate::MemoryBackend::new());
+        let redlock = Redlock::new([crate::MemoryBackend::new()]).unwrap();
+        let opts = LockOptions::new();
+        send(&locker.acquire("a", &opts));
+        send(&locker.try_acquire("a", &opts));
+        send(&redlock.acquire("a", &opts));
+        let lease = locker.try_acquire("b", &opts).await.unwrap();
+        send(&lease.extend(std::time::Duration::from_secs(1)));
+        send(&lease.release());
+    }
+
+    #[tokio::test]
+    async fn lost_can_be_polled_again_after_it_resolved() {
+        let locker = Locker::new(crate::MemoryBackend::new());
+        let lease = locker.try_acquire("x", &LockOptions::new()).await.unwrap();
+        let mut lost = lease.lost();
+        assert!(futures_util::poll!(&mut lost).is_pending());
+        assert!(!lease.is_lost());
+        let kept = lease.lost();
+        assert!(lease.release().await.unwrap());
+        (&mut lost).await;
+        (&mut lost).await;
+        kept.clone().await;
+        assert!(format!("{lost:?}").contains("resolved: true"));
+    }
+}

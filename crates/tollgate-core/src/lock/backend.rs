@@ -1,0 +1,263 @@
+//! [`LockBackend`]: the four lock operations and release notifications, as a
+//! backend provides them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+
+use super::FencingToken;
+use crate::error::Result;
+use crate::key::{Keyspace, Subject};
+
+/// The keys and channel of one lock name: `<prefix>:lock:{<name>}`, its fence
+/// key `<prefix>:lock:{<name>}:fence` (same hash tag, so the same cluster
+/// slot) and the channel `<prefix>:lock:{<name>}:released` on which a release
+/// is announced.
+///
+/// ```
+/// use tollgate_core::lock::LockKeys;
+/// use tollgate_core::{Keyspace, Subject};
+///
+/// let keys = LockKeys::new(&Keyspace::new("app", "lock")?, &Subject::new("orders"));
+/// assert_eq!(keys.lock, "app:lock:{orders}");
+/// assert_eq!(keys.fence, "app:lock:{orders}:fence");
+/// assert_eq!(keys.channel, "app:lock:{orders}:released");
+/// # Ok::<(), tollgate_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockKeys {
+    /// The lock key; its value is the holder's owner token.
+    pub lock: String,
+    /// The fence key: the last fencing token handed out for this name.
+    pub fence: String,
+    /// The channel a release is published on.
+    pub channel: String,
+}
+
+impl LockKeys {
+    /// The keys of `subject` in `keyspace`.
+    pub fn new(keyspace: &Keyspace, subject: &Subject) -> Self {
+        let lock = keyspace.key(subject, None);
+        LockKeys {
+            fence: keyspace.key(subject, Some("fence")),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+/// One acquire attempt: `SET lock token NX PX ttl`, and on success the next
+/// fencing token, atomically.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AcquireRequest {
+    /// The keys of the lock.
+    pub keys: LockKeys,
+    /// The owner token (128 bits from the OS CSPRNG, hex); only its holder can
+    /// extend or release the lock.
+    pub token: String,
+    /// How long the lock lives unless extended.
+    pub ttl: Duration,
+    /// How long the fence key lives (refreshed by every acquire).
+    pub fence_ttl: Duration,
+}
+
+impl AcquireRequest {
+    /// A request from its parts.
+    pub fn new(keys: LockKeys, token: String, ttl: Duration, fence_ttl: Duration) -> Self {
+        AcquireRequest {
+            keys,
+            token,
+            ttl,
+            fence_ttl,
+        }
+    }
+}
+
+impl fmt::Debug for AcquireRequest {
+    // The token is a bearer secret for the lock: never in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AcquireRequest")
+            .field("keys", &self.keys)
+            .field("ttl", &self.ttl)
+            .field("fence_ttl", &self.fence_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A backend's answer to an [`AcquireRequest`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AcquireReply {
+    /// The lock is ours, with this fencing token.
+    Acquired {
+        /// `max(previous + 1, backend time in µs)`.
+        fence: FencingToken,
+    },
+    /// Someone else holds the lock.
+    Held {
+        /// How long the holder's lock still lives, when known.
+        pttl: Option<Duration>,
+    },
+}
+
+/// What a release subscription reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReleaseEvent {
+    /// The lock whose release channel is this one was released.
+    Released {
+        /// The channel ([`LockKeys::channel`]).
+        channel: String,
+    },
+    /// Notifications may have been missed (a slow consumer); every waiter
+    /// should look again.
+    Resync,
+}
+
+/// A stream of release notifications; it ends when the subscription breaks.
+pub type ReleaseEvents = BoxStream<'static, ReleaseEvent>;
+
+/// Where locks live. Implemented by [`RedisBackend`](crate::RedisBackend)
+/// (one Lua script per operation, any `ConnectionLike + Clone + Send + Sync`
+/// connection: standalone, Sentinel, Cluster) and
+/// [`MemoryBackend`](crate::MemoryBackend); a [`Locker`](crate::Locker) runs
+/// over one, a [`Redlock`](crate::Redlock) over several.
+///
+/// Every operation is atomic on the backend. Callers bound each call with a
+/// timeout; implementations need not.
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// `SET lock token NX PX ttl`; on success, the next fencing token
+    /// (`max(previous + 1, backend time in µs)`, stored in the fence key with
+    /// `fence_ttl`). One round trip.
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<AcquireReply>>;
+
+    /// Deletes the lock if its value is `token`, and then publishes on its
+    /// channel. `true` when it was ours.
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Sets the lock's TTL to `ttl` if its value is `token`. `true` when it
+    /// was ours.
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Redlock: raises the stored fence to at least `fence` while the lock is
+    /// ours (`token`). `true` when the stored fence is now at least `fence`.
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Subscribes to the release notifications of every channel starting
+    /// with `channel_prefix` (one subscription for all lock names of a
+    /// prefix). `None` when the backend cannot notify (waiters then poll).
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>>;
+
+    /// A short name for logs: `"memory"`, `"redis"`, `"cluster"`, ….
+    fn lock_kind(&self) -> &'static str;
+}
+
+impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, Result<AcquireReply>> {
+        (**self).acquire_lock(request)
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<bool>> {
+        (**self).release_lock(keys, token)
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        (**self).extend_lock(keys, token, ttl)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        (**self).raise_fence(keys, token, fence, fence_ttl)
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
+        (**self).release_events(channel_prefix)
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        (**self).lock_kind()
+    }
+}
+
+/// Milliseconds for a Redis `PX` argument: rounded up, at least 1.
+pub(crate) fn millis_ceil(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let ms = if Duration::from_millis(ms as u64) < d {
+        ms + 1
+    } else {
+        ms
+    };
+    (ms.max(1)).min(u128::from(u64::MAX)) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn px_rounds_up() {
+        assert_eq!(millis_ceil(Duration::ZERO), 1);
+        assert_eq!(millis_ceil(Duration::from_micros(1)), 1);
+        assert_eq!(millis_ceil(Duration::from_micros(1001)), 2);
+        assert_eq!(millis_ceil(Duration::from_secs(30)), 30_000);
+        assert_eq!(millis_ceil(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn tokens_stay_out_of_debug_output() {
+        let keys = LockKeys::new(&Keyspace::new("p", "lock").unwrap(), &Subject::new("x"));
+        let req = AcquireRequest::new(
+            keys,
+            "deadbeefdeadbeef".into(),
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        );
+        assert!(!format!("{req:?}").contains("deadbeef"));
+    }
+}

@@ -1,0 +1,224 @@
+//! [`LockBackend`] for [`RedisBackend`]: one Lua script per operation.
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use redis::aio::ConnectionLike;
+use redis::Value;
+
+use super::backend::{
+    millis_ceil, AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
+};
+use super::FencingToken;
+use crate::backend::redis::lua;
+use crate::backend::RedisBackend;
+use crate::error::{Error, Result};
+
+lua!(LOCK_ACQUIRE, include_str!("../../lua/lock_acquire.lua"));
+lua!(LOCK_RELEASE, include_str!("../../lua/lock_release.lua"));
+lua!(LOCK_EXTEND, include_str!("../../lua/lock_extend.lua"));
+lua!(
+    LOCK_FENCE_RAISE,
+    include_str!("../../lua/lock_fence_raise.lua")
+);
+
+fn int(value: &Value) -> Result<i64> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        other => Err(Error::Protocol(format!(
+            "expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+fn parse_acquire(value: Value) -> Result<AcquireReply> {
+    let Value::Array(items) = &value else {
+        return Err(Error::Protocol(format!("expected an array, got {value:?}")));
+    };
+    let [flag, n] = items.as_slice() else {
+        return Err(Error::Protocol(format!(
+            "expected two integers, got {value:?}"
+        )));
+    };
+    let (flag, n) = (int(flag)?, int(n)?);
+    match flag {
+        1 if n > 0 => Ok(AcquireReply::Acquired {
+            fence: FencingToken(n as u64),
+        }),
+        0 => Ok(AcquireReply::Held {
+            // -1 (no TTL) cannot happen for our keys; -2 (gone) means free now.
+            pttl: match n {
+                -2 => Some(Duration::ZERO),
+                n if n >= 0 => Some(Duration::from_millis(n as u64)),
+                _ => None,
+            },
+        }),
+        _ => Err(Error::Protocol(format!(
+            "unexpected acquire reply {value:?}"
+        ))),
+    }
+}
+
+fn parse_flag(value: Value) -> Result<bool> {
+    match int(&value)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        n => Err(Error::Protocol(format!("expected 0 or 1, got {n}"))),
+    }
+}
+
+/// Escapes Redis glob metacharacters so a prefix matches only itself.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+impl<C> LockBackend for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn acquire_lock<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<AcquireReply>> {
+        async move {
+            let value = self
+                .invoke(&LOCK_ACQUIRE, |cmd| {
+                    cmd.arg(2)
+                        .arg(req.keys.lock.as_str())
+                        .arg(req.keys.fence.as_str())
+                        .arg(req.token.as_str())
+                        .arg(millis_ceil(req.ttl))
+                        .arg(millis_ceil(req.fence_ttl));
+                })
+                .await?;
+            parse_acquire(value)
+        }
+        .boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<bool>> {
+        async move {
+            let value = self
+                .invoke(&LOCK_RELEASE, |cmd| {
+                    cmd.arg(1)
+                        .arg(keys.lock.as_str())
+                        .arg(token)
+                        .arg(keys.channel.as_str());
+                })
+                .await?;
+            parse_flag(value)
+        }
+        .boxed()
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        async move {
+            let value = self
+                .invoke(&LOCK_EXTEND, |cmd| {
+                    cmd.arg(1)
+                        .arg(keys.lock.as_str())
+                        .arg(token)
+                        .arg(millis_ceil(ttl));
+                })
+                .await?;
+            parse_flag(value)
+        }
+        .boxed()
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        async move {
+            let value = self
+                .invoke(&LOCK_FENCE_RAISE, |cmd| {
+                    cmd.arg(2)
+                        .arg(keys.lock.as_str())
+                        .arg(keys.fence.as_str())
+                        .arg(token)
+                        .arg(fence.get())
+                        .arg(millis_ceil(fence_ttl));
+                })
+                .await?;
+            parse_flag(value)
+        }
+        .boxed()
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
+        let client = self.pubsub_client()?.clone();
+        let pattern = format!("{}*", glob_escape(channel_prefix));
+        Some(
+            async move {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.psubscribe(pattern.as_str()).await?;
+                let events: ReleaseEvents = pubsub
+                    .into_on_message()
+                    .map(|msg| ReleaseEvent::Released {
+                        channel: msg.get_channel_name().to_owned(),
+                    })
+                    .boxed();
+                Ok(events)
+            }
+            .boxed(),
+        )
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        crate::backend::RateBackend::kind(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_metacharacters_are_escaped() {
+        assert_eq!(glob_escape("app:lock:"), "app:lock:");
+        assert_eq!(glob_escape("a*b?[c]\\^"), "a\\*b\\?\\[c\\]\\\\\\^");
+    }
+
+    #[test]
+    fn replies_are_parsed_strictly() {
+        let ok = Value::Array(vec![Value::Int(1), Value::Int(42)]);
+        assert_eq!(
+            parse_acquire(ok).unwrap(),
+            AcquireReply::Acquired {
+                fence: FencingToken(42)
+            }
+        );
+        let held = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
+        assert_eq!(
+            parse_acquire(held).unwrap(),
+            AcquireReply::Held {
+                pttl: Some(Duration::from_millis(1500))
+            }
+        );
+        assert!(parse_acquire(Value::Int(1)).is_err());
+        assert!(parse_acquire(Value::Array(vec![Value::Int(1), Value::Int(0)])).is_err());
+        assert!(parse_flag(Value::Int(2)).is_err());
+        assert!(parse_flag(Value::Int(1)).unwrap());
+    }
+}

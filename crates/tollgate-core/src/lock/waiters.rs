@@ -1,0 +1,260 @@
+//! Waiters of one `Locker`: one release subscription per backend instance,
+//! shared by all waiters, started lazily and stopped with the `Locker`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::futures::Notified;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::backend::{LockBackend, ReleaseEvent};
+use super::core::unit_random;
+
+/// First pause after a failed subscription attempt; doubles up to the max.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+pub(crate) struct Waiters {
+    shared: Arc<Shared>,
+    channel_prefix: String,
+    /// The subscription tasks; `None` until the first wait.
+    tasks: Mutex<Option<Vec<JoinHandle<()>>>>,
+    /// Dropped with the `Locker`: every subscription task then ends.
+    shutdown: watch::Sender<()>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// Release channel → the waiters of that lock in this `Locker`.
+    map: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Subscriptions currently established.
+    live: AtomicUsize,
+}
+
+impl Shared {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake_one(&self, channel: &str) {
+        if let Some(n) = self.map().get(channel) {
+            n.notify_one();
+        }
+    }
+
+    fn wake_all(&self) {
+        for n in self.map().values() {
+            n.notify_waiters();
+        }
+    }
+}
+
+/// Counts a subscription as live while it exists.
+struct LiveGuard(Arc<Shared>);
+
+impl LiveGuard {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.live.fetch_add(1, Ordering::AcqRel);
+        LiveGuard(shared.clone())
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+        // Notifications may be missed from now on: let everyone look again.
+        self.0.wake_all();
+    }
+}
+
+impl Waiters {
+    pub(crate) fn new(channel_prefix: String) -> Self {
+        Waiters {
+            shared: Arc::default(),
+            channel_prefix,
+            tasks: Mutex::new(None),
+            shutdown: watch::channel(()).0,
+        }
+    }
+
+    /// Starts one subscription task per backend that can notify, on the
+    /// current runtime: once, and again only if the runtime they ran on has
+    /// shut down since.
+    pub(crate) fn start(&self, backends: &[Arc<dyn LockBackend>], timeout: Duration) {
+        let mut tasks = self.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(running) = tasks.as_ref() {
+            if running.is_empty() || running.iter().any(|t| !t.is_finished()) {
+                return;
+            }
+        }
+        let spawned = backends
+            .iter()
+            .filter(|b| b.release_events(&self.channel_prefix).is_some())
+            .map(|backend| {
+                tokio::spawn(subscription(
+                    backend.clone(),
+                    self.channel_prefix.clone(),
+                    self.shared.clone(),
+                    self.shutdown.subscribe(),
+                    timeout.max(Duration::from_millis(500)),
+                ))
+            })
+            .collect();
+        *tasks = Some(spawned);
+    }
+
+    /// Whether at least one subscription is established (waiters may then
+    /// poll rarely).
+    pub(crate) fn live(&self) -> bool {
+        self.shared.live.load(Ordering::Acquire) > 0
+    }
+
+    /// Wakes one waiter of `channel` in this `Locker` (a local release).
+    pub(crate) fn wake_one(&self, channel: &str) {
+        self.shared.wake_one(channel);
+    }
+
+    /// Registers interest in `channel`'s releases until the `Waiter` drops.
+    pub(crate) fn register(&self, channel: &str) -> Waiter {
+        let notify = self
+            .shared
+            .map()
+            .entry(channel.to_owned())
+            .or_default()
+            .clone();
+        Waiter {
+            shared: self.shared.clone(),
+            channel: channel.to_owned(),
+            notify,
+        }
+    }
+
+    /// Number of lock names with registered waiters (for tests).
+    #[cfg(test)]
+    pub(crate) fn registered(&self) -> usize {
+        self.shared.map().len()
+    }
+}
+
+pub(crate) struct Waiter {
+    shared: Arc<Shared>,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Waiter {
+    /// A future that completes on the next wake-up; `enable` it before the
+    /// attempt it follows, so a release in between is not missed.
+    pub(crate) fn notified(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut map = self.shared.map();
+        // Clones are only made under the map's lock: 2 = the map's and ours.
+        if Arc::strong_count(&self.notify) <= 2 {
+            map.remove(&self.channel);
+        }
+    }
+}
+
+async fn subscription(
+    backend: Arc<dyn LockBackend>,
+    channel_prefix: String,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<()>,
+    connect_timeout: Duration,
+) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        let Some(connect) = backend.release_events(&channel_prefix) else {
+            return;
+        };
+        let connected = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = tokio::time::timeout(connect_timeout, connect) => r,
+        };
+        match connected {
+            Ok(Ok(mut events)) => {
+                backoff = BACKOFF_MIN;
+                let _live = LiveGuard::new(&shared);
+                // Releases before the subscription was up were not seen.
+                shared.wake_all();
+                tracing::debug!(
+                    backend = backend.lock_kind(),
+                    "lock release subscription up"
+                );
+                loop {
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        event = events.next() => match event {
+                            Some(ReleaseEvent::Released { channel }) => shared.wake_one(&channel),
+                            Some(_) => shared.wake_all(),
+                            None => break,
+                        },
+                    }
+                }
+                tracing::debug!(
+                    backend = backend.lock_kind(),
+                    "lock release subscription ended"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(backend = backend.lock_kind(), error = %e, "lock release subscription failed");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    backend = backend.lock_kind(),
+                    "lock release subscription timed out"
+                );
+            }
+        }
+        let pause = backoff.mul_f64(0.5 + 0.5 * unit_random());
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn registrations_are_removed_with_the_last_waiter() {
+        let w = Waiters::new("p:lock:".into());
+        let a = w.register("p:lock:{a}:released");
+        let b = w.register("p:lock:{a}:released");
+        let c = w.register("p:lock:{c}:released");
+        assert_eq!(w.registered(), 2);
+        drop(a);
+        assert_eq!(w.registered(), 2);
+        drop(b);
+        assert_eq!(w.registered(), 1);
+        drop(c);
+        assert_eq!(w.registered(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_wake_before_the_wait_is_not_lost() {
+        let w = Waiters::new("p:lock:".into());
+        let waiter = w.register("ch");
+        let notified = waiter.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        w.wake_one("ch");
+        tokio::time::timeout(Duration::from_secs(1), notified)
+            .await
+            .unwrap();
+        // Unknown channels are ignored.
+        w.wake_one("other");
+    }
+}

@@ -1,0 +1,68 @@
+//! The lock behaviour suite on a 3-master Redis Cluster.
+
+mod lock_common;
+
+use std::sync::OnceLock;
+
+use lock_common::Cluster;
+use tollgate_testkit::RedisCluster;
+
+fn cluster() -> &'static RedisCluster {
+    static C: OnceLock<RedisCluster> = OnceLock::new();
+    C.get_or_init(|| RedisCluster::start().expect("redis cluster"))
+}
+
+behaviour_suite!(Cluster(cluster()), 10_000);
+
+/// A release published by a node other than the one the waiters subscribe
+/// to (the first seed) still wakes them: plain PUBLISH reaches every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_on_another_node_wakes_waiters() {
+    use std::time::{Duration, Instant};
+    use tollgate_core::{LockOptions, Locker, RedisBackend};
+
+    let c = cluster();
+    let prefix = lock_common::prefix("xnode");
+    let build = |poll| {
+        let seeds = c.seeds();
+        let prefix = prefix.clone();
+        async move {
+            Locker::builder(RedisBackend::connect_cluster(seeds).await.unwrap())
+                .prefix(prefix)
+                .poll_interval(poll)
+                .build()
+                .unwrap()
+        }
+    };
+    let holder = build(Duration::from_millis(500)).await;
+    let waiter = build(Duration::from_secs(10)).await;
+    // A name whose slot is not on the first seed.
+    let name = (0..)
+        .map(|i| format!("n{i}"))
+        .find(|n| {
+            let key = holder.keys_for(n.as_str()).lock;
+            c.nodes()[0].cli(&["GET", &key]).starts_with("MOVED")
+        })
+        .unwrap();
+    let lease = holder
+        .try_acquire(name.as_str(), &LockOptions::new())
+        .await
+        .unwrap();
+    let wait = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let l = waiter
+                .acquire(name, &LockOptions::new().wait(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            (Instant::now(), l.fence())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    let fence = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let (woke, next) = wait.await.unwrap();
+    assert!(woke.duration_since(released) < Duration::from_secs(2));
+    assert!(next > fence);
+}

@@ -1,0 +1,350 @@
+//! Redlock over 3 and 5 independent redis-server processes: quorum with one
+//! instance down or paused, mutual exclusion, fence = max (and written back),
+//! failure with a majority down, refusal of a lease acquired too slowly, loss.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tollgate_core::{
+    Error, FencingToken, LockBackend, LockOptions, MemoryBackend, RedisBackend, Redlock,
+    RedlockBuilder,
+};
+use tollgate_testkit::RedisServer;
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start().unwrap()).collect()
+}
+
+/// A Redlock over fresh connections to every server.
+async fn builder(servers: &[RedisServer]) -> RedlockBuilder {
+    let mut backends = Vec::new();
+    for s in servers {
+        backends.push(RedisBackend::connect(&s.url()).await.unwrap());
+    }
+    Redlock::builder(backends)
+}
+
+fn assert_no_immortal_keys(servers: &[RedisServer]) {
+    for s in servers {
+        if let Ok(mut con) = s.client().get_connection() {
+            let keys: Vec<String> = match redis::cmd("KEYS").arg("*").query(&mut con) {
+                Ok(k) => k,
+                Err(_) => continue, // stopped
+            };
+            for key in keys {
+                let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
+                assert!(pttl > 0 || pttl == -2, "{key} has no TTL");
+            }
+        }
+    }
+}
+
+/// `redlocks` × `tasks_each` tasks, `total` acquisitions of one name with a
+/// read-modify-write inside: no overlap, no lost update, increasing fences.
+async fn contended(redlocks: &[Redlock], tasks_each: usize, total: usize) {
+    let in_cs = Arc::new(AtomicBool::new(false));
+    let counter = Arc::new(AtomicU64::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let opts = LockOptions::new()
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(60));
+    let mut handles = Vec::new();
+    for r in redlocks {
+        for _ in 0..tasks_each {
+            let r = r.clone();
+            let (in_cs, counter, next, fences, opts) = (
+                in_cs.clone(),
+                counter.clone(),
+                next.clone(),
+                fences.clone(),
+                opts.clone(),
+            );
+            handles.push(tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    let lease = r.acquire("counter", &opts).await.unwrap();
+                    assert!(!in_cs.swap(true, Ordering::SeqCst), "two holders at once");
+                    fences.lock().unwrap().push(lease.fence());
+                    let v = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(v + 1, Ordering::SeqCst);
+                    in_cs.store(false, Ordering::SeqCst);
+                    assert!(lease.release().await.unwrap());
+                }
+            }));
+        }
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), total as u64, "lost update");
+    let fences = fences.lock().unwrap();
+    for w in fences.windows(2) {
+        assert!(w[1] > w[0], "fence went from {} to {}", w[0], w[1]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_masters_one_down() {
+    let mut servers = servers(3);
+    let mut redlocks = Vec::new();
+    for _ in 0..3 {
+        redlocks.push(builder(&servers).await.build().unwrap());
+    }
+    assert_eq!(redlocks[0].quorum(), 2);
+    assert_eq!(redlocks[0].backend_kind(), "redlock");
+    servers[2].stop();
+    let start = Instant::now();
+    contended(&redlocks, 4, 1000).await;
+    eprintln!(
+        "3 masters, one down: 1000 acquisitions in {:?}",
+        start.elapsed()
+    );
+
+    // A release reaches every live instance.
+    let lease = redlocks[0]
+        .try_acquire("gone", &LockOptions::new())
+        .await
+        .unwrap();
+    let key = lease.key().to_owned();
+    assert!(lease.release().await.unwrap());
+    for s in &servers[..2] {
+        assert_eq!(s.cli(&["EXISTS", &key]), "0");
+    }
+    assert_no_immortal_keys(&servers[..2]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_masters_one_paused() {
+    let servers = servers(5);
+    let mut redlocks = Vec::new();
+    for _ in 0..3 {
+        // A short per-instance timeout, as Redlock recommends: the paused
+        // instance costs at most this when the live ones split their votes.
+        redlocks.push(
+            builder(&servers)
+                .await
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap(),
+        );
+    }
+    assert_eq!(redlocks[0].quorum(), 3);
+    servers[0].pause();
+    let start = Instant::now();
+    let lease = redlocks[0]
+        .try_acquire("p", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(lease.release().await.unwrap());
+    let start = Instant::now();
+    contended(&redlocks, 4, 500).await;
+    eprintln!(
+        "5 masters, one paused: 500 acquisitions in {:?}",
+        start.elapsed()
+    );
+
+    // Renewal keeps a lease across its TTL with one instance paused.
+    let ttl = Duration::from_millis(400);
+    let lease = redlocks[1]
+        .try_acquire("renew", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    assert!(lease.is_held());
+    assert!(lease.release().await.unwrap());
+    servers[0].resume();
+    assert_no_immortal_keys(&servers);
+}
+
+/// The fence is the max over the quorum, and it is written back, so the next
+/// quorum produces a higher one even without the instance that was ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_is_the_quorum_max_and_stays_increasing() {
+    let mut servers = servers(3);
+    let redlock = builder(&servers).await.build().unwrap();
+    let keys = redlock.keys_for("f");
+    // Instance 0's clock (or history) is far ahead of the others.
+    let ahead: u64 = 9_000_000_000_000_000;
+    servers[0].cli(&["SET", &keys.fence, &ahead.to_string(), "PX", "600000"]);
+    // With instance 2 paused, the quorum is {0, 1}: the fence is the max.
+    servers[2].pause();
+    let lease = redlock.try_acquire("f", &LockOptions::new()).await.unwrap();
+    assert_eq!(lease.fence().get(), ahead + 1);
+    assert!(lease.release().await.unwrap());
+    servers[2].resume();
+    // Without instance 0, the quorum is {1, 2}: still above, because the
+    // agreed fence was written back to instance 1.
+    servers[0].stop();
+    let mut last = FencingToken(ahead + 1);
+    for _ in 0..20 {
+        let lease = redlock.try_acquire("f", &LockOptions::new()).await.unwrap();
+        assert!(lease.fence() > last, "{} <= {last}", lease.fence());
+        last = lease.fence();
+        assert!(lease.release().await.unwrap());
+    }
+    assert_no_immortal_keys(&servers[1..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_down_fails() {
+    let mut servers = servers(3);
+    let redlock = builder(&servers).await.build().unwrap();
+    servers[0].stop();
+    servers[1].stop();
+    let err = redlock
+        .try_acquire("m", &LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    let start = Instant::now();
+    let err = redlock
+        .acquire("m", &LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    // Nothing is left behind on the live instance.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        servers[2].cli(&["EXISTS", &redlock.keys_for("m").lock]),
+        "0"
+    );
+}
+
+/// An acquire slower than the TTL yields no lease: validity = ttl − elapsed −
+/// drift is gone, so it is refused and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_acquire_is_refused() {
+    let servers = servers(3);
+    let redlock = builder(&servers)
+        .await
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    // Warm the connections and the script cache.
+    redlock
+        .try_acquire("warm", &LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    servers[0].pause();
+    servers[1].pause();
+    let pids = [servers[0].pid().unwrap(), servers[1].pid().unwrap()];
+    let resumer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        for pid in pids {
+            std::process::Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status()
+                .unwrap();
+        }
+    });
+    let start = Instant::now();
+    let err = redlock
+        .try_acquire("slow", &LockOptions::new().ttl(Duration::from_millis(100)))
+        .await
+        .unwrap_err();
+    resumer.join().unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    // The refused lock is released (or expires) everywhere.
+    let key = redlock.keys_for("slow").lock;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for s in &servers {
+        assert_eq!(s.cli(&["EXISTS", &key]), "0");
+    }
+    // And a normal acquire works again.
+    let lease = redlock
+        .try_acquire("slow", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(lease.release().await.unwrap());
+}
+
+/// Two of three instances paused: renewal cannot reach a quorum, so lost()
+/// resolves before the TTL runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_paused_is_loss_before_ttl() {
+    let servers = servers(3);
+    let redlock = builder(&servers)
+        .await
+        .drift(0.2, Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_millis(1500);
+    let before = Instant::now();
+    let lease = redlock
+        .try_acquire("l", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    servers[1].pause();
+    servers[2].pause();
+    tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .unwrap();
+    assert!(
+        before.elapsed() < ttl,
+        "lost only after {:?}",
+        before.elapsed()
+    );
+    assert!(lease.is_lost());
+    servers[1].resume();
+    servers[2].resume();
+}
+
+/// Waiters on a Redlock wake on the release notification.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_waiter_wakes_on_release() {
+    let servers = servers(3);
+    let a = builder(&servers).await.build().unwrap();
+    let b = builder(&servers)
+        .await
+        .poll_interval(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let lease = a.try_acquire("w", &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let l = b
+            .acquire("w", &LockOptions::new().wait(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        (Instant::now(), l.fence())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    let fence = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let (woke, next) = waiter.await.unwrap();
+    assert!(woke.duration_since(released) < Duration::from_secs(2));
+    assert!(next > fence);
+}
+
+/// Any mix of backends works as instances (`Arc<dyn LockBackend>`).
+#[tokio::test]
+async fn redlock_over_memory_instances() {
+    let instances: Vec<Arc<dyn LockBackend>> = (0..3)
+        .map(|_| Arc::new(MemoryBackend::new()) as Arc<dyn LockBackend>)
+        .collect();
+    let redlock = Redlock::new(instances.clone()).unwrap();
+    let other = Redlock::new(instances).unwrap();
+    let lease = redlock.try_acquire("x", &LockOptions::new()).await.unwrap();
+    assert!(matches!(
+        other.try_acquire("x", &LockOptions::new()).await,
+        Err(Error::Busy { .. })
+    ));
+    let fence = lease.fence();
+    assert!(lease.release().await.unwrap());
+    assert!(
+        other
+            .try_acquire("x", &LockOptions::new())
+            .await
+            .unwrap()
+            .fence()
+            > fence
+    );
+}

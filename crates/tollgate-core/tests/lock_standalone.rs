@@ -1,0 +1,270 @@
+//! The lock behaviour suite on a standalone redis-server, plus fault cases:
+//! SIGSTOP, restart without persistence, renewal after release, one
+//! subscription per locker, no pub/sub.
+
+mod lock_common;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use lock_common::{assert_all_keys_expire, Standalone};
+use tollgate_core::{Error, LockOptions, Locker, RedisBackend};
+use tollgate_testkit::RedisServer;
+
+fn server() -> &'static RedisServer {
+    static S: OnceLock<RedisServer> = OnceLock::new();
+    S.get_or_init(|| RedisServer::start().expect("redis-server"))
+}
+
+behaviour_suite!(Standalone(server()), 10_000);
+
+/// SIGSTOP while a lease is held: lost() resolves before the TTL has run out
+/// (measured from before the acquire), and no call hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_is_loss_before_ttl() {
+    let server = RedisServer::start().unwrap();
+    let locker = Locker::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        // A generous drift allowance so a noisy test machine's timer lateness
+        // cannot push lost() past the TTL.
+        .drift(0.2, Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_millis(1500);
+    let before = Instant::now();
+    let lease = locker
+        .try_acquire("stop", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    server.pause();
+    tokio::time::timeout(Duration::from_secs(5), lease.lost())
+        .await
+        .expect("lost() never resolved");
+    let lost_at = before.elapsed();
+    assert!(lost_at < ttl, "lost() only after {lost_at:?}");
+    assert!(lease.is_lost() && !lease.is_held());
+
+    // Calls are bounded while Redis is frozen.
+    let start = Instant::now();
+    let err = locker
+        .try_acquire("other", &LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let err = lease.release().await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+
+    server.resume();
+    let again = locker
+        .acquire("stop", &LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(again.release().await.unwrap());
+    assert_all_keys_expire(&server);
+}
+
+/// Fences keep increasing after Redis restarts without persistence (the
+/// fence key is gone; the server time is the floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_survive_a_restart_without_persistence() {
+    let mut server = RedisServer::start().unwrap();
+    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let mut last = None;
+    for _ in 0..200 {
+        let lease = locker.try_acquire("f", &LockOptions::new()).await.unwrap();
+        assert!(last < Some(lease.fence()));
+        last = Some(lease.fence());
+        assert!(lease.release().await.unwrap());
+    }
+    let before = last.unwrap();
+    server.restart().unwrap();
+    assert_eq!(server.cli(&["DBSIZE"]), "0");
+    // The connection manager reconnects; the first call may see the old
+    // connection die.
+    let mut lease = None;
+    for _ in 0..50 {
+        match locker.try_acquire("f", &LockOptions::new()).await {
+            Ok(l) => {
+                lease = Some(l);
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_unavailable(), "{e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    let lease = lease.expect("no acquire after the restart");
+    assert!(lease.fence() > before, "{} <= {before}", lease.fence());
+    assert!(lease.release().await.unwrap());
+    assert_all_keys_expire(&server);
+}
+
+fn commandstat(server: &RedisServer, command: &str) -> u64 {
+    let info = server.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+/// Renewal stops at release: no PEXPIRE reaches Redis afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_renewal_after_release() {
+    let server = RedisServer::start().unwrap();
+    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let ttl = Duration::from_millis(150);
+    let lease = locker
+        .try_acquire("r", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    let during = commandstat(&server, "pexpire");
+    assert!(during >= 2, "the watchdog did not renew ({during})");
+    assert!(lease.release().await.unwrap());
+    let at_release = commandstat(&server, "pexpire");
+    tokio::time::sleep(ttl * 4).await;
+    assert_eq!(
+        commandstat(&server, "pexpire"),
+        at_release,
+        "renewed after release"
+    );
+
+    // The same after a drop.
+    let lease = locker
+        .try_acquire("r", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    drop(lease);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let at_drop = commandstat(&server, "pexpire");
+    tokio::time::sleep(ttl * 4).await;
+    assert_eq!(
+        commandstat(&server, "pexpire"),
+        at_drop,
+        "renewed after drop"
+    );
+    assert_eq!(server.cli(&["EXISTS", &locker.keys_for("r").lock]), "0");
+}
+
+fn numpat(server: &RedisServer) -> u64 {
+    server.cli(&["PUBSUB", "NUMPAT"]).parse().unwrap()
+}
+
+/// Waiters of one locker share one subscription, and it ends with the locker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_subscription_per_locker() {
+    let server = RedisServer::start().unwrap();
+    let holder = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let mut held = Vec::new();
+    for i in 0..8 {
+        held.push(holder.try_acquire(format!("n{i}"), &opts).await.unwrap());
+    }
+    let mut waiters = Vec::new();
+    for i in 0..32 {
+        let locker = locker.clone();
+        let opts = opts.clone().wait(Duration::from_secs(20));
+        waiters.push(tokio::spawn(async move {
+            locker.acquire(format!("n{}", i % 8), &opts).await.map(drop)
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while numpat(&server) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        numpat(&server),
+        1,
+        "one pattern subscription for 32 waiters"
+    );
+    for lease in held {
+        assert!(lease.release().await.unwrap());
+    }
+    for w in waiters {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(numpat(&server), 1);
+    drop(locker);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while numpat(&server) != 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(numpat(&server), 0, "the subscription outlived its locker");
+    assert_all_keys_expire(&server);
+}
+
+/// Without a pub/sub client, waiters poll and still get the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_without_pubsub_polls() {
+    let conn = server().connection_manager().await;
+    let a = Locker::builder(RedisBackend::new(conn.clone()))
+        .prefix("nopubsub")
+        .build()
+        .unwrap();
+    let b = Locker::builder(RedisBackend::new(conn))
+        .prefix("nopubsub")
+        .build()
+        .unwrap();
+    let lease = a.try_acquire("p", &LockOptions::new()).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        b.acquire("p", &LockOptions::new().wait(Duration::from_secs(10)))
+            .await
+            .map(|l| l.fence())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fence = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let next = waiter.await.unwrap().unwrap();
+    assert!(next > fence);
+    assert!(matches!(
+        a.try_acquire("p", &LockOptions::new().ttl(Duration::from_micros(10)))
+            .await,
+        Err(Error::InvalidConfig(_))
+    ));
+}
+
+/// A single-instance acquire slower than the lease's validity is refused
+/// (and released), not handed out already expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_acquire_is_refused() {
+    let server = RedisServer::start().unwrap();
+    let locker = Locker::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    // Warm the connection and the script cache.
+    drop(
+        locker
+            .try_acquire("warm", &LockOptions::new())
+            .await
+            .unwrap(),
+    );
+    server.pause();
+    let pid = server.pid().unwrap();
+    let resumer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid.to_string()])
+            .status()
+            .unwrap();
+    });
+    let err = locker
+        .try_acquire("slow", &LockOptions::new().ttl(Duration::from_millis(100)))
+        .await
+        .unwrap_err();
+    resumer.join().unwrap();
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.cli(&["EXISTS", &locker.keys_for("slow").lock]), "0");
+    let lease = locker
+        .try_acquire("slow", &LockOptions::new())
+        .await
+        .unwrap();
+    // Ownership is the lease, not the task: release it from another task.
+    let released = tokio::spawn(async move { lease.release().await })
+        .await
+        .unwrap();
+    assert!(released.unwrap());
+}
