@@ -1,1 +1,80 @@
-//! placeholder
+//! tower middleware for tollgate, shaped like tower-http.
+//!
+//! - [`rate_limit`]: [`RateLimitLayer`] → [`RateLimit`](rate_limit::RateLimit):
+//!   rate limits on Redis or in memory, with IETF draft-10 `RateLimit` /
+//!   `RateLimit-Policy` headers, 429 + `Retry-After` (or gRPC
+//!   RESOURCE_EXHAUSTED) rejections, a failure policy, shadow mode, tracing
+//!   and metrics.
+//! - [`lock`]: [`LockLayer`] → [`Lock`](lock::Lock): a per-resource fenced
+//!   mutex around the inner service.
+//! - [`key`]: [`KeyExtractor`](key::KeyExtractor) and the built-in keys
+//!   (global, peer IP, client IP behind trusted proxies, header, request
+//!   extension, route, compounds).
+//! - [`response`]: [`Rejection`](response::Rejection) and the default
+//!   responses; a custom responder can replace them.
+//!
+//! Services are `Clone + Send + Sync`, checks run in the response future
+//! (never in `poll_ready`), the inner service's error type passes through
+//! unchanged (axum needs `Infallible`) and every rejection is a response.
+//! The response body becomes [`ResponseBody<B>`](ResponseBody), which wraps
+//! the inner body so rejections can carry a short text body; axum routers
+//! and tonic servers accept it as they are.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{body::Body, routing::get, Router};
+//! use http::{Request, StatusCode};
+//! use tollgate_core::{MemoryBackend, Quota};
+//! use tollgate_tower::RateLimitLayer;
+//! use tower::ServiceExt;
+//!
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(1)?).name("demo"));
+//!
+//! let res = app.clone().oneshot(Request::new(Body::empty())).await?;
+//! assert_eq!(res.status(), StatusCode::OK);
+//! assert_eq!(res.headers()["ratelimit-policy"], r#""demo";q=1;w=60"#);
+//! assert_eq!(res.headers()["ratelimit"], r#""demo";r=0;t=60"#);
+//!
+//! let res = app.oneshot(Request::new(Body::empty())).await?;
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//! // Whole seconds, rounded up: never 0.
+//! let wait: u64 = res.headers()["retry-after"].to_str()?.parse()?;
+//! assert!((1..=60).contains(&wait));
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! - `axum` (default): [`key::PeerIp`] and [`key::ClientIp`] read axum's
+//!   `ConnectInfo<SocketAddr>`, [`key::RouteKey`] reads `MatchedPath`.
+//! - `grpc`: the key extractors read tonic's `TcpConnectInfo`. gRPC-shaped
+//!   rejections themselves need no feature: they are chosen from the
+//!   request's `content-type` (see [`response::Protocol`]).
+//! - `metrics`: counters through the `metrics` facade:
+//!   `tollgate_decisions_total{policy, outcome, source}` (outcome `allowed`,
+//!   `denied`, `shadow_denied`, `too_costly`, `unavailable`, `key_error`;
+//!   source `backend`, `deny_cache`, `fail_open`, `fallback`, `none`) and
+//!   `tollgate_lock_requests_total{outcome}` (`acquired`, `busy`,
+//!   `unavailable`, `lost`, `error`, `key_error`).
+//!
+//! # Observability
+//!
+//! One `tracing` event per decision (target `tollgate_tower::rate_limit`,
+//! or `tollgate_tower::lock`): admissions at DEBUG, denials and busy locks
+//! at INFO, backend failures and lost leases at WARN. Subjects appear only
+//! as [`Subject::digest`](tollgate_core::Subject::digest), never raw: they
+//! may be IP addresses or API keys.
+#![forbid(unsafe_code)]
+
+mod body;
+pub mod key;
+pub mod lock;
+pub mod rate_limit;
+pub mod response;
+
+pub use body::{BoxError, ResponseBody};
+pub use lock::LockLayer;
+pub use rate_limit::RateLimitLayer;

@@ -1,0 +1,260 @@
+//! [`ResponseBody`]: the response body of tollgate's middleware.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tollgate_core::{Lease, LeaseLost};
+
+/// The boxed error of [`ResponseBody`]: the inner body's error, or the
+/// error a body ends with when its lock's lease is lost mid-stream.
+///
+/// ```
+/// let e: tollgate_tower::BoxError = "boom".into();
+/// assert_eq!(e.to_string(), "boom");
+/// ```
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A lease kept until the body ends: released (and the release awaited)
+/// when the last frame has been read, dropped (released in the background)
+/// when the body is dropped early, and — when `cancel` is set — ending the
+/// body with an error if the lease is lost while the body is streaming.
+pub(crate) struct LeaseGuard {
+    lease: Option<Lease>,
+    lost: Option<LeaseLost>,
+    releasing: Option<BoxFuture<'static, ()>>,
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(lease: Lease, cancel_on_loss: bool) -> Self {
+        LeaseGuard {
+            lost: cancel_on_loss.then(|| lease.lost()),
+            lease: Some(lease),
+            releasing: None,
+        }
+    }
+
+    /// Whether the lease was lost (and the body must be cut off).
+    fn poll_lost(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(lost) = self.lost.as_mut() else {
+            return false;
+        };
+        if Pin::new(lost).poll(cx).is_pending() {
+            return false;
+        }
+        self.lost = None;
+        self.lease.as_ref().is_some_and(Lease::is_lost)
+    }
+
+    /// Releases the lease and waits for the release (bounded by the
+    /// locker's round-trip timeout), so the next request finds it free.
+    fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(lease) = self.lease.take() {
+            self.lost = None;
+            self.releasing = Some(Box::pin(async move {
+                if let Err(e) = lease.release().await {
+                    tracing::debug!(error = %e, "lock release failed; it expires by its TTL");
+                }
+            }));
+        }
+        match self.releasing.as_mut().map(|f| f.as_mut().poll(cx)) {
+            Some(Poll::Pending) => Poll::Pending,
+            Some(Poll::Ready(())) | None => {
+                self.releasing = None;
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The response body of [`RateLimit`](crate::rate_limit::RateLimit) and
+    /// [`Lock`](crate::lock::Lock): the inner service's body, or the short
+    /// body of a rejection built by the middleware.
+    ///
+    /// Like tower-http's `ResponseBody` types, it wraps the inner body so
+    /// that rejections can carry a text body whatever the inner body type
+    /// is. It works wherever the inner body works: axum's `Router::layer`
+    /// and tonic's `Server::builder().layer(..)` both accept it. A
+    /// [`Lock`](crate::lock::Lock) configured to hold its lease until the
+    /// body ends keeps the lease in here: it is released when the last frame
+    /// has been read (the end of the body waits for the release), or when
+    /// the body is dropped; if the lease is lost while the body streams, the
+    /// body ends with an error, so the client sees a broken response rather
+    /// than a truncated one.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body::Body as _;
+    /// use tollgate_tower::ResponseBody;
+    ///
+    /// let body: ResponseBody<http_body_util::Empty<Bytes>> = ResponseBody::full("busy\n");
+    /// assert_eq!(body.size_hint().exact(), Some(5));
+    /// assert!(ResponseBody::<http_body_util::Empty<Bytes>>::empty().is_end_stream());
+    /// ```
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+        guard: Option<LeaseGuard>,
+        done: bool,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    /// The inner service's body.
+    pub fn new(body: B) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
+            guard: None,
+            done: false,
+        }
+    }
+
+    /// A body of `data`, in one frame.
+    pub fn full(data: impl Into<Bytes>) -> Self {
+        let data: Bytes = data.into();
+        ResponseBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+            guard: None,
+            done: false,
+        }
+    }
+
+    /// An empty body (a gRPC trailers-only response).
+    pub fn empty() -> Self {
+        ResponseBody {
+            kind: Kind::Full { data: None },
+            guard: None,
+            done: false,
+        }
+    }
+
+    /// Keeps `guard`'s lease until the body has ended or is dropped.
+    pub(crate) fn with_guard(mut self, guard: LeaseGuard) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+}
+
+impl<B> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner { .. } => "inner",
+            Kind::Full { .. } => "full",
+        };
+        f.debug_struct("ResponseBody")
+            .field("kind", &kind)
+            .field("holds_lease", &self.guard.is_some())
+            .finish()
+    }
+}
+
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+/// The error a body ends with when its lease is lost mid-stream.
+#[derive(Debug)]
+struct LeaseLostError;
+
+impl fmt::Display for LeaseLostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the lock's lease was lost while the response body was streaming")
+    }
+}
+
+impl std::error::Error for LeaseLostError {}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        if *this.done {
+            // The inner body has ended; finish the release before ending.
+            if let Some(g) = this.guard.as_mut() {
+                if g.poll_release(cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
+            *this.guard = None;
+            return Poll::Ready(None);
+        }
+        if let Some(g) = this.guard.as_mut() {
+            if g.poll_lost(cx) {
+                *this.guard = None;
+                *this.done = true;
+                return Poll::Ready(Some(Err(Box::new(LeaseLostError))));
+            }
+        }
+        let polled = match this.kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        };
+        match polled {
+            Poll::Ready(None) => {
+                *this.done = true;
+                if let Some(g) = this.guard.as_mut() {
+                    if g.poll_release(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                }
+                *this.guard = None;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                // Dropping the lease releases it in the background.
+                *this.guard = None;
+                *this.done = true;
+                Poll::Ready(Some(Err(e)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        if self.guard.is_some() {
+            // The end must be polled, so that the lease is released.
+            return false;
+        }
+        self.done
+            || match &self.kind {
+                Kind::Inner { body } => body.is_end_stream(),
+                Kind::Full { data } => data.is_none(),
+            }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! Compile-time and startup guarantees: services are Clone + Send + Sync,
+//! futures are Send, the inner error type passes through, and invalid
+//! configurations are reported.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use http::{Request, Response};
+use tollgate_core::{Algorithm, Error, Locker, MemoryBackend, Quota, RateLimiter};
+use tollgate_tower::key::{ClientIp, PeerIp, RouteKey};
+use tollgate_tower::{LockLayer, RateLimitLayer};
+use tower::{service_fn, Layer, Service};
+
+fn clone_send_sync<T: Clone + Send + Sync + 'static>(_: &T) {}
+fn send<T: Send>(_: &T) {}
+
+#[test]
+fn services_are_clone_send_sync_and_futures_send() {
+    let inner = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    });
+    let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1).unwrap())
+        .key((PeerIp::new(), RouteKey::new()))
+        .cost(|_: &Request<Body>| 2);
+    clone_send_sync(&layer);
+    let mut svc = layer.layer(inner);
+    clone_send_sync(&svc);
+    let fut = svc.call(Request::new(Body::empty()));
+    send(&fut);
+    infallible(&svc);
+
+    let layer = LockLayer::new(
+        Locker::new(MemoryBackend::new()),
+        ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap(),
+    );
+    clone_send_sync(&layer);
+    let mut svc = layer.layer(inner);
+    clone_send_sync(&svc);
+    let fut = svc.call(Request::new(Body::empty()));
+    send(&fut);
+    infallible(&svc);
+}
+
+/// The inner service's error type (axum's `Infallible`) passes through.
+fn infallible<S>(_: &S)
+where
+    S: Service<
+        Request<Body>,
+        Error = Infallible,
+        Response = Response<tollgate_tower::ResponseBody<Body>>,
+    >,
+{
+}
+
+#[test]
+fn a_burst_on_a_window_algorithm_is_a_configuration_error() {
+    let q = Quota::per_second(1).unwrap().with_burst(5).unwrap();
+    let err = RateLimitLayer::fixed_window(MemoryBackend::new(), q)
+        .validate()
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidQuota(_)), "{err}");
+}
+
+#[test]
+fn settings_of_a_prepared_limiter_cannot_be_changed_by_the_layer() {
+    let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+        .quota(Quota::per_second(1).unwrap())
+        .build()
+        .unwrap();
+    let err = RateLimitLayer::new(limiter.clone())
+        .quota(Quota::per_hour(5).unwrap())
+        .validate()
+        .unwrap_err();
+    assert!(err.to_string().contains("prepared RateLimiter"), "{err}");
+    // The prepared limiter itself is what the layer uses.
+    let layer = RateLimitLayer::new(limiter.clone()).validate().unwrap();
+    assert_eq!(layer.limiter().unwrap().keyspace(), limiter.keyspace());
+}
+
+#[test]
+#[should_panic(expected = "invalid RateLimitLayer configuration")]
+fn an_invalid_layer_panics_when_applied() {
+    let inner = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    });
+    let _ = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1).unwrap())
+        .prefix("bad{prefix")
+        .layer(inner);
+}

@@ -1,0 +1,5 @@
+//! The behaviour suite on the in-memory backend.
+
+mod common;
+
+backend_suite!(common::memory);
