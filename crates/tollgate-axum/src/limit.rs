@@ -1,0 +1,330 @@
+//! Handler-level rate limits ([`RateLimited`]) and the decision of a layer
+//! ([`RateLimitStatus`]).
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponseParts, ResponseParts};
+use http::request::Parts;
+use http::HeaderMap;
+use tollgate_core::{Decision, RateLimiter, Subject};
+
+use crate::rejection::Rejection;
+use tollgate_tower::response::rate_limit_headers;
+
+/// A rate limit for one handler: which limiter, which key, what cost.
+///
+/// Implemented by a marker type per policy, generic over the router's state
+/// `S`; the limiter usually lives in the state.
+///
+/// ```
+/// use axum::extract::FromRef;
+/// use http::request::Parts;
+/// use tollgate_axum::{RateLimitPolicy, Rejection};
+/// use tollgate_core::{RateLimiter, Subject};
+///
+/// #[derive(Clone, FromRef)]
+/// struct AppState {
+///     exports: RateLimiter,
+/// }
+///
+/// /// Exports are limited per API key.
+/// struct Exports;
+///
+/// impl RateLimitPolicy<AppState> for Exports {
+///     fn limiter(state: &AppState) -> RateLimiter {
+///         state.exports.clone()
+///     }
+///
+///     async fn key(parts: &mut Parts, _: &AppState) -> Result<Subject, Rejection> {
+///         parts
+///             .headers
+///             .get("x-api-key")
+///             .map(|v| Subject::new(v.as_bytes()))
+///             .ok_or_else(|| Rejection::bad_request("missing x-api-key"))
+///     }
+/// }
+/// ```
+pub trait RateLimitPolicy<S>: 'static {
+    /// The limiter to check (cheap to clone: clones share state).
+    fn limiter(state: &S) -> RateLimiter;
+
+    /// The key this request is limited under.
+    fn key(parts: &mut Parts, state: &S)
+        -> impl Future<Output = Result<Subject, Rejection>> + Send;
+
+    /// What this request costs (default 1).
+    fn cost(parts: &Parts, state: &S) -> u64 {
+        let _ = (parts, state);
+        1
+    }
+}
+
+/// An admitted request under the policy `P`: an extractor that checks `P`'s
+/// limiter before the handler runs, so one handler is limited without a
+/// layer.
+///
+/// A denied request is answered **429** with `Retry-After` (whole seconds,
+/// rounded up, at least 1) and the `RateLimit-Policy` / `RateLimit` headers;
+/// a failing backend follows the limiter's
+/// [`FailurePolicy`](tollgate_core::FailurePolicy) (admitted by default;
+/// **503** under `Deny`). Return the extractor as part of the response
+/// (`(limited, body)`) to send the `RateLimit-Policy` / `RateLimit` headers on
+/// success too.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// use axum::{body::Body, routing::post, Router};
+/// use http::{request::Parts, Request, StatusCode};
+/// use tollgate_axum::{RateLimitPolicy, RateLimited, Rejection};
+/// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
+/// use tower::ServiceExt;
+///
+/// struct Signups;
+///
+/// impl RateLimitPolicy<RateLimiter> for Signups {
+///     fn limiter(state: &RateLimiter) -> RateLimiter {
+///         state.clone()
+///     }
+///     async fn key(_: &mut Parts, _: &RateLimiter) -> Result<Subject, Rejection> {
+///         Ok(Subject::new("all-signups"))
+///     }
+/// }
+///
+/// async fn signup(limited: RateLimited<Signups>) -> (RateLimited<Signups>, &'static str) {
+///     (limited, "welcome")
+/// }
+///
+/// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1)?)?;
+/// let app = Router::new().route("/signup", post(signup)).with_state(limiter);
+/// let req = || Request::post("/signup").body(Body::empty()).unwrap();
+///
+/// let res = app.clone().oneshot(req()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::OK);
+/// assert!(res.headers().contains_key("ratelimit"));
+///
+/// let res = app.oneshot(req()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+/// let secs: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+/// assert!(secs >= 1 && secs <= 60);
+/// # Ok(()) }
+/// ```
+pub struct RateLimited<P> {
+    decision: Decision,
+    headers: HeaderMap,
+    _policy: PhantomData<fn() -> P>,
+}
+
+impl<P> fmt::Debug for RateLimited<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimited")
+            .field("policy", &std::any::type_name::<P>())
+            .field("decision", &self.decision)
+            .finish()
+    }
+}
+
+impl<P> Clone for RateLimited<P> {
+    fn clone(&self) -> Self {
+        RateLimited {
+            decision: self.decision.clone(),
+            headers: self.headers.clone(),
+            _policy: PhantomData,
+        }
+    }
+}
+
+impl<S, P> FromRequestParts<S> for RateLimited<P>
+where
+    S: Send + Sync,
+    P: RateLimitPolicy<S>,
+{
+    type Rejection = Rejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
+        let key = P::key(parts, state).await?;
+        let cost = P::cost(parts, state);
+        let limiter = P::limiter(state);
+        let decision = limiter.check_n(key, cost).await?;
+        if decision.allowed {
+            Ok(RateLimited {
+                headers: rate_limit_headers(&limiter, &decision),
+                decision,
+                _policy: PhantomData,
+            })
+        } else {
+            Err(Rejection::rate_limited(&limiter, decision))
+        }
+    }
+}
+
+impl<P> RateLimited<P> {
+    /// The decision that admitted the request.
+    ///
+    /// ```
+    /// # use tollgate_axum::RateLimited;
+    /// fn show<P>(limited: &RateLimited<P>) -> String {
+    ///     format!("{} left", limited.decision().remaining)
+    /// }
+    /// ```
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Units left under the strictest quota.
+    ///
+    /// ```
+    /// # use tollgate_axum::RateLimited;
+    /// fn left<P>(limited: &RateLimited<P>) -> u64 {
+    ///     limited.remaining()
+    /// }
+    /// ```
+    pub fn remaining(&self) -> u64 {
+        self.decision.remaining
+    }
+
+    /// Time until the strictest quota is back to full.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_axum::RateLimited;
+    /// fn reset<P>(limited: &RateLimited<P>) -> Duration {
+    ///     limited.reset_after()
+    /// }
+    /// ```
+    pub fn reset_after(&self) -> Duration {
+        self.decision.reset_after
+    }
+}
+
+impl<P> IntoResponseParts for RateLimited<P> {
+    type Error = Infallible;
+
+    fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Infallible> {
+        res.headers_mut().extend(self.headers);
+        Ok(res)
+    }
+}
+
+/// The decision a `RateLimitLayer` (crate `tollgate-tower`) made for this
+/// request, for handlers that show the remaining budget.
+///
+/// The layer stores its [`Decision`] in the request's extensions; this
+/// extractor reads it. Without the layer on the route (or when its key
+/// extractor left the request unlimited) there is no decision: `RateLimitStatus`
+/// then answers **500** with a message saying to add the layer, and
+/// `Option<RateLimitStatus>` gives `None`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{Request, StatusCode};
+/// use tollgate_axum::RateLimitStatus;
+/// use tower::ServiceExt;
+///
+/// async fn show(status: RateLimitStatus) -> String {
+///     format!("{} requests left", status.decision().remaining)
+/// }
+/// async fn maybe(status: Option<RateLimitStatus>) -> String {
+///     format!("limited: {}", status.is_some())
+/// }
+///
+/// // Without the layer: 500 telling what to add, or `None`.
+/// let app = Router::new().route("/", get(show)).route("/maybe", get(maybe));
+/// let res = app.clone().oneshot(Request::get("/").body(Body::empty()).unwrap()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// let res = app.oneshot(Request::get("/maybe").body(Body::empty()).unwrap()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::OK);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimitStatus {
+    decision: Decision,
+}
+
+const MISSING_LAYER: &str = "no rate-limit decision for this request: add \
+`tollgate::tower::RateLimitLayer` to this route (`.route_layer(..)` or `.layer(..)` on the \
+router) so that it runs before the handler, or take `Option<RateLimitStatus>` where the \
+layer may not apply";
+
+impl RateLimitStatus {
+    /// The layer's decision.
+    ///
+    /// ```
+    /// # use tollgate_axum::RateLimitStatus;
+    /// fn left(status: &RateLimitStatus) -> u64 {
+    ///     status.decision().remaining
+    /// }
+    /// ```
+    pub fn decision(&self) -> &Decision {
+        &self.decision
+    }
+
+    /// Units left under the strictest quota.
+    ///
+    /// ```
+    /// # use tollgate_axum::RateLimitStatus;
+    /// fn left(status: &RateLimitStatus) -> u64 {
+    ///     status.remaining()
+    /// }
+    /// ```
+    pub fn remaining(&self) -> u64 {
+        self.decision.remaining
+    }
+
+    /// Time until the strictest quota is back to full.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tollgate_axum::RateLimitStatus;
+    /// fn reset(status: &RateLimitStatus) -> Duration {
+    ///     status.reset_after()
+    /// }
+    /// ```
+    pub fn reset_after(&self) -> Duration {
+        self.decision.reset_after
+    }
+
+    /// The decision, owned.
+    ///
+    /// ```
+    /// # use tollgate_axum::RateLimitStatus;
+    /// # use tollgate_core::Decision;
+    /// fn take(status: RateLimitStatus) -> Decision {
+    ///     status.into_decision()
+    /// }
+    /// ```
+    pub fn into_decision(self) -> Decision {
+        self.decision
+    }
+
+    fn find(parts: &Parts) -> Option<Self> {
+        parts
+            .extensions
+            .get::<Decision>()
+            .cloned()
+            .map(|decision| RateLimitStatus { decision })
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for RateLimitStatus {
+    type Rejection = Rejection;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Rejection> {
+        Self::find(parts).ok_or_else(|| Rejection::misconfigured(MISSING_LAYER))
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for RateLimitStatus {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Infallible> {
+        Ok(Self::find(parts))
+    }
+}

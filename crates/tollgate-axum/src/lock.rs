@@ -1,0 +1,334 @@
+//! [`HeldLock`]: a fenced lock held for the duration of a handler.
+
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use axum_core::extract::{FromRef, FromRequestParts};
+use http::request::Parts;
+use tollgate_core::{FencingToken, Lease, LeaseLost, LockOptions, Locker, Result, Subject};
+
+use crate::rejection::Rejection;
+
+/// A kind of resource a [`HeldLock`] protects: how a request names the
+/// resource it works on, and how its lock is taken.
+///
+/// Implemented by a marker type per kind of resource (`Job`, `Invoice`, …),
+/// generic over the router's state `S` (write `impl<S: Send + Sync>
+/// LockResource<S> for Job` when the state is not needed).
+///
+/// The name is usually made of path parameters. Include the kind of resource
+/// in it (`Subject::compound(["job", id])`) so that two kinds of resource
+/// with the same id never share a lock.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::extract::{FromRequestParts, Path};
+/// use http::request::Parts;
+/// use tollgate_axum::{LockResource, Rejection};
+/// use tollgate_core::{LockOptions, Subject};
+///
+/// /// `/tenants/{tenant}/invoices/{id}`: one lock per invoice.
+/// struct Invoice;
+///
+/// impl<S: Send + Sync> LockResource<S> for Invoice {
+///     async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+///         let Path((tenant, id)) = Path::<(String, u64)>::from_request_parts(parts, state)
+///             .await
+///             .map_err(Rejection::from_response)?;
+///         Ok(Subject::compound(["invoice", tenant.as_str(), id.to_string().as_str()]))
+///     }
+///
+///     fn options(_: &S) -> LockOptions {
+///         // Wait up to 2 s for a concurrent writer, then answer 409.
+///         LockOptions::new()
+///             .ttl(Duration::from_secs(15))
+///             .wait(Duration::from_secs(2))
+///             .max_hold(Duration::from_secs(60))
+///     }
+/// }
+/// ```
+pub trait LockResource<S>: 'static {
+    /// The lock's name for this request. Fail with a [`Rejection`]
+    /// ([`Rejection::from_response`] passes an axum rejection through;
+    /// [`Rejection::bad_request`], [`Rejection::misconfigured`]).
+    fn name(
+        parts: &mut Parts,
+        state: &S,
+    ) -> impl Future<Output = Result<Subject, Rejection>> + Send;
+
+    /// How the lock is taken: TTL, wait bound, renewal, hold cap. The
+    /// default is [`LockOptions::new`]: a 30 s TTL renewed while held, and no
+    /// waiting (a busy resource answers 409 at once).
+    fn options(state: &S) -> LockOptions {
+        let _ = state;
+        LockOptions::new()
+    }
+}
+
+/// A lock held for the handler: an extractor that acquires the lock of the
+/// resource `R` names (see [`LockResource`]) with the [`Locker`] taken from
+/// the router's state through [`FromRef`] (so the state is a `Locker`, or a
+/// struct with `#[derive(FromRef)]` and a `Locker` field).
+///
+/// The handler runs only while the lock is held; it gets the
+/// [`fence`](HeldLock::fence) to send to the protected resource, a
+/// [`lost`](HeldLock::lost) future to stop the work when the lease is lost,
+/// and may [`release`](HeldLock::release) early. When the guard is dropped —
+/// the handler returns, panics, or is cancelled because the client went away
+/// — the lock is released without blocking, in the background: the response
+/// may reach the client a moment before the lock is free. Call
+/// [`release`](HeldLock::release)`.await` before answering when the client
+/// may come straight back for the same resource.
+///
+/// Rejections ([`Rejection`]): **409** with `Retry-After` when the resource is
+/// held by someone else beyond the wait bound; **503** when the backend is
+/// unavailable (the acquire is bounded by the locker's timeout); **500** for
+/// invalid options; whatever `R::name` answers when the request does not name
+/// a resource.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use axum::{body::Body, extract::{FromRequestParts, Path}, routing::post, Router};
+/// use http::{request::Parts, Request, StatusCode};
+/// use tollgate_axum::{HeldLock, LockResource, Rejection};
+/// use tollgate_core::{Locker, MemoryBackend, Subject};
+/// use tower::ServiceExt;
+///
+/// struct Job;
+///
+/// impl<S: Send + Sync> LockResource<S> for Job {
+///     async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+///         let Path(id) = Path::<String>::from_request_parts(parts, state)
+///             .await
+///             .map_err(Rejection::from_response)?;
+///         Ok(Subject::compound(["job", id.as_str()]))
+///     }
+/// }
+///
+/// async fn run(lock: HeldLock<Job>) -> String {
+///     lock.fence().to_string()
+/// }
+///
+/// let locker = Locker::new(MemoryBackend::new());
+/// let app = Router::new().route("/jobs/{id}", post(run)).with_state(locker.clone());
+///
+/// // While someone else holds job 7, a request for it is answered 409.
+/// let other = locker.try_acquire(Subject::compound(["job", "7"]), &Default::default()).await.unwrap();
+/// let req = || Request::post("/jobs/7").body(Body::empty()).unwrap();
+/// let res = app.clone().oneshot(req()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::CONFLICT);
+/// assert!(res.headers().contains_key("retry-after"));
+///
+/// other.release().await.unwrap();
+/// let res = app.oneshot(req()).await.unwrap();
+/// assert_eq!(res.status(), StatusCode::OK);
+/// # }
+/// ```
+#[must_use = "dropping a HeldLock releases the lock at once"]
+pub struct HeldLock<R> {
+    lease: Lease,
+    _resource: PhantomData<fn() -> R>,
+}
+
+impl<R> fmt::Debug for HeldLock<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("resource", &std::any::type_name::<R>())
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl<S, R> FromRequestParts<S> for HeldLock<R>
+where
+    S: Send + Sync,
+    R: LockResource<S>,
+    Locker: FromRef<S>,
+{
+    type Rejection = Rejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
+        let name = R::name(parts, state).await?;
+        let options = R::options(state);
+        let locker = Locker::from_ref(state);
+        let lease = locker.acquire(name, &options).await?;
+        Ok(HeldLock {
+            lease,
+            _resource: PhantomData,
+        })
+    }
+}
+
+impl<R> HeldLock<R> {
+    /// Wraps a lease acquired elsewhere (e.g. in a test, or by a custom
+    /// extractor).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
+    /// let lock: HeldLock<()> = HeldLock::from_lease(lease);
+    /// assert!(lock.is_held());
+    /// # Ok(()) }
+    /// ```
+    pub fn from_lease(lease: Lease) -> Self {
+        HeldLock {
+            lease,
+            _resource: PhantomData,
+        }
+    }
+
+    /// The fencing token of this hold: send it with every write to the
+    /// protected resource, which refuses tokens lower than the highest it has
+    /// seen.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let first = HeldLock::<()>::from_lease(locker.try_acquire("x", &LockOptions::new()).await?);
+    /// let f1 = first.fence();
+    /// first.release().await?;
+    /// let second = HeldLock::<()>::from_lease(locker.try_acquire("x", &LockOptions::new()).await?);
+    /// assert!(second.fence() > f1);
+    /// # Ok(()) }
+    /// ```
+    pub fn fence(&self) -> FencingToken {
+        self.lease.fence()
+    }
+
+    /// The lock's name, as encoded in its key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("reports", &LockOptions::new()).await?;
+    /// assert_eq!(HeldLock::<()>::from_lease(lease).name(), "reports");
+    /// # Ok(()) }
+    /// ```
+    pub fn name(&self) -> &str {
+        self.lease.name()
+    }
+
+    /// Whether the lease can still be trusted (not lost, not released).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
+    /// assert!(HeldLock::<()>::from_lease(lease).is_held());
+    /// # Ok(()) }
+    /// ```
+    pub fn is_held(&self) -> bool {
+        self.lease.is_held()
+    }
+
+    /// How long the lease can still be trusted without another renewal.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use std::time::Duration;
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &opts).await?;
+    /// assert!(HeldLock::<()>::from_lease(lease).remaining() <= Duration::from_secs(10));
+    /// # Ok(()) }
+    /// ```
+    pub fn remaining(&self) -> Duration {
+        self.lease.remaining()
+    }
+
+    /// A future that resolves once the lease can no longer be trusted (lost
+    /// — e.g. Redis unreachable past the safe deadline — or released). Race
+    /// the protected work against it:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
+    /// let lock = HeldLock::<()>::from_lease(lease);
+    /// let done = tokio::select! {
+    ///     _ = lock.lost() => false,
+    ///     _ = async { /* the work */ } => true,
+    /// };
+    /// assert!(done);
+    /// # Ok(()) }
+    /// ```
+    pub fn lost(&self) -> LeaseLost {
+        self.lease.lost()
+    }
+
+    /// Releases the lock now (before the handler finishes) and reports
+    /// whether it was still ours; an error when the backend did not answer
+    /// (the lock then expires at its TTL).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
+    /// assert!(HeldLock::<()>::from_lease(lease).release().await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn release(self) -> Result<bool> {
+        self.lease.release().await
+    }
+
+    /// The underlying lease.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
+    /// let lock = HeldLock::<()>::from_lease(lease);
+    /// assert_eq!(lock.lease().fence(), lock.fence());
+    /// # Ok(()) }
+    /// ```
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The underlying lease, to keep the lock beyond the handler (e.g. in a
+    /// spawned task that finishes the work).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_axum::HeldLock;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
+    /// let lease = HeldLock::<()>::from_lease(lease).into_lease();
+    /// assert!(lease.release().await?);
+    /// # Ok(()) }
+    /// ```
+    pub fn into_lease(self) -> Lease {
+        self.lease
+    }
+}

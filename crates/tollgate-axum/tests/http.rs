@@ -1,0 +1,722 @@
+//! The extractors through a real `axum::serve` on a loopback port and a real
+//! HTTP client, against the memory backend, a standalone Redis and a Redis
+//! Cluster (real `redis-server` processes, no mocks).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{FromRef, FromRequestParts, Path, State};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tollgate_axum::{
+    HeldLock, LockResource, RateLimitPolicy, RateLimitStatus, RateLimited, Rejection,
+    RejectionReason,
+};
+use tollgate_core::{
+    FailurePolicy, LockOptions, Locker, MemoryBackend, Quota, RateLimiter, RedisBackend, Subject,
+};
+use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate_tower::RateLimitLayer;
+
+// ---------------------------------------------------------------- resources
+
+async fn job_id<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
+        .await
+        .map_err(Rejection::from_response)?;
+    let id = params
+        .get("id")
+        .ok_or_else(|| Rejection::misconfigured("add an `{id}` path parameter to the route"))?;
+    Ok(Subject::compound(["job", id.as_str()]))
+}
+
+/// Waits up to 10 s for the lock.
+struct Waiting;
+
+impl<S: Send + Sync> LockResource<S> for Waiting {
+    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+        job_id(parts, state).await
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new()
+            .ttl(Duration::from_secs(5))
+            .wait(Duration::from_secs(10))
+    }
+}
+
+/// Never waits: busy → 409. A 30 s TTL, so a test that gets the lock back
+/// quickly proves it was released, not expired.
+struct NoWait;
+
+impl<S: Send + Sync> LockResource<S> for NoWait {
+    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+        job_id(parts, state).await
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new().ttl(Duration::from_secs(30))
+    }
+}
+
+/// A short lease that is not renewed: lost after 300 ms.
+struct Short;
+
+impl<S: Send + Sync> LockResource<S> for Short {
+    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+        job_id(parts, state).await
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new()
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+    }
+}
+
+/// A TTL the drift allowance leaves nothing of: a configuration error.
+struct BadOptions;
+
+impl<S: Send + Sync> LockResource<S> for BadOptions {
+    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+        job_id(parts, state).await
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new().ttl(Duration::from_millis(1))
+    }
+}
+
+// -------------------------------------------------------------------- app
+
+#[derive(Default)]
+struct Probe {
+    active: AtomicUsize,
+    max_active: AtomicUsize,
+    /// Fences in the order the handlers ran.
+    fences: Mutex<Vec<u64>>,
+}
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    locker: Locker,
+    probe: Arc<Probe>,
+    limiter: RateLimiter,
+}
+
+fn ms(params: &HashMap<String, String>) -> u64 {
+    params.get("ms").and_then(|m| m.parse().ok()).unwrap_or(0)
+}
+
+async fn guarded<R>(
+    lock: HeldLock<R>,
+    Path(params): Path<HashMap<String, String>>,
+    State(probe): State<Arc<Probe>>,
+) -> String {
+    let now = probe.active.fetch_add(1, Ordering::SeqCst) + 1;
+    probe.max_active.fetch_max(now, Ordering::SeqCst);
+    probe.fences.lock().unwrap().push(lock.fence().get());
+    tokio::time::sleep(Duration::from_millis(ms(&params))).await;
+    probe.active.fetch_sub(1, Ordering::SeqCst);
+    lock.fence().to_string()
+}
+
+/// Works until the lease is lost, then says so.
+async fn until_lost(lock: HeldLock<Short>) -> String {
+    tokio::select! {
+        _ = lock.lost() => format!("lost {}", lock.is_held()),
+        _ = tokio::time::sleep(Duration::from_secs(5)) => "not lost".to_owned(),
+    }
+}
+
+async fn panics(_lock: HeldLock<NoWait>) -> &'static str {
+    panic!("handler panics while holding the lock (expected by the test)");
+}
+
+async fn release_early(lock: HeldLock<NoWait>) -> String {
+    let fence = lock.fence();
+    let was_ours = lock.release().await.unwrap();
+    format!("{fence} {was_ours}")
+}
+
+/// Limited per `x-user` header, 2 per minute.
+struct PerUser;
+
+impl RateLimitPolicy<AppState> for PerUser {
+    fn limiter(state: &AppState) -> RateLimiter {
+        state.limiter.clone()
+    }
+    async fn key(parts: &mut Parts, _: &AppState) -> Result<Subject, Rejection> {
+        parts
+            .headers
+            .get("x-user")
+            .map(|v| Subject::new(v.as_bytes()))
+            .ok_or_else(|| Rejection::bad_request("missing x-user header"))
+    }
+}
+
+async fn limited(l: RateLimited<PerUser>) -> (RateLimited<PerUser>, String) {
+    let left = l.remaining();
+    (l, format!("left {left}"))
+}
+
+async fn status(s: RateLimitStatus) -> String {
+    format!("remaining {}", s.remaining())
+}
+
+async fn maybe_status(s: Option<RateLimitStatus>) -> String {
+    format!("{:?}", s.map(|s| s.remaining()))
+}
+
+fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
+    let probe = Arc::new(Probe::default());
+    let state = AppState {
+        locker,
+        probe: probe.clone(),
+        limiter,
+    };
+    let layered = Router::new().route("/status", get(status)).layer(
+        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3).unwrap())
+            .name("layered"),
+    );
+    let router = Router::new()
+        .route("/wait/{id}/{ms}", post(guarded::<Waiting>))
+        .route("/nowait/{id}/{ms}", post(guarded::<NoWait>))
+        .route("/panic/{id}", post(panics))
+        .route("/short/{id}", post(until_lost))
+        .route("/release/{id}", post(release_early))
+        .route("/bad/{id}", post(guarded::<BadOptions>))
+        .route("/noparam", post(guarded::<NoWait>))
+        .route("/limited", get(limited))
+        .route("/maybe", get(maybe_status))
+        .route("/unlayered", get(status))
+        .with_state(state)
+        .merge(layered);
+    (router, probe)
+}
+
+struct Running {
+    addr: SocketAddr,
+    probe: Arc<Probe>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(locker: Locker, limiter: RateLimiter) -> Running {
+    let (router, probe) = app(locker, limiter);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    Running { addr, probe, task }
+}
+
+fn memory_limiter() -> RateLimiter {
+    RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2).unwrap()).unwrap()
+}
+
+// ------------------------------------------------------------------ client
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn send(addr: SocketAddr, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let res = client
+        .request(req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    let status = res.status();
+    let headers = res.headers().clone();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8(body.to_vec()).unwrap(),
+    }
+}
+
+async fn post_(addr: SocketAddr, path: &str) -> Reply {
+    send(addr, Method::POST, path, &[]).await
+}
+
+fn retry_after(r: &Reply) -> u64 {
+    r.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .expect("Retry-After is whole seconds")
+}
+
+// ------------------------------------------------------------------ checks
+
+/// Concurrent requests on one resource run one at a time, and every holder
+/// gets a larger fence than the one before.
+async fn concurrent_requests_are_serialized(locker: Locker) {
+    let srv = serve(locker, memory_limiter()).await;
+    let n = 5;
+    let started = Instant::now();
+    let replies =
+        futures::future::join_all((0..n).map(|_| post_(srv.addr, "/wait/serial/100"))).await;
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    }
+    assert_eq!(
+        srv.probe.max_active.load(Ordering::SeqCst),
+        1,
+        "two handlers held the lock at once"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(100 * n as u64));
+    let fences = srv.probe.fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), n);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences must strictly increase: {fences:?}"
+    );
+    // A different resource is not serialized with this one.
+    let other = post_(srv.addr, "/nowait/other/0").await;
+    assert_eq!(other.status, StatusCode::OK);
+    assert!(other.body.parse::<u64>().unwrap() > 0);
+}
+
+/// A held resource is answered 409 with `Retry-After` and a text body.
+async fn busy_is_409(locker: Locker) {
+    let srv = serve(locker.clone(), memory_limiter()).await;
+    let held = locker
+        .try_acquire(
+            Subject::compound(["job", "busy"]),
+            &LockOptions::new().ttl(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap();
+    let r = post_(srv.addr, "/nowait/busy/0").await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    let ra = retry_after(&r);
+    assert!((1..=20).contains(&ra), "Retry-After {ra}");
+    assert_eq!(r.headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(
+        r.body,
+        format!("the resource is locked by another request; retry in {ra} s\n")
+    );
+    // A waiting resource gets it as soon as the holder releases.
+    let waiter = tokio::spawn({
+        let addr = srv.addr;
+        async move { post_(addr, "/wait/busy/0").await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fence = held.fence().get();
+    assert!(held.release().await.unwrap());
+    let r = waiter.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.parse::<u64>().unwrap() > fence);
+}
+
+/// Polls `path` until it is answered 200, within `within` (much less than the
+/// 30 s TTL, so success means the lock was released, not expired).
+async fn acquires_again(addr: SocketAddr, path: &str, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let r = post_(addr, path).await;
+        if r.status == StatusCode::OK {
+            return start.elapsed();
+        }
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.body);
+        assert!(
+            start.elapsed() < within,
+            "the lock was not released within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A client that disconnects mid-request cancels the handler, and dropping
+/// the guard releases the lock: the next request gets it at once, long
+/// before the 30 s TTL.
+async fn disconnect_releases_lock(locker: Locker) {
+    let srv = serve(locker, memory_limiter()).await;
+    let mut stream = TcpStream::connect(srv.addr).await.unwrap();
+    stream
+        .write_all(b"POST /nowait/gone/20000 HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    // Wait until the handler holds the lock.
+    let start = Instant::now();
+    while srv.probe.active.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "handler never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = post_(srv.addr, "/nowait/gone/0").await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "the lock is held meanwhile");
+    // The client goes away.
+    drop(stream);
+    acquires_again(srv.addr, "/nowait/gone/0", Duration::from_secs(3)).await;
+}
+
+/// A client that goes away while its request waits for the lock takes
+/// nothing: when the holder releases, the lock is free.
+async fn disconnect_while_waiting_takes_nothing(locker: Locker) {
+    let srv = serve(locker.clone(), memory_limiter()).await;
+    let name = Subject::compound(["job", "queued"]);
+    let held = locker
+        .try_acquire(name.clone(), &LockOptions::new())
+        .await
+        .unwrap();
+    let mut stream = TcpStream::connect(srv.addr).await.unwrap();
+    stream
+        .write_all(b"POST /wait/queued/0 HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(stream);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(held.release().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        srv.probe.fences.lock().unwrap().len(),
+        0,
+        "the cancelled request never ran"
+    );
+    let again = locker.try_acquire(name, &LockOptions::new()).await;
+    assert!(again.is_ok(), "the lock is free: {again:?}");
+}
+
+/// `lost()` resolves when the lease runs out, and the handler sees it.
+async fn lost_is_observable(locker: Locker) {
+    let srv = serve(locker, memory_limiter()).await;
+    let r = post_(srv.addr, "/short/s").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "lost false");
+}
+
+/// A handler that panics drops its guard while unwinding: released.
+async fn panic_releases_lock(locker: Locker) {
+    let srv = serve(locker, memory_limiter()).await;
+    let mut stream = TcpStream::connect(srv.addr).await.unwrap();
+    stream
+        .write_all(b"POST /panic/p HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    // The server closes the connection without a response.
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf)).await;
+    acquires_again(srv.addr, "/nowait/p/0", Duration::from_secs(3)).await;
+}
+
+/// `release().await` inside the handler reports `true` and frees the lock.
+async fn explicit_release(locker: Locker) {
+    let srv = serve(locker, memory_limiter()).await;
+    let r = post_(srv.addr, "/release/r").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.body.ends_with(" true"), "{}", r.body);
+    let r = post_(srv.addr, "/nowait/r/0").await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+/// Misconfiguration is a 500 whose message says what to fix.
+async fn misconfiguration_is_500(locker: Locker) {
+    let srv = serve(locker, memory_limiter()).await;
+    let r = post_(srv.addr, "/bad/x").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        r.body.starts_with("tollgate is misconfigured: "),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("TTL") || r.body.contains("ttl"),
+        "{}",
+        r.body
+    );
+    // A route without the parameter the resource is named after.
+    let r = post_(srv.addr, "/noparam").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
+}
+
+// ------------------------------------------------------------ memory tests
+
+fn memory_locker() -> Locker {
+    Locker::new(MemoryBackend::new())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_concurrent_requests_are_serialized() {
+    concurrent_requests_are_serialized(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_busy_is_409() {
+    busy_is_409(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_disconnect_releases_lock() {
+    disconnect_releases_lock(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_panic_releases_lock() {
+    panic_releases_lock(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_explicit_release() {
+    explicit_release(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_misconfiguration_is_500() {
+    misconfiguration_is_500(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_disconnect_while_waiting_takes_nothing() {
+    disconnect_while_waiting_takes_nothing(memory_locker()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_lost_is_observable() {
+    lost_is_observable(memory_locker()).await;
+}
+
+// ------------------------------------------------------------- redis tests
+
+async fn redis_locker(server: &RedisServer) -> Locker {
+    Locker::new(RedisBackend::connect(&server.url()).await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_concurrent_requests_are_serialized() {
+    let server = RedisServer::start().unwrap();
+    concurrent_requests_are_serialized(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_busy_is_409() {
+    let server = RedisServer::start().unwrap();
+    busy_is_409(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_disconnect_releases_lock() {
+    let server = RedisServer::start().unwrap();
+    disconnect_releases_lock(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_panic_releases_lock() {
+    let server = RedisServer::start().unwrap();
+    panic_releases_lock(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_explicit_release() {
+    let server = RedisServer::start().unwrap();
+    explicit_release(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_misconfiguration_is_500() {
+    let server = RedisServer::start().unwrap();
+    misconfiguration_is_500(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_disconnect_while_waiting_takes_nothing() {
+    let server = RedisServer::start().unwrap();
+    disconnect_while_waiting_takes_nothing(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_lost_is_observable() {
+    let server = RedisServer::start().unwrap();
+    lost_is_observable(redis_locker(&server).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_locks_serialize_and_release() {
+    let cluster = RedisCluster::start().unwrap();
+    let backend = RedisBackend::connect_cluster(cluster.seeds())
+        .await
+        .unwrap();
+    let locker = Locker::new(backend);
+    concurrent_requests_are_serialized(locker.clone()).await;
+    busy_is_409(locker.clone()).await;
+    disconnect_releases_lock(locker).await;
+}
+
+/// Redis down: the acquire is bounded and answered 503 with `Retry-After`;
+/// once Redis is back, the same locker works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unavailable_is_503_and_recovers() {
+    let mut server = RedisServer::start().unwrap();
+    let srv = serve(redis_locker(&server).await, memory_limiter()).await;
+    assert_eq!(post_(srv.addr, "/nowait/u/0").await.status, StatusCode::OK);
+
+    server.pause();
+    let start = Instant::now();
+    let r = post_(srv.addr, "/nowait/u/0").await;
+    server.resume();
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "the acquire must be bounded"
+    );
+    assert_eq!(retry_after(&r), 1);
+    assert_eq!(
+        r.body,
+        "the coordination backend is unavailable; try again shortly\n"
+    );
+
+    server.stop();
+    let r = post_(srv.addr, "/nowait/u2/0").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
+
+    server.restart().unwrap();
+    let start = Instant::now();
+    loop {
+        let r = post_(srv.addr, "/nowait/u3/0").await;
+        if r.status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no recovery: {} {}",
+            r.status,
+            r.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ------------------------------------------------------------ rate limits
+
+/// `RateLimited<P>`: admitted with headers, then 429 with `Retry-After`,
+/// the draft-10 headers and a text body; a missing key is 400.
+async fn handler_rate_limit(limiter: RateLimiter) {
+    let srv = serve(memory_locker(), limiter).await;
+    let user = [("x-user", "ann")];
+    let r = send(srv.addr, Method::GET, "/limited", &user).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "left 1");
+    let policy = r.headers["ratelimit-policy"].to_str().unwrap().to_owned();
+    assert!(policy.ends_with(";q=2;w=60"), "{policy}");
+    assert!(
+        r.headers["ratelimit"].to_str().unwrap().contains(";r=1;t="),
+        "{:?}",
+        r.headers["ratelimit"]
+    );
+    let r = send(srv.addr, Method::GET, "/limited", &user).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "left 0");
+
+    let r = send(srv.addr, Method::GET, "/limited", &user).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    let ra = retry_after(&r);
+    assert!((1..=30).contains(&ra), "Retry-After {ra}");
+    assert_eq!(r.body, format!("rate limit exceeded; retry in {ra} s\n"));
+    assert_eq!(r.headers["ratelimit-policy"].to_str().unwrap(), policy);
+    assert!(r.headers["ratelimit"].to_str().unwrap().contains(";r=0;t="));
+
+    // Another key has its own budget.
+    let r = send(srv.addr, Method::GET, "/limited", &[("x-user", "bob")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    // No key: 400.
+    let r = send(srv.addr, Method::GET, "/limited", &[]).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.body, "missing x-user header\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_handler_rate_limit() {
+    handler_rate_limit(memory_limiter()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_handler_rate_limit() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2).unwrap()).unwrap())
+        .await;
+}
+
+/// Under `FailurePolicy::Deny`, a dead backend is a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_handler_rate_limit_deny_policy_is_503() {
+    let mut server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let limiter = RateLimiter::builder(backend, tollgate_core::Algorithm::TokenBucket)
+        .quota(Quota::per_minute(2).unwrap())
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let srv = serve(memory_locker(), limiter).await;
+    server.stop();
+    let r = send(srv.addr, Method::GET, "/limited", &[("x-user", "ann")]).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
+}
+
+/// `RateLimitStatus` reads what the layer decided; without the layer it is
+/// a 500 naming the layer, and `Option<RateLimitStatus>` is `None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_decision_is_readable() {
+    let srv = serve(memory_locker(), memory_limiter()).await;
+    let r = send(srv.addr, Method::GET, "/status", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "remaining 2");
+    assert_eq!(r.headers["ratelimit"], r#""layered";r=2;t=20"#);
+    let r = send(srv.addr, Method::GET, "/status", &[]).await;
+    assert_eq!(r.body, "remaining 1");
+
+    let r = send(srv.addr, Method::GET, "/unlayered", &[]).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.body.contains("RateLimitLayer"), "{}", r.body);
+    let r = send(srv.addr, Method::GET, "/maybe", &[]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.body, "None");
+}
+
+#[test]
+fn rejection_reasons_map_to_statuses() {
+    let busy = Rejection::busy(Some(Duration::from_millis(2500)));
+    assert_eq!(
+        busy.reason(),
+        &RejectionReason::Busy {
+            retry_after: Duration::from_secs(3)
+        }
+    );
+    assert_eq!(busy.status(), StatusCode::CONFLICT);
+    assert_eq!(
+        Rejection::from(tollgate_core::Error::CircuitOpen).status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        Rejection::from(tollgate_core::Error::InvalidConfig("x".into())).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+}

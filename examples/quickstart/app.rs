@@ -1,0 +1,150 @@
+//! The quickstart's application: backend selection and the router. Kept in
+//! its own file so the end-to-end tests under `tests/` run exactly this
+//! router (`#[path = "../examples/quickstart/app.rs"] mod app;`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tollgate::axum::{HeldLock, LockResource, Rejection};
+use tollgate::tower::key::PeerIp;
+use tollgate::tower::RateLimitLayer;
+use tollgate::{
+    Error, LockBackend, LockOptions, Locker, MemoryBackend, Quota, RateBackend, RedisBackend,
+    Subject,
+};
+
+/// Where limits and locks live.
+#[derive(Clone, Debug)]
+pub(crate) enum Backend {
+    /// This process's memory (no Redis configured).
+    Memory(MemoryBackend),
+    /// A standalone Redis (`REDIS_URL`).
+    Redis(RedisBackend),
+    /// A Redis Cluster (`REDIS_CLUSTER`).
+    Cluster(RedisBackend<redis::cluster_async::ClusterConnection>),
+}
+
+impl Backend {
+    /// From the environment: `REDIS_CLUSTER` (comma-separated `host:port`
+    /// seeds) selects a cluster, else `REDIS_URL` a standalone Redis, else
+    /// memory.
+    ///
+    /// A standalone Redis is connected lazily: the server starts (and its
+    /// limits fail open, its locks answer 503) while Redis is down, and
+    /// recovers on its own when Redis is back. A cluster must be reachable
+    /// at start, to learn its slots.
+    pub(crate) async fn from_env() -> Result<Backend, Error> {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(seeds) = var("REDIS_CLUSTER") {
+            let seeds: Vec<&str> = seeds
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .collect();
+            return Ok(Backend::Cluster(
+                RedisBackend::connect_cluster(seeds).await?,
+            ));
+        }
+        if let Some(url) = var("REDIS_URL") {
+            return Ok(Backend::Redis(RedisBackend::connect_lazy(&url)?));
+        }
+        Ok(Backend::Memory(MemoryBackend::new()))
+    }
+
+    /// `memory`, `redis` or `cluster`.
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            Backend::Redis(_) => "redis",
+            Backend::Cluster(_) => "cluster",
+        }
+    }
+
+    /// The application on this backend.
+    pub(crate) fn router(&self) -> Router {
+        match self {
+            Backend::Memory(b) => router(b.clone()),
+            Backend::Redis(b) => router(b.clone()),
+            Backend::Cluster(b) => router(b.clone()),
+        }
+    }
+}
+
+/// `POST /jobs/{id}` locks the job `{id}`.
+struct Job;
+
+impl<S: Send + Sync> LockResource<S> for Job {
+    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(Rejection::from_response)?;
+        Ok(Subject::compound(["job", id.as_str()]))
+    }
+
+    fn options(_: &S) -> LockOptions {
+        // No waiting: a job that is running elsewhere is answered 409 at once.
+        // The watchdog renews the lease while the job runs; a crashed holder's
+        // lock expires after 10 s.
+        LockOptions::new().ttl(Duration::from_secs(10))
+    }
+}
+
+async fn hello() -> &'static str {
+    "hello"
+}
+
+async fn run_job(Path(id): Path<String>, lock: HeldLock<Job>) -> Json<Value> {
+    // The work. A real job would pass `lock.fence()` to every write, and stop
+    // when `lock.lost()` resolves.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let fence = lock.fence().get();
+    // Release before answering, so that the client's next request finds the
+    // job free. (Dropping the guard releases it too — also when the handler
+    // panics or the client goes away — but in the background, possibly just
+    // after the response has left. If Redis does not answer, the lock
+    // expires at its TTL.)
+    let _ = lock.release().await;
+    Json(json!({ "job": id, "fence": fence }))
+}
+
+/// The router on `backend`:
+///
+/// - `GET /` → `hello`, limited per client IP by a token bucket of capacity
+///   5 that refills one token every 2 seconds (shared by every instance on
+///   the same backend);
+/// - `POST /jobs/{id}` → holds the job's lock for 500 ms of work and answers
+///   `{"job":"<id>","fence":<n>}`; 409 while another request holds it.
+pub(crate) fn router<B>(backend: B) -> Router
+where
+    B: RateBackend + LockBackend + Clone,
+{
+    let quota = Quota::new(1, Duration::from_secs(2))
+        .and_then(|q| q.with_burst(5))
+        .expect("a valid quota");
+    let limit = RateLimitLayer::token_bucket(backend.clone(), quota)
+        .name("quickstart")
+        .key(PeerIp::new());
+    Router::new()
+        .route("/", get(hello).layer(limit))
+        .route("/jobs/{id}", post(run_job))
+        .with_state(Locker::new(backend))
+}
+
+/// Serves `router` on `listener`, recording each connection's peer address
+/// (the rate limit is per client IP).
+pub(crate) async fn serve(listener: TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+}
