@@ -20,7 +20,8 @@ for i = 1, n do
   local j = 3 * i - 1
   if ok then
     -- %d: Lua's default number format keeps only 14 digits.
-    redis.call('SET', KEYS[i], string.format('%d', nt[i]), 'PX', math.ceil((nt[i] - now) / 1000))
+    -- At least 1 ms: a cost of 0 on an idle key leaves nt = now.
+    redis.call('SET', KEYS[i], string.format('%d', nt[i]), 'PX', math.max(1, math.ceil((nt[i] - now) / 1000)))
     out[j], out[j + 1], out[j + 2] = math.floor((limit_at[i] - nt[i]) / interval[i]), nt[i] - now, 0
   else
     out[j], out[j + 1] = math.floor((limit_at[i] - tat[i]) / interval[i]), tat[i] - now

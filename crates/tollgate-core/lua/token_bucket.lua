@@ -23,7 +23,8 @@ for i = 1, n do
   local after = empty_at[i] + cost * tonumber(ARGV[3 + 2 * i])
   if ok then
     -- The key is worthless once the bucket is full again: expire it then.
-    redis.call('SET', KEYS[i], string.format('%d', after), 'PX', math.ceil((after + full[i] - now) / 1000))
+    -- At least 1 ms: a cost of 0 on a full bucket leaves nothing to wait for.
+    redis.call('SET', KEYS[i], string.format('%d', after), 'PX', math.max(1, math.ceil((after + full[i] - now) / 1000)))
     out[j], out[j + 1], out[j + 2] = tokens[i] - cost, after + full[i] - now, 0
   else
     out[j], out[j + 1], out[j + 2] = tokens[i], empty_at[i] + full[i] - now, math.max(after - now, 0)

@@ -365,8 +365,12 @@ async fn memory_twins_match_the_scripts() {
         seed ^= seed << 17;
         seed % n
     };
-    for alg in ALL {
-        let clock = ManualClock::starting_now();
+    for (alg, start) in ALL
+        .into_iter()
+        .flat_map(|a| [(a, None), (a, Some(1_000_000))])
+    {
+        // Also near the epoch, where a full bucket's empty instant is negative.
+        let clock = start.map_or_else(ManualClock::starting_now, ManualClock::new);
         let mem = Target::new(Kind::Memory, &clock).await;
         let redis = Target::new(Kind::Standalone, &clock).await;
         let p = prefix();
@@ -381,7 +385,7 @@ async fn memory_twins_match_the_scripts() {
             let cost = 1 + next(3);
             let da = a.check_n("same", cost).await.unwrap();
             let db = b.check_n("same", cost).await.unwrap();
-            assert_eq!(da, db, "{alg:?} diverged at step {step}");
+            assert_eq!(da, db, "{alg:?} from {start:?} diverged at step {step}");
         }
     }
 }
@@ -724,4 +728,103 @@ async fn sliding_log_memory_bounded_by_limit() {
     let key = &l.keys_for(&"flood".into())[0];
     let card: u64 = server().cli(&["ZCARD", key]).parse().unwrap();
     assert_eq!(card, 100);
+}
+
+/// A cost of zero is a peek: admitted, takes nothing, and never an error
+/// (an idle GCRA key or a full bucket once made Redis refuse `PX 0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_zero_is_a_harmless_peek() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[q(3, 60)], &p, &clock);
+            for _ in 0..6 {
+                let d = l.check_n("peek", 0).await.unwrap();
+                assert!(d.allowed, "{kind:?} {alg:?}: {d:?}");
+                assert_eq!(d.remaining, 3, "{kind:?} {alg:?}");
+            }
+            assert_eq!(
+                l.check("peek").await.unwrap().remaining,
+                2,
+                "{kind:?} {alg:?}"
+            );
+        }
+    }
+}
+
+/// An error about one key's data (WRONGTYPE) is returned for that key but
+/// does not open the circuit for every other subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_errors_do_not_trip_the_breaker() {
+    let server = RedisServer::start().unwrap();
+    let conn = server.connection_manager().await;
+    let l = RateLimiter::builder(RedisBackend::new(conn.clone()), Algorithm::Gcra)
+        .quota(q(100, 60))
+        .circuit_breaker(2, Duration::from_secs(60))
+        .failure_policy(FailurePolicy::Deny)
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let key = l.keys_for(&"clobbered".into())[0].clone();
+    let mut c = conn.clone();
+    let _: () = c.hset(&key, "f", "v").await.unwrap();
+    for _ in 0..10 {
+        assert!(l.check("clobbered").await.is_err());
+    }
+    let d = l.check("someone-else").await.unwrap();
+    assert_eq!(d.source, DecisionSource::Backend);
+}
+
+/// During an outage the fallback's smaller share never turns a cost that
+/// fits the global quota into "can never fit".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_accepts_every_cost_the_global_quota_accepts() {
+    let mut server = RedisServer::start().unwrap();
+    let l = RateLimiter::builder(
+        RedisBackend::new(server.connection_manager().await),
+        Algorithm::TokenBucket,
+    )
+    .quota(q(40, 3600))
+    .failure_policy(FailurePolicy::Fallback {
+        instances: 4.try_into().unwrap(),
+    })
+    .timeout(Duration::from_millis(100))
+    .build()
+    .unwrap();
+    server.stop();
+    let d = l.check_n("big", 30).await.unwrap();
+    assert_eq!(d.source, DecisionSource::Fallback);
+    assert!(d.allowed, "{d:?}");
+    assert!(!l.check_n("big", 1).await.unwrap().allowed);
+    assert!(matches!(
+        l.check_n("big", 41).await,
+        Err(Error::CostExceedsCapacity { .. })
+    ));
+}
+
+/// The deny cache stays bounded with far more blocked subjects than it
+/// holds, and keeps answering correctly.
+#[tokio::test]
+async fn deny_cache_is_bounded() {
+    let clock = ManualClock::starting_now();
+    let l = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), Algorithm::Gcra)
+        .quota(q(1, 3600))
+        .clock(clock.clone())
+        .deny_cache(64)
+        .build()
+        .unwrap();
+    for i in 0..5_000u64 {
+        assert!(l.check(i).await.unwrap().allowed);
+        let d = l.check(i).await.unwrap();
+        assert!(!d.allowed);
+    }
+    // Cached or not, every blocked subject stays blocked, and a new one is free.
+    for i in (0..5_000u64).step_by(97) {
+        assert!(!l.check(i).await.unwrap().allowed);
+    }
+    assert!(l.check(10_000u64).await.unwrap().allowed);
+    clock.advance(Duration::from_secs(3601));
+    assert!(l.check(0u64).await.unwrap().allowed);
 }

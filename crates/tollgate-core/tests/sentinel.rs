@@ -1,4 +1,5 @@
-//! Redis Sentinel: the backend follows a failover to the promoted replica.
+//! Redis Sentinel: the backend follows a failover to the promoted replica,
+//! whether the old master is demoted politely or simply stops answering.
 #![cfg(feature = "sentinel")]
 
 use std::time::{Duration, Instant};
@@ -6,18 +7,25 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Algorithm, DecisionSource, FailurePolicy, Quota, RateLimiter, RedisBackend};
 use tollgate_testkit::RedisServer;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sentinel_backend_follows_a_failover() {
+struct Topology {
+    master: RedisServer,
+    replica: RedisServer,
+    sentinel: RedisServer,
+    limiter: RateLimiter,
+}
+
+/// A master, its replica and one sentinel that knows both, and a limiter on
+/// the sentinel backend that has written to the master.
+async fn topology(timeout: Duration) -> Topology {
     let master = RedisServer::start().unwrap();
     let port = master.port().to_string();
     let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]).unwrap();
     let sentinel = RedisServer::start_sentinel(&master, "main").unwrap();
-
     let backend = RedisBackend::sentinel(&[sentinel.url()], "main").unwrap();
     let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
         .quota(Quota::per_hour(1000).unwrap())
         .failure_policy(FailurePolicy::Deny)
-        .timeout(Duration::from_secs(2))
+        .timeout(timeout)
         .circuit_breaker(u32::MAX, Duration::from_millis(1))
         .deny_cache(0)
         .build()
@@ -28,7 +36,6 @@ async fn sentinel_backend_follows_a_failover() {
         master.cli(&["DBSIZE"]).parse::<u64>().unwrap() > 0,
         "wrote to the master"
     );
-
     // The sentinel must know the replica before it can promote it.
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sentinel
@@ -38,26 +45,36 @@ async fn sentinel_backend_follows_a_failover() {
         assert!(Instant::now() < deadline, "sentinel never saw the replica");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    while replica
+    while !replica
         .cli(&["INFO", "replication"])
-        .contains("master_link_status:down")
+        .contains("master_link_status:up")
     {
         assert!(Instant::now() < deadline, "replica never synced");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(sentinel.cli(&["SENTINEL", "FAILOVER", "main"]), "OK");
-    while !replica.cli(&["ROLE"]).starts_with("master") {
+    Topology {
+        master,
+        replica,
+        sentinel,
+        limiter,
+    }
+}
+
+/// Checks until one lands on the promoted replica; errors on the way are
+/// unavailability, never anything else.
+async fn until_checks_reach(new_master: &RedisServer, limiter: &RateLimiter) {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !new_master.cli(&["ROLE"]).starts_with("master") {
         assert!(Instant::now() < deadline, "no failover");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Errors are allowed while the old master is demoted; then checks land on
-    // the new master without rebuilding anything.
     let mut errors = 0;
     loop {
+        let before = new_master.cli(&["INFO", "commandstats"]);
         match limiter.check("s").await {
-            Ok(d) if replica.cli(&["DBSIZE"]) != "0" => {
+            Ok(d) if before != new_master.cli(&["INFO", "commandstats"]) => {
                 assert_eq!(d.source, DecisionSource::Backend);
-                break;
+                return;
             }
             Ok(_) => {}
             Err(e) => {
@@ -71,8 +88,22 @@ async fn sentinel_backend_follows_a_failover() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // The new master now holds the limiter's key and keeps counting.
-    let before = replica.cli(&["INFO", "commandstats"]);
-    limiter.check("s").await.unwrap();
-    assert_ne!(before, replica.cli(&["INFO", "commandstats"]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_that_demotes_the_master() {
+    let t = topology(Duration::from_secs(2)).await;
+    assert_eq!(t.sentinel.cli(&["SENTINEL", "FAILOVER", "main"]), "OK");
+    until_checks_reach(&t.replica, &t.limiter).await;
+    drop(t.master);
+}
+
+/// A paused master answers nothing: no error reaches the connection, only
+/// abandoned requests. The backend still finds the promoted replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_away_from_a_paused_master() {
+    let t = topology(Duration::from_millis(200)).await;
+    t.master.pause();
+    until_checks_reach(&t.replica, &t.limiter).await;
+    t.master.resume();
 }

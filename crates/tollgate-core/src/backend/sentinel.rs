@@ -15,7 +15,9 @@ use crate::error::Result;
 /// A connection to the master that Sentinel currently names.
 ///
 /// The master is asked of the sentinels on first use and again after a
-/// connection error or a `READONLY` reply (the old master was demoted). The
+/// connection error, a `READONLY` reply (the old master was demoted) or a
+/// request abandoned by its caller's timeout (a paused or partitioned master
+/// answers nothing at all). The
 /// failed command itself is not retried — nothing is retried blindly — so the
 /// caller's failure policy sees that one error and the next call goes to the
 /// new master.
@@ -78,8 +80,29 @@ impl SentinelConnection {
             let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
             if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
             {
-                *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                self.forget();
             }
+        }
+    }
+
+    /// The next request asks Sentinel which server is the master.
+    fn forget(&self) {
+        *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Forgets the cached master when a request is abandoned before its reply
+/// (the caller's timeout fired): a paused or partitioned master answers no
+/// error at all, and only asking Sentinel again finds the promoted replica.
+struct Abandoned<'a> {
+    conn: &'a SentinelConnection,
+    done: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.forget();
         }
     }
 }
@@ -88,7 +111,12 @@ impl ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         async move {
             let mut conn = self.get().await?;
+            let mut guard = Abandoned {
+                conn: self,
+                done: false,
+            };
             let result = conn.req_packed_command(cmd).await;
+            guard.done = true;
             self.observe(&result);
             result
         }
@@ -103,7 +131,12 @@ impl ConnectionLike for SentinelConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         async move {
             let mut conn = self.get().await?;
+            let mut guard = Abandoned {
+                conn: self,
+                done: false,
+            };
             let result = conn.req_packed_commands(pipeline, offset, count).await;
+            guard.done = true;
             self.observe(&result);
             result
         }

@@ -20,16 +20,15 @@ pub(crate) fn step(
     interval: u64,
     commit: bool,
 ) -> Outcome {
-    let stored = match slot {
-        Some(Slot::Int(t)) => *t,
+    let tat = match slot {
+        Some(Slot::Int(t)) => u64::try_from(*t).unwrap_or(0).max(now),
         _ => now,
     };
-    let tat = stored.max(now);
     let limit_at = now + burst * interval;
     let nt = tat + cost * interval;
     let retry = nt.saturating_sub(limit_at);
     if commit && retry == 0 {
-        *slot = Some(Slot::Int(nt));
+        *slot = Some(Slot::Int(nt as i64));
         return Outcome::allowed((limit_at - nt) / interval, nt - now, nt - now);
     }
     Outcome::current(limit_at.saturating_sub(tat) / interval, tat - now, retry)

@@ -244,7 +244,14 @@ impl RateLimiter {
                     )))
                 }
                 Err(e) => {
-                    inner.breaker.failure(monotonic_micros());
+                    // Only an unreachable or overloaded backend trips the
+                    // breaker; an error about one key's data (WRONGTYPE, …)
+                    // says nothing about the others.
+                    if is_outage(&e) {
+                        inner.breaker.failure(monotonic_micros());
+                    } else {
+                        inner.breaker.success();
+                    }
                     Err(e)
                 }
             }
@@ -301,7 +308,15 @@ impl RateLimiter {
             FailurePolicy::Deny => Err(error),
             FailurePolicy::Fallback { .. } => {
                 let fallback = inner.fallback.as_ref().expect("built with the policy");
-                let mut d = Box::pin(fallback.check_n(subject, cost)).await?;
+                // The local share is smaller than the global quota: a cost
+                // that fits globally must not become "can never fit" here.
+                let most = fallback
+                    .quotas()
+                    .iter()
+                    .map(|q| fallback.algorithm().capacity(q))
+                    .min()
+                    .unwrap_or(cost);
+                let mut d = Box::pin(fallback.check_n(subject, cost.min(most))).await?;
                 d.source = DecisionSource::Fallback;
                 Ok(d)
             }
@@ -419,7 +434,7 @@ impl RateLimiterBuilder {
             if self.algorithm == Algorithm::SlidingWindowCounter
                 && q.limit()
                     .checked_mul(q.period_micros())
-                    .is_none_or(|p| p > 1 << 53)
+                    .is_none_or(|p| p > (1 << 53) - q.period_micros())
             {
                 return Err(Error::InvalidQuota(format!(
                     "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
@@ -480,6 +495,33 @@ fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
         ));
     }
     format!("{}-{}", algorithm.short_name(), hex(&h.finalize()[..4]))
+}
+
+/// Whether an error means the backend is unreachable or overloaded (what the
+/// circuit breaker is for), as opposed to an error about one request's data.
+fn is_outage(e: &Error) -> bool {
+    use redis::{ErrorKind, ServerErrorKind as S};
+    match e {
+        Error::Timeout(_) | Error::CircuitOpen => true,
+        Error::Backend(r) => {
+            r.is_io_error()
+                || r.is_connection_dropped()
+                || r.is_connection_refusal()
+                || r.is_timeout()
+                || matches!(
+                    r.kind(),
+                    ErrorKind::ClusterConnectionNotFound
+                        | ErrorKind::Server(
+                            S::BusyLoading
+                                | S::TryAgain
+                                | S::ClusterDown
+                                | S::MasterDown
+                                | S::ReadOnly
+                        )
+                )
+        }
+        _ => false,
+    }
 }
 
 fn random_u64() -> u64 {
@@ -549,10 +591,20 @@ impl Breaker {
     }
 }
 
-/// Denied subjects and until when (local clock), bounded.
+/// Denied subjects and until when (local clock), bounded: sharded so
+/// concurrent checks rarely contend, and swept only when an entry can have
+/// expired, so a full cache costs O(1) per denial.
 struct DenyCache {
-    capacity: usize,
-    map: Mutex<HashMap<String, CachedDenial>>,
+    shard_capacity: usize,
+    shards: Vec<Mutex<DenyShard>>,
+    hasher: std::hash::RandomState,
+}
+
+#[derive(Default)]
+struct DenyShard {
+    map: HashMap<String, CachedDenial>,
+    /// The earliest `until` of any entry: no sweep can free room before it.
+    earliest: u64,
 }
 
 struct CachedDenial {
@@ -561,19 +613,28 @@ struct CachedDenial {
     decision: Decision,
 }
 
+const DENY_SHARDS: usize = 16;
+
 impl DenyCache {
     fn new(capacity: usize) -> Self {
         DenyCache {
-            capacity,
-            map: Mutex::new(HashMap::new()),
+            shard_capacity: capacity.div_ceil(DENY_SHARDS).max(1),
+            shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: std::hash::RandomState::new(),
         }
     }
 
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, DenyShard> {
+        use std::hash::BuildHasher;
+        let i = self.hasher.hash_one(key) as usize % DENY_SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        let entry = map.get(key)?;
+        let mut shard = self.shard(key);
+        let entry = shard.map.get(key)?;
         if now >= entry.until {
-            map.remove(key);
+            shard.map.remove(key);
             return None;
         }
         // A smaller cost may fit sooner than the cached wait: ask the backend.
@@ -590,19 +651,29 @@ impl DenyCache {
 
     fn insert(&self, key: &str, cost: u64, sent_at: u64, d: &Decision) {
         let Some(retry) = d.retry_after else { return };
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= self.capacity {
-            map.retain(|_, e| e.until > sent_at);
-            if map.len() >= self.capacity {
+        // Measured from before the request was sent: never later than the
+        // backend's own deadline.
+        let until = sent_at + retry.as_micros() as u64;
+        let mut shard = self.shard(key);
+        if shard.map.len() >= self.shard_capacity && !shard.map.contains_key(key) {
+            if sent_at < shard.earliest {
+                return; // full of live entries: skip, at O(1)
+            }
+            shard.map.retain(|_, e| e.until > sent_at);
+            shard.earliest = shard.map.values().map(|e| e.until).min().unwrap_or(0);
+            if shard.map.len() >= self.shard_capacity {
                 return;
             }
         }
-        // Measured from before the request was sent: never later than the
-        // backend's own deadline.
-        map.insert(
+        shard.earliest = if shard.map.is_empty() {
+            until
+        } else {
+            shard.earliest.min(until)
+        };
+        shard.map.insert(
             key.to_owned(),
             CachedDenial {
-                until: sent_at + retry.as_micros() as u64,
+                until,
                 cost,
                 decision: d.clone(),
             },

@@ -116,8 +116,10 @@ impl fmt::Display for Algorithm {
 /// State of one key in the memory backend.
 #[derive(Debug, Clone)]
 pub(crate) enum Slot {
-    /// GCRA's TAT or the token bucket's empty instant.
-    Int(u64),
+    /// GCRA's TAT or the token bucket's empty instant (signed, like the
+    /// script's number: a bucket's empty instant precedes the epoch when a
+    /// fake clock starts near it).
+    Int(i64),
     /// Fixed window (previous unused) or sliding counter.
     Window {
         window: u64,

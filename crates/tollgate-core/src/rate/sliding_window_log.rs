@@ -32,8 +32,8 @@ pub(crate) fn step(
         unreachable!("just set")
     };
     // Entries at or before now - period have left the window (kept sorted).
-    let cutoff = now.saturating_sub(period);
-    let gone = log.partition_point(|&t| t <= cutoff);
+    let cutoff = i128::from(now) - i128::from(period);
+    let gone = log.partition_point(|&t| i128::from(t) <= cutoff);
     log.drain(..gone);
     let count = log.len() as u64;
     let fits = count + cost <= limit;

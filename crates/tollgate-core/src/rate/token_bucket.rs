@@ -33,8 +33,7 @@ pub(crate) fn step(
     let after = empty_at + (cost * interval) as i128;
     if commit && tokens >= cost {
         let reset = (after + full as i128 - now_i) as u64;
-        // A negative instant is only possible with a fake clock near the epoch.
-        *slot = Some(Slot::Int(after.max(0) as u64));
+        *slot = Some(Slot::Int(after as i64));
         return Outcome::allowed(tokens - cost, reset, reset);
     }
     let retry = if tokens < cost {
