@@ -2,6 +2,8 @@
 //! instance down or paused, mutual exclusion, fence = max (and written back),
 //! failure with a majority down, refusal of a lease acquired too slowly, loss.
 
+mod lock_common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -347,4 +349,62 @@ async fn redlock_over_memory_instances() {
             .fence()
             > fence
     );
+}
+
+/// A Redlock acquire dropped while its requests are in flight (applied on
+/// the instances, replies not back yet) leaves no lock on any instance: the
+/// attempt completes in its own task and releases what it got. The same for
+/// a dropped release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_acquire_and_release_leave_no_lock() {
+    let servers = servers(3);
+    let delayed = |acquire_reply, release_send| {
+        let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+        async move {
+            let mut instances = Vec::new();
+            for url in urls {
+                instances.push(lock_common::Delayed {
+                    inner: Arc::new(RedisBackend::connect(&url).await.unwrap()),
+                    acquire_reply,
+                    release_send,
+                });
+            }
+            Redlock::new(instances).unwrap()
+        }
+    };
+    let slow_acquire = delayed(Duration::from_millis(200), Duration::ZERO).await;
+    let slow_release = delayed(Duration::ZERO, Duration::from_millis(200)).await;
+    let other = builder(&servers).await.build().unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let free_within = |within: Duration| {
+        let (other, opts) = (other.clone(), opts.clone());
+        async move {
+            let start = Instant::now();
+            loop {
+                match other.try_acquire("d", &opts).await {
+                    Ok(lease) => return lease,
+                    Err(Error::Busy { .. }) if start.elapsed() < within => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("still not acquired after {:?}: {e:?}", start.elapsed()),
+                }
+            }
+        }
+    };
+
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(50),
+        slow_acquire.try_acquire("d", &opts),
+    )
+    .await;
+    assert!(dropped.is_err(), "the delayed acquire finished early");
+    let lease = free_within(Duration::from_secs(3)).await;
+    assert!(lease.release().await.unwrap());
+
+    let lease = slow_release.try_acquire("d", &opts).await.unwrap();
+    let dropped = tokio::time::timeout(Duration::from_millis(50), lease.release()).await;
+    assert!(dropped.is_err(), "the delayed release finished early");
+    let lease = free_within(Duration::from_secs(3)).await;
+    assert!(lease.release().await.unwrap());
+    assert_no_immortal_keys(&servers);
 }

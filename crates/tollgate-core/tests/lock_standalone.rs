@@ -268,3 +268,104 @@ async fn slow_acquire_is_refused() {
         .unwrap();
     assert!(released.unwrap());
 }
+
+fn pttl_ms(server: &RedisServer, key: &str) -> i64 {
+    server.cli(&["PTTL", key]).parse().unwrap()
+}
+
+/// Fence keys are short-lived — 1 hour after the last acquire by default,
+/// at least 10 × the lock's TTL — so one-off lock names (one per order id)
+/// do not pile up; and fences keep increasing once the fence key is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_keys_are_short_lived() {
+    let server = server();
+    let locker = Locker::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        .prefix("fencettl")
+        .build()
+        .unwrap();
+    let fence_key = locker.keys_for("order-1").fence;
+    let hour_ms = 3_600_000;
+
+    let lease = locker
+        .try_acquire("order-1", &LockOptions::new())
+        .await
+        .unwrap();
+    let first = lease.fence();
+    assert!(lease.release().await.unwrap());
+    let pttl = pttl_ms(server, &fence_key);
+    assert!(pttl > hour_ms - 60_000 && pttl <= hour_ms, "PTTL {pttl}");
+
+    // A long lock TTL stretches it to 10 × the TTL.
+    let lease = locker
+        .try_acquire(
+            "order-1",
+            &LockOptions::new()
+                .ttl(Duration::from_secs(600))
+                .renew(false),
+        )
+        .await
+        .unwrap();
+    let second = lease.fence();
+    assert!(second > first);
+    assert!(lease.release().await.unwrap());
+    let pttl = pttl_ms(server, &fence_key);
+    assert!(
+        pttl > 6_000_000 - 60_000 && pttl <= 6_000_000,
+        "PTTL {pttl}"
+    );
+
+    // A configured fence TTL applies, with the same 10 × TTL floor.
+    let short = Locker::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        .prefix("fencettl")
+        .fence_ttl(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let lease = short
+        .try_acquire("order-1", &LockOptions::new().ttl(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let third = lease.fence();
+    assert!(third > second);
+    assert!(lease.release().await.unwrap());
+    let pttl = pttl_ms(server, &fence_key);
+    assert!(pttl > 15_000 && pttl <= 20_000, "PTTL {pttl}");
+
+    // The fence key gone (expired, or lost with the data): still increasing.
+    assert_eq!(server.cli(&["DEL", &fence_key]), "1");
+    let lease = locker
+        .try_acquire("order-1", &LockOptions::new())
+        .await
+        .unwrap();
+    assert!(lease.fence() > third, "{} <= {third}", lease.fence());
+    assert!(lease.release().await.unwrap());
+    assert_all_keys_expire(server);
+}
+
+/// A retried acquire (same request) whose fence key vanished meanwhile still
+/// gets its own lock, with a fence above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_acquire_without_its_fence_key() {
+    use tollgate_core::lock::{AcquireReply, AcquireRequest};
+    use tollgate_core::LockBackend;
+
+    let server = server();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let locker = Locker::builder(backend.clone())
+        .prefix("retryfence")
+        .build()
+        .unwrap();
+    let keys = locker.keys_for("x");
+    let ttl = Duration::from_secs(30);
+    let request = AcquireRequest::new(keys.clone(), "c".repeat(32), ttl, ttl * 10);
+    let AcquireReply::Acquired { fence } = backend.acquire_lock(&request).await.unwrap() else {
+        panic!("not acquired");
+    };
+    assert_eq!(server.cli(&["DEL", &keys.fence]), "1");
+    match backend.acquire_lock(&request).await.unwrap() {
+        AcquireReply::Acquired { fence: again } => assert!(again > fence),
+        held => panic!("not acquired: {held:?}"),
+    }
+    let pttl = pttl_ms(server, &keys.fence);
+    assert!(pttl > 0 && pttl <= 300_000, "PTTL {pttl}");
+    assert!(backend.release_lock(&keys, &request.token).await.unwrap());
+}

@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::backend::{AcquireReply, AcquireRequest, LockBackend, LockKeys};
 use super::lease::Lease;
 use super::waiters::Waiters;
-use super::{FencingToken, LockOptions};
+use super::{FencingToken, LockOptions, MAX_LOCK_DURATION};
 use crate::error::{Error, Result};
 use crate::key::{hex, Keyspace, Subject, DEFAULT_PREFIX};
 
@@ -24,8 +24,14 @@ pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default upper bound of the fallback poll of a waiter (it is also bounded
 /// by the lock's remaining TTL).
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
-/// Default TTL of fence keys (refreshed by every acquire).
-pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Default TTL of fence keys: 1 hour after the last acquire of a lock, and
+/// never less than [`FENCE_TTL_TTLS`] × the lock's TTL. The server-time
+/// floor of the fencing token keeps tokens increasing after the key is gone;
+/// the key only covers bursts within one microsecond and clock steps back
+/// while it lives (see the [module docs](crate::lock)).
+pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(3600);
+/// At every acquire, the fence key lives at least this many lock TTLs.
+pub const FENCE_TTL_TTLS: u32 = 10;
 /// Poll bound when no release subscription is established.
 const POLL_WITHOUT_PUBSUB: Duration = Duration::from_millis(50);
 /// Default drift allowance: 1 % of the TTL plus 2 ms.
@@ -46,6 +52,31 @@ pub(crate) fn unit_random() -> f64 {
 fn split_pause(attempt: Duration) -> Duration {
     let span = (attempt * 4).max(Duration::from_millis(5));
     Duration::from_millis(1) + span.mul_f64(unit_random())
+}
+
+/// `at + d`, never panicking: a duration too long for the clock gives the
+/// latest instant it can represent within [`MAX_LOCK_DURATION`] of `at`
+/// (user durations are checked against that bound before they get here).
+pub(crate) fn instant_after(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .or_else(|| at.checked_add(MAX_LOCK_DURATION))
+        .unwrap_or(at)
+}
+
+/// The error of a lock task that the runtime dropped (it is shutting down).
+fn runtime_gone() -> Error {
+    Error::Backend(redis::RedisError::from(std::io::Error::other(
+        "the tokio runtime shut down during a lock operation",
+    )))
+}
+
+/// Awaits a lock task: its result, its panic, or [`runtime_gone`].
+async fn join<T>(task: tokio::task::JoinHandle<Result<T>>) -> Result<T> {
+    match task.await {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Err(runtime_gone()),
+    }
 }
 
 /// A fresh 128-bit owner token from the OS CSPRNG, hex.
@@ -118,9 +149,10 @@ impl fmt::Debug for Core {
     }
 }
 
-/// The outcome of one acquire attempt.
-enum Attempt {
-    Acquired(Granted),
+/// The outcome of one acquire attempt: a [`Granted`] lock inside the attempt,
+/// a [`Lease`] once the attempt's task built it.
+enum Attempt<T = Granted> {
+    Acquired(T),
     /// Someone else holds it (remaining TTL when known).
     Held(Option<Duration>),
     /// Redlock: some instances granted it but not a quorum (contenders split
@@ -205,6 +237,16 @@ impl Tally {
     }
 }
 
+/// What every attempt of one `acquire` call shares (moved into its tasks).
+struct AcquireCtx {
+    keys: LockKeys,
+    name: String,
+    options: LockOptions,
+    first_ttl: Duration,
+    fence_ttl: Duration,
+    handle: Handle,
+}
+
 /// A lock that is ours.
 pub(crate) struct Granted {
     pub(crate) token: String,
@@ -235,10 +277,11 @@ impl Core {
                 "the lock timeout and poll interval must be positive".into(),
             ));
         }
-        if s.fence_ttl < Duration::from_secs(1) {
-            return Err(Error::InvalidConfig(
-                "the fence TTL must be long (at least 1 s; the default is 30 days)".into(),
-            ));
+        if s.fence_ttl < Duration::from_secs(1) || s.fence_ttl > MAX_LOCK_DURATION {
+            return Err(Error::InvalidConfig(format!(
+                "the fence TTL must be between 1 s and {MAX_LOCK_DURATION:?} (the default is 1 hour), got {:?}",
+                s.fence_ttl
+            )));
         }
         let keyspace = Keyspace::new(s.prefix, "lock")?;
         let n = backends.len();
@@ -295,9 +338,9 @@ impl Core {
 
     /// Checks a TTL for an acquire or an extend.
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<()> {
-        if ttl < Duration::from_millis(1) {
+        if ttl < Duration::from_millis(1) || ttl > MAX_LOCK_DURATION {
             return Err(Error::InvalidConfig(format!(
-                "a lock TTL must be at least 1 ms, got {ttl:?}"
+                "a lock TTL must be between 1 ms and {MAX_LOCK_DURATION:?}, got {ttl:?}"
             )));
         }
         if self.validity(ttl).is_zero() {
@@ -313,8 +356,11 @@ impl Core {
     fn first_ttl(&self, options: &LockOptions) -> Result<Duration> {
         let ttl = options.ttl_duration();
         let first = match options.max_hold_duration() {
-            Some(cap) if cap.is_zero() => {
-                return Err(Error::InvalidConfig("max_hold must be positive".into()))
+            Some(cap) if cap.is_zero() || cap > MAX_LOCK_DURATION => {
+                return Err(Error::InvalidConfig(format!(
+                    "max_hold must be positive and at most {MAX_LOCK_DURATION:?} \
+                     (unbounded_hold() renews without a cap), got {cap:?}"
+                )))
             }
             Some(cap) => ttl.min(cap),
             None => ttl,
@@ -324,10 +370,21 @@ impl Core {
         Ok(first)
     }
 
+    /// The fence key's TTL for a lock of `ttl`: the configured one, but at
+    /// least [`FENCE_TTL_TTLS`] × `ttl`.
+    fn fence_ttl_for(&self, ttl: Duration) -> Duration {
+        self.fence_ttl.max(ttl.saturating_mul(FENCE_TTL_TTLS))
+    }
+
     /// One acquire attempt on every instance, in parallel, until a quorum
     /// (N/2 + 1; 1 of 1 for a single backend) is ours or cannot be.
-    async fn attempt(&self, keys: &LockKeys, ttl: Duration) -> Result<Attempt> {
-        let request = AcquireRequest::new(keys.clone(), new_token()?, ttl, self.fence_ttl);
+    async fn attempt(
+        &self,
+        keys: &LockKeys,
+        ttl: Duration,
+        fence_ttl: Duration,
+    ) -> Result<Attempt> {
+        let request = AcquireRequest::new(keys.clone(), new_token()?, ttl, fence_ttl);
         let start = Instant::now();
         let n = self.backends.len();
         let mut pending: FuturesUnordered<_> = self
@@ -411,7 +468,7 @@ impl Core {
                         matches!(
                             tokio::time::timeout(
                                 self.timeout,
-                                b.raise_fence(keys, token, fence, self.fence_ttl)
+                                b.raise_fence(keys, token, fence, fence_ttl)
                             )
                             .await,
                             Ok(Ok(true))
@@ -501,9 +558,23 @@ impl Core {
         tally
     }
 
+    /// [`release_here`](Self::release_here) in a task of its own on
+    /// `handle`: dropping the caller mid-flight (a `timeout`, a cancelled
+    /// request) does not stop the release, so the lock is not left held (and
+    /// no longer renewed) until its TTL.
+    pub(crate) async fn release(
+        self: &Arc<Self>,
+        keys: &LockKeys,
+        token: &str,
+        handle: &Handle,
+    ) -> Result<bool> {
+        let (core, keys, token) = (self.clone(), keys.clone(), token.to_owned());
+        join(handle.spawn(async move { core.release_here(&keys, &token).await })).await
+    }
+
     /// Compare-and-delete on every instance. `true` when a quorum still held
     /// it; an error only when no instance answered.
-    pub(crate) async fn release(&self, keys: &LockKeys, token: &str) -> Result<bool> {
+    pub(crate) async fn release_here(&self, keys: &LockKeys, token: &str) -> Result<bool> {
         let t = self
             .vote(self.timeout, |b| {
                 let (keys, token) = (keys.clone(), token.to_owned());
@@ -564,6 +635,35 @@ impl Core {
         bounded.max(Duration::from_millis(1))
     }
 
+    /// One acquire attempt and, when it succeeds, the lease — in a task of
+    /// its own. If the caller is dropped mid-flight (a `timeout` around
+    /// `acquire`, a client that disconnects while middleware waits), the task
+    /// still completes: a lock it created becomes a lease that is dropped
+    /// with the task's output, which releases it at once instead of leaving
+    /// an ownerless lock until its TTL.
+    async fn attempt_detached(self: &Arc<Self>, a: &Arc<AcquireCtx>) -> Result<Attempt<Lease>> {
+        let (core, a) = (self.clone(), a.clone());
+        let task = a.handle.clone().spawn(async move {
+            Ok(
+                match core.attempt(&a.keys, a.first_ttl, a.fence_ttl).await? {
+                    Attempt::Acquired(g) => Attempt::Acquired(Lease::start(
+                        core.clone(),
+                        a.name.clone(),
+                        a.keys.clone(),
+                        g,
+                        &a.options,
+                        a.first_ttl,
+                        a.handle.clone(),
+                    )),
+                    Attempt::Held(pttl) => Attempt::Held(pttl),
+                    Attempt::Split(elapsed) => Attempt::Split(elapsed),
+                    Attempt::Refused(elapsed) => Attempt::Refused(elapsed),
+                },
+            )
+        });
+        join(task).await
+    }
+
     /// Acquires `subject`, waiting up to `options`' bound when `wait`.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
@@ -571,31 +671,26 @@ impl Core {
         options: &LockOptions,
         wait: bool,
     ) -> Result<Lease> {
-        let ttl = self.first_ttl(options)?;
+        let first_ttl = self.first_ttl(options)?;
         let handle = Handle::try_current().map_err(|_| {
             Error::InvalidConfig("locks need a tokio runtime (timers, the watchdog)".into())
         })?;
-        let keys = LockKeys::new(&self.keyspace, &subject);
-        let name = subject.as_encoded().to_owned();
+        let ctx = Arc::new(AcquireCtx {
+            keys: LockKeys::new(&self.keyspace, &subject),
+            name: subject.as_encoded().to_owned(),
+            fence_ttl: self.fence_ttl_for(options.ttl_duration()),
+            options: options.clone(),
+            first_ttl,
+            handle,
+        });
         let busy = |pttl| Error::Busy {
-            name: name.clone(),
+            name: ctx.name.clone(),
             retry_after: pttl,
-        };
-        let grant = |g: Granted| {
-            Lease::start(
-                self.clone(),
-                name.clone(),
-                keys.clone(),
-                g,
-                options,
-                ttl,
-                handle.clone(),
-            )
         };
         let bound = if wait { options.wait_bound() } else { None };
         let Some(bound) = bound else {
-            return match self.attempt(&keys, ttl).await? {
-                Attempt::Acquired(g) => Ok(grant(g)),
+            return match self.attempt_detached(&ctx).await? {
+                Attempt::Acquired(lease) => Ok(lease),
                 Attempt::Held(pttl) => Err(busy(pttl)),
                 Attempt::Split(_) => Err(busy(None)),
                 Attempt::Refused(elapsed) => Err(Error::Timeout(elapsed)),
@@ -604,7 +699,7 @@ impl Core {
         // `None`: waits forever (the bound does not fit in an Instant).
         let until = Instant::now().checked_add(bound);
         self.waiters.start(&self.backends, self.timeout);
-        let waiter = self.waiters.register(&keys.channel);
+        let waiter = self.waiters.register(&ctx.keys.channel);
         loop {
             let notified = waiter.notified();
             tokio::pin!(notified);
@@ -613,8 +708,8 @@ impl Core {
             // A split vote or a refusal retries after a random pause that
             // notifications do not cut short: contenders that woke together
             // must not retry together, or they split the votes forever.
-            let (pause, interruptible, last) = match self.attempt(&keys, ttl).await? {
-                Attempt::Acquired(g) => return Ok(grant(g)),
+            let (pause, interruptible, last) = match self.attempt_detached(&ctx).await? {
+                Attempt::Acquired(lease) => return Ok(lease),
                 Attempt::Held(pttl) => (self.pause(pttl), true, busy(pttl)),
                 Attempt::Split(elapsed) => (split_pause(elapsed), false, busy(None)),
                 Attempt::Refused(elapsed) => {
@@ -625,7 +720,7 @@ impl Core {
             if until.is_some_and(|u| now >= u) {
                 return Err(last);
             }
-            let wake = now + pause;
+            let wake = instant_after(now, pause);
             let wake = until.map_or(wake, |u| wake.min(u));
             if interruptible {
                 tokio::select! {
@@ -722,6 +817,45 @@ mod tests {
     }
 
     #[test]
+    fn durations_are_bounded() {
+        let c = core(false, 1);
+        assert!(c.check_ttl(MAX_LOCK_DURATION).is_ok());
+        for ttl in [MAX_LOCK_DURATION + Duration::from_millis(1), Duration::MAX] {
+            assert!(matches!(c.check_ttl(ttl), Err(Error::InvalidConfig(_))));
+            assert!(c.first_ttl(&LockOptions::new().ttl(ttl)).is_err());
+            assert!(c
+                .first_ttl(&LockOptions::new().max_hold(ttl).ttl(Duration::from_secs(1)))
+                .is_err());
+        }
+        assert!(c
+            .first_ttl(&LockOptions::new().max_hold(Duration::ZERO))
+            .is_err());
+        let now = Instant::now();
+        assert_eq!(
+            instant_after(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+        // Never a panic, and never earlier than a year on.
+        assert!(instant_after(now, Duration::MAX) >= now + MAX_LOCK_DURATION);
+    }
+
+    #[test]
+    fn fence_keys_live_an_hour_and_at_least_ten_ttls() {
+        let c = core(false, 1);
+        assert_eq!(DEFAULT_FENCE_TTL, Duration::from_secs(3600));
+        assert_eq!(c.fence_ttl_for(Duration::from_secs(30)), DEFAULT_FENCE_TTL);
+        assert_eq!(
+            c.fence_ttl_for(Duration::from_secs(600)),
+            Duration::from_secs(6000)
+        );
+        assert_eq!(
+            c.fence_ttl_for(MAX_LOCK_DURATION),
+            MAX_LOCK_DURATION * FENCE_TTL_TTLS
+        );
+        assert_eq!(c.fence_ttl_for(Duration::MAX), Duration::MAX);
+    }
+
+    #[test]
     fn quorum_is_a_majority() {
         for (n, q) in [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)] {
             assert_eq!(core(true, n).quorum(), q, "{n}");
@@ -742,6 +876,14 @@ mod tests {
             },
             Settings {
                 fence_ttl: Duration::from_millis(10),
+                ..Settings::default()
+            },
+            Settings {
+                fence_ttl: Duration::MAX,
+                ..Settings::default()
+            },
+            Settings {
+                defaults: LockOptions::new().ttl(Duration::MAX),
                 ..Settings::default()
             },
             Settings {

@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 use tokio::sync::{oneshot, Notify};
 
 use super::backend::LockKeys;
-use super::core::{Core, Granted};
+use super::core::{instant_after, Core, Granted};
 use super::{FencingToken, LockOptions};
 use crate::error::Result;
 
@@ -225,7 +225,7 @@ impl LeaseShared {
         {
             Ok(true) => {
                 let mut t = self.timing();
-                t.deadline = sent + self.core.validity(applied);
+                t.deadline = instant_after(sent, self.core.validity(applied));
                 t.renewed_at = sent;
                 Renewal::Renewed
             }
@@ -240,8 +240,12 @@ impl LeaseShared {
         }
     }
 
+    /// The release round trip(s), in a task of their own (on the current
+    /// runtime, else the lease's): dropping `release()` mid-flight does not
+    /// leave the lock held, no longer renewed, until its TTL.
     async fn release_remote(&self) -> Result<bool> {
-        self.core.release(&self.keys, &self.token).await
+        let handle = Handle::try_current().unwrap_or_else(|_| self.handle.clone());
+        self.core.release(&self.keys, &self.token, &handle).await
     }
 }
 
@@ -249,6 +253,7 @@ impl LeaseShared {
 /// lease lost at its safe deadline. Ends at release, drop or loss.
 async fn watchdog(s: Arc<LeaseShared>, renew: bool) {
     let mut renew = renew;
+    let mut capped = false;
     let mut retry_at: Option<Instant> = None;
     loop {
         let changed = s.changed.notified();
@@ -262,11 +267,17 @@ async fn watchdog(s: Arc<LeaseShared>, renew: bool) {
             (t.deadline, t.ttl, t.renewed_at)
         };
         if Instant::now() >= deadline {
-            s.mark_lost("no renewal succeeded before the safe deadline");
+            s.mark_lost(if capped {
+                "the max_hold cap was reached (LockOptions::max_hold, unbounded_hold)"
+            } else {
+                "no renewal succeeded before the safe deadline"
+            });
             return;
         }
         let next = if renew {
-            retry_at.unwrap_or(renewed_at + ttl / 3).min(deadline)
+            retry_at
+                .unwrap_or_else(|| instant_after(renewed_at, ttl / 3))
+                .min(deadline)
         } else {
             deadline
         };
@@ -281,9 +292,12 @@ async fn watchdog(s: Arc<LeaseShared>, renew: bool) {
             Renewal::Renewed => retry_at = None,
             Renewal::Failed => {
                 let pause = (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
-                retry_at = Some(Instant::now() + pause);
+                retry_at = Some(instant_after(Instant::now(), pause));
             }
-            Renewal::CapReached => renew = false,
+            Renewal::CapReached => {
+                renew = false;
+                capped = true;
+            }
             Renewal::Stop => return,
         }
     }
@@ -300,7 +314,7 @@ impl Lease {
         handle: Handle,
     ) -> Lease {
         let (tx, rx) = oneshot::channel();
-        let deadline = granted.start + core.validity(first_ttl);
+        let deadline = instant_after(granted.start, core.validity(first_ttl));
         let shared = Arc::new(LeaseShared {
             name,
             keys,
@@ -417,7 +431,7 @@ impl Lease {
         if s.core.extend(&s.keys, &s.token, applied, bound).await? {
             {
                 let mut t = s.timing();
-                t.deadline = sent + s.core.validity(applied);
+                t.deadline = instant_after(sent, s.core.validity(applied));
                 t.ttl = ttl;
                 t.renewed_at = sent;
             }
@@ -434,6 +448,9 @@ impl Lease {
     /// `Ok(false)` when it had expired or been taken (someone else's lock is
     /// left alone); an error when the backend did not answer (the lock then
     /// expires at its TTL). Dropping the lease afterwards does nothing more.
+    ///
+    /// Cancel-safe: the release runs in a task of its own, so dropping this
+    /// future mid-flight still releases the lock.
     pub async fn release(self) -> Result<bool> {
         let shared = self.shared.clone();
         let first = shared.mark_released();
@@ -455,7 +472,7 @@ impl Drop for Lease {
         // If that runtime is gone, the task is dropped and the lock expires at
         // its TTL.
         self.shared.handle.spawn(async move {
-            if let Err(e) = shared.release_remote().await {
+            if let Err(e) = shared.core.release_here(&shared.keys, &shared.token).await {
                 tracing::debug!(lock = %shared.keys.lock, error = %e, "release on drop failed; the lock expires by its TTL");
             }
         });
@@ -476,5 +493,70 @@ impl fmt::Debug for Lease {
             .field("status", &status)
             .field("remaining", &self.remaining())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Locker, MemoryBackend};
+
+    /// The cap a lease was given, measured from `before` the acquire call.
+    fn cap(lease: &Lease, before: Instant) -> Option<Duration> {
+        lease
+            .shared
+            .hold_until
+            .map(|until| until.saturating_duration_since(before))
+    }
+
+    #[tokio::test]
+    async fn leases_are_capped_by_default() {
+        let locker = Locker::new(MemoryBackend::new());
+        let slack = Duration::from_secs(1);
+        let within = |got: Option<Duration>, want: Duration| {
+            let got = got.expect("no hold cap");
+            // Measured from before the acquire was sent, which is after
+            // `before`.
+            assert!(got >= want && got < want + slack, "{got:?} vs {want:?}");
+        };
+
+        let before = Instant::now();
+        let lease = locker.try_acquire("a", &LockOptions::new()).await.unwrap();
+        within(cap(&lease, before), Duration::from_secs(600));
+
+        let before = Instant::now();
+        let short = LockOptions::new().ttl(Duration::from_millis(50));
+        let lease = locker.try_acquire("b", &short).await.unwrap();
+        within(cap(&lease, before), Duration::from_secs(600));
+
+        let before = Instant::now();
+        let long = LockOptions::new().ttl(Duration::from_secs(3600));
+        let lease = locker.try_acquire("c", &long).await.unwrap();
+        within(cap(&lease, before), Duration::from_secs(20 * 3600));
+
+        let unbounded = LockOptions::new().unbounded_hold();
+        let lease = locker.try_acquire("d", &unbounded).await.unwrap();
+        assert_eq!(lease.shared.hold_until, None);
+    }
+
+    /// Reaching the cap (here a short explicit one, the default works the
+    /// same) ends the lease while it is renewed and never released.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_holder_that_never_releases_is_cut_off_at_the_cap() {
+        let locker = Locker::new(MemoryBackend::new());
+        let opts = LockOptions::new()
+            .ttl(Duration::from_millis(60))
+            .max_hold(Duration::from_millis(300));
+        let start = Instant::now();
+        let lease = locker.try_acquire("never", &opts).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(3), lease.lost())
+            .await
+            .expect("the cap never ended the lease");
+        assert!(lease.is_lost());
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(200) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
     }
 }

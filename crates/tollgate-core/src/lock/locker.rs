@@ -56,8 +56,11 @@ macro_rules! settings_setters {
         }
 
         /// How long a fence key outlives the last acquire of its lock
-        /// (default 30 days; at least 1 s). After it expires, fences restart
-        /// from the server time, which is still above every earlier fence.
+        /// (default 1 hour; between 1 s and one year). Each acquire keeps it
+        /// at least 10 × the lock's TTL. After it expires, fences restart
+        /// from the server time, which is still above every earlier fence as
+        /// long as the server clock does not step back (see the
+        /// [module docs](crate::lock)).
         pub fn fence_ttl(mut self, ttl: Duration) -> Self {
             self.settings.fence_ttl = ttl;
             self
@@ -144,7 +147,12 @@ impl Locker {
     /// [`Error::Timeout`] when the backend fails or is slow (also when an
     /// acquire took so long that the lease would be worthless);
     /// [`Error::InvalidConfig`] for a TTL the drift allowance leaves nothing
-    /// of.
+    /// of, or a TTL or `max_hold` above
+    /// [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION).
+    ///
+    /// Cancel-safe: dropping the future mid-flight never leaves a lock
+    /// behind — an attempt already sent completes in its own task, and a
+    /// lock it got is released at once.
     pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
         self.core.acquire(name.into(), options, true).await
     }

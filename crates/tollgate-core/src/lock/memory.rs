@@ -99,9 +99,24 @@ impl MemoryLocks {
         let mut state = self.lock();
         Self::sweep(&mut state, now);
         if let Some(h) = Self::live(&mut state, &req.keys.lock, now) {
-            return AcquireReply::Held {
-                pttl: Some(Duration::from_micros(h.expires_at - now)),
-            };
+            if h.token != req.token {
+                return AcquireReply::Held {
+                    pttl: Some(Duration::from_micros(h.expires_at - now)),
+                };
+            }
+            // A retried request finds its own lock (as the script does):
+            // acquired, with the fence it got.
+            if let Some(f) = state
+                .fences
+                .get(&req.keys.fence)
+                .filter(|f| f.expires_at > now)
+            {
+                return AcquireReply::Acquired {
+                    fence: FencingToken(f.value),
+                };
+            }
+            let fence = Self::next_fence(&mut state, req, now);
+            return AcquireReply::Acquired { fence };
         }
         state.held.insert(
             req.keys.lock.clone(),
@@ -110,6 +125,12 @@ impl MemoryLocks {
                 expires_at: now.saturating_add(micros(req.ttl)),
             },
         );
+        let fence = Self::next_fence(&mut state, req, now);
+        AcquireReply::Acquired { fence }
+    }
+
+    /// `max(previous + 1, now)`, stored in the fence key with its TTL.
+    fn next_fence(state: &mut State, req: &AcquireRequest, now: u64) -> FencingToken {
         let prev = state
             .fences
             .get(&req.keys.fence)
@@ -123,9 +144,7 @@ impl MemoryLocks {
                 expires_at: now.saturating_add(micros(req.fence_ttl)),
             },
         );
-        AcquireReply::Acquired {
-            fence: FencingToken(fence),
-        }
+        FencingToken(fence)
     }
 
     pub(crate) fn release(&self, keys: &LockKeys, token: &str, now: u64) -> bool {

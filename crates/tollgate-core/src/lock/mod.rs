@@ -29,24 +29,40 @@
 //! - **Fencing tokens strictly increase per lock name**, across all holders,
 //!   processes and restarts. The acquire script computes
 //!   `max(previous + 1, server time in µs)` and keeps `previous` in a sibling
-//!   key of the same cluster slot with a long TTL (30 days, refreshed by every
-//!   acquire — no immortal keys). Because the server time is a floor, the
+//!   key of the same cluster slot. Because the server time is a floor, the
 //!   tokens keep increasing after Redis loses that key: a restart without
-//!   persistence, a failover to a lagging replica, or expiry.
-//!   **Assumption:** the Redis server's clock does not step back (by more than
-//!   the time since the last acquire). Run NTP in slewing mode on Redis hosts.
+//!   persistence, a failover to a lagging replica, or expiry. So the key can
+//!   be short-lived: it lives 1 hour after the last acquire of its lock, and
+//!   at least 10 × the lock's TTL ([`DEFAULT_FENCE_TTL`], [`FENCE_TTL_TTLS`],
+//!   [`LockerBuilder::fence_ttl`]) — one key per lock name in use, not per
+//!   name ever used. While it lives, it also covers many acquires within one
+//!   microsecond and a server clock that steps back.
+//!   **Assumption:** the Redis server's clock does not step back by more
+//!   than the time since the last acquire of a lock (and, once its fence key
+//!   has expired, not at all). Run NTP in slewing mode on Redis hosts.
 //! - **Loss is reported before expiry.** A watchdog renews the lease every
 //!   TTL/3. Its safe deadline is measured on this process's monotonic clock
 //!   from *before* the acquire was sent, minus a drift allowance (1 % of the
 //!   TTL + 2 ms by default); when no renewal succeeds before it, or a renewal
 //!   finds the lock taken, [`Lease::lost`] resolves and [`Lease::is_held`]
 //!   turns false — while the lock still exists on Redis. Middleware uses this
-//!   to cancel the protected work. A cap on the total hold time
-//!   ([`LockOptions::max_hold`]) bounds stuck holders; renewal stops at
-//!   release.
-//! - **No hang, no blocking drop.** Every round trip is bounded
+//!   to cancel the protected work. A cap on the total hold time bounds stuck
+//!   holders: by default `max(20 × ttl, 10 min)` ([`LockOptions::max_hold`];
+//!   [`LockOptions::unbounded_hold`] opts out); renewal stops at release.
+//! - **No orphaned locks on cancellation.** Each acquire attempt (the round
+//!   trips that may create the lock, and the lease built from them) and each
+//!   release runs in a task of its own: dropping `acquire`, `try_acquire` or
+//!   `release` mid-flight (a `timeout`, a client that disconnects) lets the
+//!   task finish, and a lock it created is released at once rather than left
+//!   ownerless until its TTL. Acquires are idempotent on the backend, so a
+//!   client that retries one after a connection error (the cluster client
+//!   does) gets its own lock back, not [`Error::Busy`](crate::Error::Busy).
+//! - **No hang, no blocking drop, no panic.** Every round trip is bounded
 //!   ([`LockerBuilder::timeout`]); dropping a [`Lease`] releases it on the
-//!   runtime it was acquired on, without blocking.
+//!   runtime it was acquired on, without blocking. TTLs, hold caps and fence
+//!   TTLs above [`MAX_LOCK_DURATION`] (one year) are refused with
+//!   [`Error::InvalidConfig`](crate::Error::InvalidConfig) before any round
+//!   trip; a wait bound too long for the clock waits forever.
 //! - **Waiting is cheap.** Waiters of one [`Locker`] share a single pub/sub
 //!   subscription (one pattern for all lock names, started on first wait,
 //!   stopped with the locker; a [`Redlock`] has one per instance), and fall
@@ -126,10 +142,15 @@ mod waiters;
 pub use self::backend::{
     AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
 };
-pub use self::core::{DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL};
+pub use self::core::{
+    DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL, FENCE_TTL_TTLS,
+};
 pub use self::lease::{Lease, LeaseLost};
 pub use self::locker::{Locker, LockerBuilder, Redlock, RedlockBuilder};
-pub use self::options::{FencingToken, LockOptions, DEFAULT_TTL};
+pub use self::options::{
+    FencingToken, LockOptions, DEFAULT_MAX_HOLD_FLOOR, DEFAULT_MAX_HOLD_TTLS, DEFAULT_TTL,
+    MAX_LOCK_DURATION,
+};
 
 #[cfg(test)]
 mod tests {

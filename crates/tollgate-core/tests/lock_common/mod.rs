@@ -8,13 +8,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Error, LockOptions, Locker, LockerBuilder, MemoryBackend, RedisBackend};
+use futures_util::future::{BoxFuture, FutureExt};
+use tollgate_core::lock::{
+    AcquireReply, AcquireRequest, LockKeys, ReleaseEvents, MAX_LOCK_DURATION,
+};
+use tollgate_core::{
+    Error, FencingToken, Keyspace, LockBackend, LockOptions, Locker, LockerBuilder, MemoryBackend,
+    RedisBackend, Subject,
+};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 /// A backend under test: hands out lockers on separate connections.
 pub(crate) trait Fixture: Sync {
+    /// A fresh backend handle (a fresh connection).
+    async fn backend(&self) -> Arc<dyn LockBackend>;
     /// A builder over a fresh connection (a fresh backend handle).
-    async fn builder(&self) -> LockerBuilder;
+    async fn builder(&self) -> LockerBuilder {
+        Locker::builder(self.backend().await)
+    }
     /// Deletes a key behind every holder's back.
     async fn delete_key(&self, key: &str);
     /// Panics if any key on the backend has no TTL.
@@ -24,8 +35,8 @@ pub(crate) trait Fixture: Sync {
 pub(crate) struct Memory(pub(crate) MemoryBackend);
 
 impl Fixture for Memory {
-    async fn builder(&self) -> LockerBuilder {
-        Locker::builder(self.0.clone())
+    async fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(self.0.clone())
     }
     async fn delete_key(&self, key: &str) {
         assert!(self.0.break_lock(key), "no live lock under {key}");
@@ -36,8 +47,8 @@ impl Fixture for Memory {
 pub(crate) struct Standalone(pub(crate) &'static RedisServer);
 
 impl Fixture for Standalone {
-    async fn builder(&self) -> LockerBuilder {
-        Locker::builder(RedisBackend::connect(&self.0.url()).await.unwrap())
+    async fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(RedisBackend::connect(&self.0.url()).await.unwrap())
     }
     async fn delete_key(&self, key: &str) {
         let mut con = self.0.multiplexed().await;
@@ -56,8 +67,8 @@ impl Fixture for Standalone {
 pub(crate) struct Cluster(pub(crate) &'static RedisCluster);
 
 impl Fixture for Cluster {
-    async fn builder(&self) -> LockerBuilder {
-        Locker::builder(RedisBackend::connect_cluster(self.0.seeds()).await.unwrap())
+    async fn backend(&self) -> Arc<dyn LockBackend> {
+        Arc::new(RedisBackend::connect_cluster(self.0.seeds()).await.unwrap())
     }
     async fn delete_key(&self, key: &str) {
         let mut con = self.0.connection().await;
@@ -434,6 +445,262 @@ pub(crate) async fn names_are_independent<F: Fixture>(f: &F) {
     f.assert_no_immortal_keys();
 }
 
+/// A backend that forwards to another, with a slow network: an acquire's
+/// reply arrives `acquire_reply` after the acquire was applied, and a release
+/// is applied only `release_send` after it was sent. A caller that gives up
+/// in between has left its request on the backend.
+#[derive(Debug)]
+pub(crate) struct Delayed {
+    pub(crate) inner: Arc<dyn LockBackend>,
+    pub(crate) acquire_reply: Duration,
+    pub(crate) release_send: Duration,
+}
+
+impl LockBackend for Delayed {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, tollgate_core::Result<AcquireReply>> {
+        async move {
+            let reply = self.inner.acquire_lock(request).await;
+            tokio::time::sleep(self.acquire_reply).await;
+            reply
+        }
+        .boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        async move {
+            tokio::time::sleep(self.release_send).await;
+            self.inner.release_lock(keys, token).await
+        }
+        .boxed()
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.extend_lock(keys, token, ttl)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.raise_fence(keys, token, fence, fence_ttl)
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
+        self.inner.release_events(channel_prefix)
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        self.inner.lock_kind()
+    }
+}
+
+/// Tries `try_acquire(name)` on `locker` every 20 ms for up to `within`;
+/// panics with the time it took otherwise.
+pub(crate) async fn acquire_within(
+    locker: &Locker,
+    name: &str,
+    opts: &LockOptions,
+    within: Duration,
+) -> tollgate_core::Lease {
+    let start = Instant::now();
+    loop {
+        match locker.try_acquire(name, opts).await {
+            Ok(lease) => return lease,
+            Err(Error::Busy { .. }) if start.elapsed() < within => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("still not acquired after {:?}: {e:?}", start.elapsed()),
+        }
+    }
+}
+
+/// An acquire dropped after its request reached the backend but before the
+/// reply came back (a `timeout`, a client that went away while middleware
+/// waited) leaves no lock behind: the attempt completes in its own task and
+/// releases what it got, long before the 30 s TTL.
+pub(crate) async fn dropped_acquire_leaves_no_lock<F: Fixture>(f: &F) {
+    let prefix = prefix("dropacq");
+    let slow = Locker::builder(Delayed {
+        inner: f.backend().await,
+        acquire_reply: Duration::from_millis(200),
+        release_send: Duration::ZERO,
+    })
+    .prefix(&prefix)
+    .build()
+    .unwrap();
+    let other = f.builder().await.prefix(&prefix).build().unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+
+    for waiting in [false, true] {
+        let call = async {
+            if waiting {
+                slow.acquire("a", &opts.clone().wait(Duration::from_secs(10)))
+                    .await
+            } else {
+                slow.try_acquire("a", &opts).await
+            }
+        };
+        let dropped = tokio::time::timeout(Duration::from_millis(50), call).await;
+        assert!(dropped.is_err(), "the delayed acquire finished early");
+        let start = Instant::now();
+        let lease = acquire_within(&other, "a", &opts, Duration::from_secs(3)).await;
+        assert!(start.elapsed() < Duration::from_secs(3));
+        assert!(lease.release().await.unwrap());
+    }
+    f.assert_no_immortal_keys();
+}
+
+/// A release dropped before its round trip completed still releases the
+/// lock (renewal has stopped, so it would otherwise block everyone until its
+/// TTL).
+pub(crate) async fn dropped_release_still_releases<F: Fixture>(f: &F) {
+    let prefix = prefix("droprel");
+    let slow = Locker::builder(Delayed {
+        inner: f.backend().await,
+        acquire_reply: Duration::ZERO,
+        release_send: Duration::from_millis(200),
+    })
+    .prefix(&prefix)
+    .build()
+    .unwrap();
+    let other = f.builder().await.prefix(&prefix).build().unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let lease = slow.try_acquire("r", &opts).await.unwrap();
+    let lost = lease.lost();
+    let dropped = tokio::time::timeout(Duration::from_millis(50), lease.release()).await;
+    assert!(dropped.is_err(), "the delayed release finished early");
+    lost.await;
+    let next = acquire_within(&other, "r", &opts, Duration::from_secs(3)).await;
+    assert!(next.release().await.unwrap());
+    f.assert_no_immortal_keys();
+}
+
+/// The acquire operation is idempotent: the same request twice (a client
+/// retrying after a connection error) finds its own lock and gets it, with
+/// the same fence, instead of Busy; another token is still refused.
+pub(crate) async fn acquire_is_idempotent<F: Fixture>(f: &F) {
+    let prefix = prefix("idem");
+    let backend = f.backend().await;
+    let keys = LockKeys::new(
+        &Keyspace::new(prefix.as_str(), "lock").unwrap(),
+        &Subject::new("i"),
+    );
+    let ttl = Duration::from_secs(30);
+    let request = AcquireRequest::new(keys.clone(), "a".repeat(32), ttl, ttl * 10);
+    let first = backend.acquire_lock(&request).await.unwrap();
+    let again = backend.acquire_lock(&request).await.unwrap();
+    let AcquireReply::Acquired { fence } = first else {
+        panic!("not acquired: {first:?}");
+    };
+    assert_eq!(again, AcquireReply::Acquired { fence });
+    let other = AcquireRequest::new(keys.clone(), "b".repeat(32), ttl, ttl * 10);
+    assert!(matches!(
+        backend.acquire_lock(&other).await.unwrap(),
+        AcquireReply::Held { pttl: Some(p) } if p > Duration::ZERO && p <= ttl
+    ));
+    assert!(backend.release_lock(&keys, &request.token).await.unwrap());
+    // Released: the same token acquires afresh, with a higher fence.
+    match backend.acquire_lock(&request).await.unwrap() {
+        AcquireReply::Acquired { fence: next } => assert!(next > fence),
+        held => panic!("not acquired: {held:?}"),
+    }
+    assert!(backend.release_lock(&keys, &request.token).await.unwrap());
+    f.assert_no_immortal_keys();
+}
+
+/// TTLs, caps and extensions beyond MAX_LOCK_DURATION are configuration
+/// errors before any round trip (not a panic in Instant arithmetic); an
+/// endless wait bound waits, it does not panic.
+pub(crate) async fn huge_durations_are_refused_not_panics<F: Fixture>(f: &F) {
+    let prefix = prefix("huge");
+    let a = f.builder().await.prefix(&prefix).build().unwrap();
+    let too_long = MAX_LOCK_DURATION + Duration::from_secs(1);
+    for opts in [
+        LockOptions::new().ttl(Duration::MAX),
+        LockOptions::new().ttl(too_long),
+        LockOptions::new().ttl(Duration::MAX).unbounded_hold(),
+        LockOptions::new()
+            .ttl(Duration::MAX)
+            .max_hold(Duration::from_secs(1)),
+        LockOptions::new().max_hold(Duration::MAX),
+        LockOptions::new().max_hold(too_long),
+    ] {
+        for result in [
+            a.try_acquire("h", &opts).await,
+            a.acquire("h", &opts.clone().wait(Duration::from_secs(1)))
+                .await,
+        ] {
+            assert!(
+                matches!(result, Err(Error::InvalidConfig(_))),
+                "{opts:?}: {result:?}"
+            );
+        }
+        assert!(f
+            .builder()
+            .await
+            .default_options(opts.clone())
+            .build()
+            .is_err());
+    }
+    assert!(f.builder().await.fence_ttl(Duration::MAX).build().is_err());
+
+    // The longest accepted values work.
+    let lease = a
+        .try_acquire(
+            "h",
+            &LockOptions::new()
+                .ttl(MAX_LOCK_DURATION)
+                .max_hold(MAX_LOCK_DURATION),
+        )
+        .await
+        .unwrap();
+    assert!(lease.is_held());
+    assert!(matches!(
+        lease.extend(Duration::MAX).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(lease.extend(MAX_LOCK_DURATION).await.unwrap());
+    assert!(lease.release().await.unwrap());
+
+    // wait(Duration::MAX): waits forever — for a free lock, not at all.
+    let forever = LockOptions::new().wait(Duration::MAX);
+    let lease = a.acquire("h", &forever).await.unwrap();
+    let b = f
+        .builder()
+        .await
+        .prefix(&prefix)
+        .poll_interval(Duration::MAX)
+        .build()
+        .unwrap();
+    let waited = tokio::time::timeout(Duration::from_millis(300), b.acquire("h", &forever)).await;
+    assert!(waited.is_err(), "{waited:?}");
+    assert!(lease.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(5), b.acquire("h", &forever))
+        .await
+        .expect("the endless waiter did not get the free lock")
+        .unwrap();
+    assert!(next.release().await.unwrap());
+    f.assert_no_immortal_keys();
+}
+
 /// Instantiates the behaviour suite for a fixture expression and a count of
 /// acquisitions for the contended tests.
 #[macro_export]
@@ -487,6 +754,26 @@ macro_rules! behaviour_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn names_are_independent() {
             lock_common::names_are_independent(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn dropped_acquire_leaves_no_lock() {
+            lock_common::dropped_acquire_leaves_no_lock(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn dropped_release_still_releases() {
+            lock_common::dropped_release_still_releases(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn acquire_is_idempotent() {
+            lock_common::acquire_is_idempotent(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn huge_durations_are_refused_not_panics() {
+            lock_common::huge_durations_are_refused_not_panics(&$fixture).await;
         }
     };
 }
