@@ -70,7 +70,8 @@ pub trait RateLimitPolicy<S>: 'static {
 ///
 /// A denied request is answered **429** with `Retry-After` (whole seconds,
 /// rounded up, at least 1) and the `RateLimit-Policy` / `RateLimit` headers;
-/// a failing backend follows the limiter's
+/// a request whose cost the limit can never admit, **413** (no
+/// `Retry-After`: waiting cannot help); a failing backend follows the limiter's
 /// [`FailurePolicy`](tollgate_core::FailurePolicy) (admitted by default;
 /// **503** under `Deny`). Return the extractor as part of the response
 /// (`(limited, body)`) to send the `RateLimit-Policy` / `RateLimit` headers on
@@ -150,7 +151,10 @@ where
         let key = P::key(parts, state).await?;
         let cost = P::cost(parts, state);
         let limiter = P::limiter(state);
-        let decision = limiter.check_n(key, cost).await?;
+        let decision = limiter
+            .check_n(key, cost)
+            .await
+            .map_err(|e| Rejection::from_limiter_error(&limiter, e))?;
         if decision.allowed {
             Ok(RateLimited {
                 headers: rate_limit_headers(&limiter, &decision),

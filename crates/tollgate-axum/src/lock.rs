@@ -59,8 +59,9 @@ pub trait LockResource<S>: 'static {
     ) -> impl Future<Output = Result<Subject, Rejection>> + Send;
 
     /// How the lock is taken: TTL, wait bound, renewal, hold cap. The
-    /// default is [`LockOptions::new`]: a 30 s TTL renewed while held, and no
-    /// waiting (a busy resource answers 409 at once).
+    /// default is [`LockOptions::new`]: a 30 s TTL renewed while held for at
+    /// most max(20 × TTL, 10 min), and no waiting (a busy resource answers
+    /// 409 at once).
     fn options(state: &S) -> LockOptions {
         let _ = state;
         LockOptions::new()

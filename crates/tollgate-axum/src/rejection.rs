@@ -10,7 +10,7 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tollgate_core::{Decision, Error, RateLimiter};
 
-use tollgate_tower::response::rate_limit_headers;
+use tollgate_tower::response::{rate_limit_headers, RateLimitHeaders, RATELIMIT_POLICY};
 
 /// Why a request was refused; [`Rejection::reason`] returns it.
 ///
@@ -54,9 +54,17 @@ pub enum RejectionReason {
     /// message that says what to add or fix.
     Misconfigured,
     /// The request does not carry what the key or the resource name is made
-    /// of (a missing header, a cost the quota can never admit):
-    /// **400 Bad Request** with a message.
+    /// of (a missing header, …): **400 Bad Request** with a message.
     BadRequest,
+    /// The request costs more than the limit can ever admit, so waiting
+    /// cannot help: **413 Content Too Large**, without `Retry-After`, with
+    /// the `RateLimit-Policy` header (as a `RateLimitLayer` answers it).
+    CostExceedsCapacity {
+        /// The request's cost.
+        cost: u64,
+        /// The most the limit admits at once.
+        capacity: u64,
+    },
     /// The resource or key could not be derived from the request and the
     /// [`LockResource`](crate::LockResource) or
     /// [`RateLimitPolicy`](crate::RateLimitPolicy) answered with its own
@@ -212,6 +220,42 @@ impl Rejection {
         Self::new(RejectionReason::Misconfigured, message)
     }
 
+    /// The request costs `cost`, more than the limit can ever admit
+    /// (`capacity`): 413, without `Retry-After`, and the same text as a
+    /// `RateLimitLayer`'s 413.
+    ///
+    /// ```
+    /// use tollgate_axum::{Rejection, RejectionReason};
+    ///
+    /// let r = Rejection::cost_exceeds_capacity(50, 10);
+    /// assert_eq!(r.reason(), &RejectionReason::CostExceedsCapacity { cost: 50, capacity: 10 });
+    /// assert_eq!(r.status(), 413);
+    /// assert_eq!(
+    ///     r.message(),
+    ///     "request cost 50 exceeds the rate limit's capacity 10; it can never be admitted"
+    /// );
+    /// ```
+    pub fn cost_exceeds_capacity(cost: u64, capacity: u64) -> Self {
+        Self::new(
+            RejectionReason::CostExceedsCapacity { cost, capacity },
+            format!(
+                "request cost {cost} exceeds the rate limit's capacity {capacity}; it can never be admitted"
+            ),
+        )
+    }
+
+    /// `Rejection::from(error)` for an error of `limiter`, plus the
+    /// `RateLimit-Policy` header on a 413, as a `RateLimitLayer` sends it.
+    pub(crate) fn from_limiter_error(limiter: &RateLimiter, error: Error) -> Self {
+        let mut r = Rejection::from(error);
+        if let RejectionReason::CostExceedsCapacity { .. } = r.reason {
+            if let Some(policy) = RateLimitHeaders::new(limiter).policy() {
+                r.headers.insert(RATELIMIT_POLICY, policy.clone());
+            }
+        }
+        r
+    }
+
     /// The request lacks what the key or resource is made of (400).
     ///
     /// ```
@@ -287,6 +331,7 @@ impl Rejection {
             RejectionReason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             RejectionReason::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
             RejectionReason::BadRequest => StatusCode::BAD_REQUEST,
+            RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RejectionReason::Custom { status } => *status,
         }
     }
@@ -319,16 +364,17 @@ impl Rejection {
 impl From<Error> for Rejection {
     /// Maps a tollgate error: [`Error::Busy`] → busy (409); unavailable
     /// backends ([`Error::is_unavailable`]) → 503; a cost the quota can never
-    /// admit → 400; configuration errors → 500.
+    /// admit → 413 (as a `RateLimitLayer` answers it); configuration errors
+    /// → 500.
     fn from(error: Error) -> Self {
         let mut r = match &error {
             Error::Busy { retry_after, .. } => Rejection::busy(*retry_after),
             e if e.is_unavailable() => {
                 Rejection::unavailable("the coordination backend is unavailable; try again shortly")
             }
-            Error::CostExceedsCapacity { cost, capacity } => Rejection::bad_request(format!(
-                "this request costs {cost}, more than the limit can ever admit ({capacity})"
-            )),
+            Error::CostExceedsCapacity { cost, capacity } => {
+                Rejection::cost_exceeds_capacity(*cost, *capacity)
+            }
             e => Rejection::misconfigured(format!("tollgate is misconfigured: {e}")),
         };
         r.error = Some(error);
@@ -374,5 +420,43 @@ mod tests {
         assert_eq!(whole_seconds(Duration::from_secs(1)), 1);
         assert_eq!(whole_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(whole_seconds(Duration::from_secs(30)), 30);
+    }
+
+    /// A busy lock's 409 never announces `Retry-After: 0`, also when the
+    /// holder's lease is about to run out or its remaining TTL is unknown.
+    #[test]
+    fn busy_responses_round_up_and_never_announce_zero() {
+        let ms = Duration::from_millis;
+        for (wait, secs) in [
+            (None, "1"),
+            (Some(Duration::ZERO), "1"),
+            (Some(ms(1)), "1"),
+            (Some(ms(1000)), "1"),
+            (Some(ms(1001)), "2"),
+        ] {
+            let error = Error::Busy {
+                name: "job".into(),
+                retry_after: wait,
+            };
+            for r in [Rejection::busy(wait), Rejection::from(error)] {
+                let res = r.into_response();
+                assert_eq!(res.status(), StatusCode::CONFLICT);
+                assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
+            }
+        }
+    }
+
+    /// A cost the limit can never admit: 413, no `Retry-After`, the text of
+    /// a `RateLimitLayer`'s 413.
+    #[test]
+    fn a_cost_beyond_capacity_is_413_without_retry_after() {
+        let res = Rejection::from(Error::CostExceedsCapacity {
+            cost: 5,
+            capacity: 2,
+        })
+        .into_response();
+        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(!res.headers().contains_key(RETRY_AFTER));
+        assert_eq!(res.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
     }
 }

@@ -162,6 +162,29 @@ impl RateLimitPolicy<AppState> for PerUser {
     }
 }
 
+/// Like `PerUser`, each request costing `x-cost` units.
+struct Bulk;
+
+impl RateLimitPolicy<AppState> for Bulk {
+    fn limiter(state: &AppState) -> RateLimiter {
+        state.limiter.clone()
+    }
+    async fn key(parts: &mut Parts, state: &AppState) -> Result<Subject, Rejection> {
+        <PerUser as RateLimitPolicy<AppState>>::key(parts, state).await
+    }
+    fn cost(parts: &Parts, _: &AppState) -> u64 {
+        parts
+            .headers
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    }
+}
+
+async fn bulk(l: RateLimited<Bulk>) -> String {
+    format!("left {}", l.remaining())
+}
+
 async fn limited(l: RateLimited<PerUser>) -> (RateLimited<PerUser>, String) {
     let left = l.remaining();
     (l, format!("left {left}"))
@@ -195,6 +218,7 @@ fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
         .route("/bad/{id}", post(guarded::<BadOptions>))
         .route("/noparam", post(guarded::<NoWait>))
         .route("/limited", get(limited))
+        .route("/bulk", get(bulk))
         .route("/maybe", get(maybe_status))
         .route("/unlayered", get(status))
         .with_state(state)
@@ -681,6 +705,56 @@ async fn redis_handler_rate_limit_deny_policy_is_503() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.body);
 }
 
+/// A cost the limit can never admit is 413, answered as a `RateLimitLayer`
+/// answers it (status, body, `RateLimit-Policy`, no `Retry-After`), and
+/// spends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cost_beyond_capacity_is_413_like_the_layer() {
+    use tower::ServiceExt;
+
+    let limiter = memory_limiter();
+    let srv = serve(memory_locker(), limiter.clone()).await;
+    let r = send(
+        srv.addr,
+        Method::GET,
+        "/bulk",
+        &[("x-user", "ann"), ("x-cost", "5")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.body);
+    assert_eq!(
+        r.body,
+        "request cost 5 exceeds the rate limit's capacity 2; it can never be admitted\n"
+    );
+    assert!(!r.headers.contains_key("retry-after"));
+    assert!(!r.headers.contains_key("ratelimit"));
+    // Nothing was spent.
+    let ok = send(
+        srv.addr,
+        Method::GET,
+        "/bulk",
+        &[("x-user", "ann"), ("x-cost", "2")],
+    )
+    .await;
+    assert_eq!((ok.status, ok.body.as_str()), (StatusCode::OK, "left 0"));
+
+    // The layer over the same limiter answers the same.
+    let layered = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(limiter).cost(5));
+    let res = layered
+        .oneshot(Request::get("/").body(axum::body::Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), r.status);
+    for name in ["content-type", "ratelimit-policy"] {
+        assert_eq!(res.headers().get(name), r.headers.get(name), "{name}");
+    }
+    assert!(r.headers.contains_key("ratelimit-policy"));
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, r.body.as_bytes());
+}
+
 /// `RateLimitStatus` reads what the layer decided; without the layer it is
 /// a 500 naming the layer, and `Option<RateLimitStatus>` is `None`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -719,4 +793,16 @@ fn rejection_reasons_map_to_statuses() {
         Rejection::from(tollgate_core::Error::InvalidConfig("x".into())).status(),
         StatusCode::INTERNAL_SERVER_ERROR
     );
+    let too_costly = Rejection::from(tollgate_core::Error::CostExceedsCapacity {
+        cost: 7,
+        capacity: 3,
+    });
+    assert_eq!(
+        too_costly.reason(),
+        &RejectionReason::CostExceedsCapacity {
+            cost: 7,
+            capacity: 3
+        }
+    );
+    assert_eq!(too_costly.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }

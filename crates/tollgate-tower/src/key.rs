@@ -486,6 +486,15 @@ pub enum ForwardedHeader {
 /// the trusted proxy that reported it, which is conservative (all such
 /// clients share that proxy's budget).
 ///
+/// What the client sent can only sit **left** of what the trusted proxies
+/// appended, and the walk stops at the first untrusted address, so nothing
+/// the client puts there changes its key. In particular a stray quote cannot
+/// swallow the appended hops: `X-Forwarded-For` and `X-Real-IP` are split on
+/// every comma (their elements never hold one), and `Forwarded` elements are
+/// split from the right, so `X-Forwarded-For: ", 203.0.113.9` and
+/// `Forwarded: for="x, for=203.0.113.9` (a client's `"` and the proxy's
+/// addition on one line) both key `203.0.113.9`.
+///
 /// IPv6 addresses are grouped by their /64 by default
 /// ([`ClientIp::ipv6_prefix`]).
 ///
@@ -592,26 +601,37 @@ impl ClientIp {
 
     /// The hops recorded in the configured header, left (client side) to
     /// right (nearest proxy); `None` for a hop that is not an address.
+    ///
+    /// Each header line is split on its own. `X-Forwarded-For` and
+    /// `X-Real-IP` never carry commas inside an element, so they are split on
+    /// every comma with no quote handling: a stray `"` sent by the client
+    /// stays inside the client's own element. `Forwarded` elements may hold
+    /// quoted strings, so its lines are split from the right (see
+    /// [`split_forwarded`]): what the proxies appended is parsed the same
+    /// whatever the client put before it.
     fn hops<B>(&self, req: &Request<B>) -> Vec<Option<IpAddr>> {
         let headers = req.headers();
         match self.header {
             ForwardedHeader::XForwardedFor => headers
                 .get_all("x-forwarded-for")
                 .iter()
-                .flat_map(|v| split_list(v.as_bytes()))
+                .flat_map(|v| split_commas(v.as_bytes()))
                 .map(|hop| parse_node(trim_quotes(hop)))
                 .collect(),
             ForwardedHeader::Forwarded => headers
                 .get_all(http::header::FORWARDED)
                 .iter()
-                .flat_map(|v| split_list(v.as_bytes()))
+                .flat_map(|v| split_forwarded(v.as_bytes()))
                 .map(forwarded_for)
                 .collect(),
+            // Set, not appended, by the nearest proxy: only its value counts,
+            // the last element of the last line.
             ForwardedHeader::XRealIp => headers
                 .get_all("x-real-ip")
                 .iter()
                 .next_back()
-                .map(|v| vec![parse_node(trim_quotes(v.as_bytes()))])
+                .and_then(|v| split_commas(v.as_bytes()).next_back())
+                .map(|hop| vec![parse_node(trim_quotes(hop))])
                 .unwrap_or_default(),
         }
     }
@@ -624,25 +644,53 @@ impl<B> KeyExtractor<B> for ClientIp {
     }
 }
 
-/// Splits a comma-separated header value, respecting quoted strings.
-fn split_list(value: &[u8]) -> Vec<&[u8]> {
+/// Splits a comma-separated header value on every comma, with no quote
+/// handling (`X-Forwarded-For`, `X-Real-IP`: no element holds a comma);
+/// empty elements are dropped.
+fn split_commas(value: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|s| !s.is_empty())
+}
+
+/// Splits an RFC 7239 `Forwarded` value into its elements (left to right),
+/// respecting quoted strings, but **reading from the right**.
+///
+/// Proxies append their elements on the right, after whatever the client
+/// sent. Read left to right, an unbalanced `"` from the client (`for="x`)
+/// would open a quoted string that swallows every element appended after it,
+/// including the client's real address. Read right to left, the appended,
+/// well-formed elements are split exactly as they would be on their own; an
+/// unbalanced quote can only merge elements further left, which the client
+/// controls anyway (and which the walk never reaches once it has found the
+/// first untrusted address). Empty elements are dropped.
+fn split_forwarded(value: &[u8]) -> Vec<&[u8]> {
     let mut out = Vec::new();
-    let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (i, &b) in value.iter().enumerate() {
-        if escaped {
-            escaped = false;
-        } else if quoted && b == b'\\' {
-            escaped = true;
-        } else if b == b'"' {
-            quoted = !quoted;
-        } else if b == b',' && !quoted {
-            out.push(value[start..i].trim_ascii());
-            start = i + 1;
+    let (mut end, mut quoted) = (value.len(), false);
+    for i in (0..value.len()).rev() {
+        match value[i] {
+            // The opening quote of the string; an escaped `\"` is content.
+            b'"' if quoted => quoted = escaped(value, i),
+            // The closing quote of a string, seen first from the right.
+            b'"' => quoted = true,
+            b',' if !quoted => {
+                out.push(value[i + 1..end].trim_ascii());
+                end = i;
+            }
+            _ => {}
         }
     }
-    out.push(value[start..].trim_ascii());
+    out.push(value[..end].trim_ascii());
     out.retain(|s| !s.is_empty());
+    out.reverse();
     out
+}
+
+/// Whether the byte at `i` of a quoted string is escaped: preceded by an odd
+/// number of backslashes.
+fn escaped(value: &[u8], i: usize) -> bool {
+    value[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
 }
 
 fn trim_quotes(s: &[u8]) -> &[u8] {
@@ -1094,8 +1142,118 @@ mod tests {
         );
         assert_eq!(forwarded_for(b"for=unknown"), None);
         assert_eq!(forwarded_for(b"by=1.2.3.4"), None);
-        let parts = split_list(br#"for="[::1]:1,x", for=1.2.3.4 ,, "#);
-        assert_eq!(parts.len(), 2);
+        let parts = split_forwarded(br#"for="[::1]:1,x", for=1.2.3.4 ,, "#);
+        assert_eq!(parts, [&br#"for="[::1]:1,x""#[..], b"for=1.2.3.4"]);
+        // Escaped quotes stay inside their string; an escaped backslash
+        // does not escape the closing quote.
+        let parts = split_forwarded(br#"a="x\",y", b="z\\", c=1"#);
+        assert_eq!(parts, [&br#"a="x\",y""#[..], br#"b="z\\""#, b"c=1"]);
+        // An unbalanced quote only swallows what is to its left.
+        let parts = split_forwarded(br#"for=1.1.1.1, for="x, for=2.2.2.2, for=3.3.3.3"#);
+        assert_eq!(
+            parts,
+            [
+                &br#"for=1.1.1.1, for="x"#[..],
+                b"for=2.2.2.2",
+                b"for=3.3.3.3"
+            ]
+        );
+        let parts: Vec<&[u8]> = split_commas(br#"", 1.2.3.4,, "5.6.7.8" "#).collect();
+        assert_eq!(parts, [&b"\""[..], b"1.2.3.4", b"\"5.6.7.8\""]);
+    }
+
+    /// A client cannot move itself into a trusted proxy's bucket (or another
+    /// client's) with an unbalanced quote: the proxies append to the same
+    /// line, after what the client sent.
+    #[test]
+    fn client_ip_is_not_fooled_by_an_unbalanced_quote() {
+        let k = ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap();
+        // The client sent `X-Forwarded-For: "`; nginx, ALB and Envoy append
+        // `, <client>` on the same line.
+        let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "\", 203.0.113.9")]);
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        let req = req_from(
+            "10.0.0.1:1",
+            &[("x-forwarded-for", "\"6.6.6.6, 203.0.113.9, 10.1.1.1")],
+        );
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        let req = req_from(
+            "10.0.0.1:1",
+            &[("x-forwarded-for", "6.6.6.6\", 203.0.113.9")],
+        );
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+
+        let k = k.header(ForwardedHeader::Forwarded);
+        let req = req_from("10.0.0.1:1", &[("forwarded", r#"for="x, for=203.0.113.9"#)]);
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        let req = req_from("10.0.0.1:1", &[("forwarded", r#"for=", for=203.0.113.9"#)]);
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        let req = req_from(
+            "10.0.0.1:1",
+            &[(
+                "forwarded",
+                r#"for="6.6.6.6, for=203.0.113.9;proto=https, for="[fd00::1]:80";by=x"#,
+            )],
+        );
+        let k6 = ClientIp::trusted_proxies(["10.0.0.0/8", "fd00::/8"])
+            .unwrap()
+            .header(ForwardedHeader::Forwarded);
+        assert_eq!(key(&k6, &req), Subject::new("203.0.113.9"));
+        // A trailing backslash or a stray quote left of the appended
+        // elements changes nothing either.
+        let req = req_from("10.0.0.1:1", &[("forwarded", r#"for=x\, for=203.0.113.9"#)]);
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        let req = req_from("10.0.0.1:1", &[("forwarded", r#"x", for=203.0.113.9"#)]);
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+
+        // X-Real-IP: the value the nearest proxy set is the last element.
+        let k = k.header(ForwardedHeader::XRealIp);
+        let req = req_from("10.0.0.1:1", &[("x-real-ip", "\", 203.0.113.9")]);
+        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+    }
+
+    /// Whatever garbage the client puts left of the first untrusted address
+    /// the proxies recorded, the key is that address.
+    #[test]
+    fn garbage_left_of_the_client_never_changes_the_key() {
+        let xff = ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap();
+        let fwd = xff.clone().header(ForwardedHeader::Forwarded);
+        for garbage in [
+            "",
+            "\"",
+            "\"\"",
+            "\\",
+            "\\\"",
+            "unknown",
+            "for=",
+            "for=\"",
+            "for=\"[::1",
+            ";",
+            "=",
+            "\"a,b",
+            "a\"b,c\"",
+            "1.2.3.4\"",
+            "\"10.0.0.9",
+            "_x",
+            ",,,",
+        ] {
+            let req = req_from(
+                "10.0.0.1:1",
+                &[(
+                    "x-forwarded-for",
+                    format!("{garbage}, 203.0.113.9, 10.2.2.2").as_str(),
+                )],
+            );
+            assert_eq!(key(&xff, &req), Subject::new("203.0.113.9"), "{garbage:?}");
+            let req = req_from(
+                "10.0.0.1:1",
+                &[(
+                    "forwarded",
+                    format!("{garbage}, for=203.0.113.9, for=10.2.2.2").as_str(),
+                )],
+            );
+            assert_eq!(key(&fwd, &req), Subject::new("203.0.113.9"), "{garbage:?}");
+        }
     }
 
     #[test]

@@ -56,6 +56,15 @@
 //! assert_eq!(res.status(), StatusCode::OK);
 //! # Ok(()) }
 //! ```
+//!
+//! # Configuration errors
+//!
+//! The lock options (TTL, hold cap) are checked when the layer is applied:
+//! an invalid one (a zero TTL, a zero `max_hold`, …) **panics** with the
+//! reason, at startup, like [`RateLimitLayer`](crate::RateLimitLayer) does,
+//! instead of failing every request with a 500. Call
+//! [`LockLayer::validate`] to get the error as a `Result` instead. See
+//! [`Acquirer::check_options`] for what can be checked up front.
 
 use std::fmt;
 use std::future::Future;
@@ -69,7 +78,9 @@ use futures_util::future::BoxFuture;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
-use tollgate_core::{Error, Lease, LeaseLost, LockOptions, Locker, Redlock, Subject};
+use tollgate_core::{
+    Error, Lease, LeaseLost, LockOptions, Locker, MemoryBackend, Redlock, Subject,
+};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -103,6 +114,41 @@ pub trait Acquirer: Clone + Send + Sync + 'static {
 
     /// The options a [`LockLayer`] starts from.
     fn default_options(&self) -> LockOptions;
+
+    /// Checks `options` without a round trip; [`LockLayer`] calls it when it
+    /// is applied (and from [`LockLayer::validate`]), so invalid options are
+    /// reported at startup rather than as a 500 on every request.
+    ///
+    /// The default runs the rules every locker applies to options,
+    /// whatever its settings — TTL and hold-cap bounds — through
+    /// `tollgate_core`'s own validation (a throwaway locker with no drift
+    /// allowance, the most lenient setting). It cannot see the drift
+    /// allowance of the actual locker, so a TTL that is positive but left
+    /// with no validity by that allowance (2 ms under the default 1 % + 2 ms)
+    /// is still only refused at acquire.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate_tower::lock::Acquirer;
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert!(locker.check_options(&LockOptions::new()).is_ok());
+    /// assert!(locker.check_options(&LockOptions::new().ttl(Duration::ZERO)).is_err());
+    /// ```
+    fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
+        check_options_portably(options)
+    }
+}
+
+/// The option rules of `tollgate_core` that hold for every locker: a locker
+/// with no drift allowance refuses only what every locker refuses.
+fn check_options_portably(options: &LockOptions) -> Result<(), Error> {
+    Locker::builder(MemoryBackend::new())
+        .drift(0.0, Duration::ZERO)
+        .default_options(options.clone())
+        .build()
+        .map(drop)
 }
 
 impl Acquirer for Locker {
@@ -284,7 +330,9 @@ impl<K: fmt::Debug, L: fmt::Debug> fmt::Debug for LockLayer<K, L> {
 impl<K, L: Acquirer> LockLayer<K, L> {
     /// Locks the resource named by `key` around each request, starting
     /// from `locker`'s default [`LockOptions`] (unless configured
-    /// otherwise: TTL 30 s, renewed, no waiting).
+    /// otherwise: TTL 30 s, renewed, no waiting, and a hold cap of
+    /// max(20 × TTL, 10 min) — a stuck handler loses its lease then; use
+    /// [`LockLayer::max_hold`] for longer streams).
     pub fn new(locker: L, key: K) -> Self {
         LockLayer {
             shared: Shared {
@@ -326,7 +374,8 @@ impl<K, L: Acquirer> LockLayer<K, L> {
         self
     }
 
-    /// Caps the total hold time (default: no cap).
+    /// Caps the total hold time (default: as in the locker's default
+    /// [`LockOptions`]; see [`LockOptions::max_hold`]).
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.shared.options = self.shared.options.max_hold(max_hold);
         self
@@ -367,12 +416,38 @@ impl<K, L: Acquirer> LockLayer<K, L> {
         self.shared.responder = Some(Arc::new(responder));
         self
     }
+
+    /// Checks the lock options now (see [`Acquirer::check_options`]) and
+    /// reports an invalid configuration, instead of panicking when the layer
+    /// is applied.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{Error, Locker, MemoryBackend};
+    /// use tollgate_tower::key::GlobalKey;
+    /// use tollgate_tower::LockLayer;
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let layer = LockLayer::new(locker.clone(), GlobalKey).ttl(Duration::from_secs(10)).validate();
+    /// assert!(layer.is_ok());
+    /// let err = LockLayer::new(locker, GlobalKey).ttl(Duration::ZERO).validate().unwrap_err();
+    /// assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    /// ```
+    pub fn validate(self) -> Result<Self, Error> {
+        self.shared.locker.check_options(&self.shared.options)?;
+        Ok(self)
+    }
 }
 
-impl<S, K: Clone, L: Clone> Layer<S> for LockLayer<K, L> {
+impl<S, K: Clone, L: Acquirer> Layer<S> for LockLayer<K, L> {
     type Service = Lock<S, K, L>;
 
+    /// Panics if the lock options are invalid (see
+    /// [`LockLayer::validate`]).
     fn layer(&self, inner: S) -> Self::Service {
+        if let Err(e) = self.shared.locker.check_options(&self.shared.options) {
+            panic!("tollgate: invalid LockLayer configuration: {e}");
+        }
         Lock {
             inner,
             shared: Arc::new(self.shared.clone()),
@@ -733,6 +808,100 @@ where
                     let response = response.take().expect("polled after completion");
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http_body_util::BodyExt;
+    use tower::{service_fn, ServiceExt};
+
+    use super::*;
+    use crate::key::GlobalKey;
+
+    /// A lock that is always held by someone else, for `wait` more.
+    #[derive(Clone)]
+    struct AlwaysBusy(Option<Duration>);
+
+    impl Acquirer for AlwaysBusy {
+        fn acquire_lease(
+            &self,
+            name: Subject,
+            _options: LockOptions,
+        ) -> BoxFuture<'static, Result<Lease, Error>> {
+            let busy = Error::Busy {
+                name: name.as_encoded().to_owned(),
+                retry_after: self.0,
+            };
+            Box::pin(async move { Err(busy) })
+        }
+
+        fn default_options(&self) -> LockOptions {
+            LockOptions::new()
+        }
+    }
+
+    async fn busy(wait: Option<Duration>, protocol: Protocol) -> (HeaderMap, String) {
+        let svc = LockLayer::new(AlwaysBusy(wait), GlobalKey)
+            .protocol(protocol)
+            .layer(service_fn(|_: Request<()>| async {
+                Ok::<_, Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+            }));
+        let res = svc.oneshot(Request::new(())).await.unwrap();
+        let status = res.status();
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.unwrap().to_bytes();
+        let expected = if protocol == Protocol::Grpc { 200 } else { 409 };
+        assert_eq!(status, expected);
+        (parts.headers, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    /// A busy lock's wait is announced in whole seconds, rounded up, never
+    /// 0 — also when the holder's lease is about to run out (a remaining
+    /// TTL of 0 or 1 ms) — over HTTP and gRPC alike; an unknown wait is not
+    /// announced at all.
+    #[tokio::test]
+    async fn busy_retry_after_rounds_up_and_is_never_zero() {
+        let ms = Duration::from_millis;
+        for (wait, secs) in [
+            (Some(Duration::ZERO), Some("1")),
+            (Some(Duration::from_nanos(1)), Some("1")),
+            (Some(ms(1)), Some("1")),
+            (Some(ms(1000)), Some("1")),
+            (Some(ms(1001)), Some("2")),
+            (Some(ms(29_999)), Some("30")),
+            (None, None),
+        ] {
+            let (h, body) = busy(wait, Protocol::Http).await;
+            assert_eq!(
+                h.get(RETRY_AFTER).map(|v| v.to_str().unwrap()),
+                secs,
+                "{wait:?}"
+            );
+            match secs {
+                Some(s) => assert_eq!(body, format!("resource is busy; retry in {s} s\n")),
+                None => assert_eq!(body, "resource is busy\n"),
+            }
+
+            let (h, _) = busy(wait, Protocol::Grpc).await;
+            assert_eq!(h["grpc-status"], "10", "{wait:?}");
+            assert_eq!(
+                h.get(RETRY_AFTER).map(|v| v.to_str().unwrap()),
+                secs,
+                "{wait:?}"
+            );
+            assert_eq!(
+                h.contains_key("grpc-status-details-bin"),
+                wait.is_some(),
+                "{wait:?}"
+            );
+            if let Some(s) = secs {
+                let message = h["grpc-message"].to_str().unwrap();
+                assert_eq!(message, format!("resource is busy; retry in {s} s"));
             }
         }
     }

@@ -395,6 +395,60 @@ fn source_label(source: DecisionSource) -> &'static str {
 /// assert_eq!(res.headers()["retry-after"], "1");
 /// # Ok(()) }
 /// ```
+///
+/// # Which layers share a budget
+///
+/// Counters live on the backend under the prefix, the policy
+/// [name](RateLimitLayer::name) and the subject. Without `.name(..)`, the
+/// name is derived from the algorithm and the quotas, so **layers with the
+/// same algorithm and quotas and no name share their counters for a
+/// subject** — on one backend (one Redis, or clones of one
+/// `MemoryBackend`), whichever routes, services or processes they are on.
+/// Two identical per-IP layers on `/login` and `/signup` therefore enforce
+/// **one** budget per IP across both routes. That is what several instances
+/// of one service want; for separate budgets, give each layer its own
+/// `.name(..)` (differently configured layers never share counters).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::net::SocketAddr;
+/// use axum::{body::Body, routing::post, Router};
+/// use http::{Request, StatusCode};
+/// use tollgate_core::{MemoryBackend, Quota};
+/// use tollgate_tower::key::PeerIp;
+/// use tollgate_tower::RateLimitLayer;
+/// use tower::ServiceExt;
+///
+/// // One store for the whole app, as one Redis would be.
+/// let backend = MemoryBackend::new();
+/// let per_ip = || {
+///     RateLimitLayer::token_bucket(backend.clone(), Quota::per_minute(1).unwrap()).key(PeerIp::new())
+/// };
+/// let from = |path: &str, peer: &str| {
+///     let mut req = Request::post(path).body(Body::empty()).unwrap();
+///     req.extensions_mut().insert(peer.parse::<SocketAddr>().unwrap());
+///     req
+/// };
+///
+/// // Named layers: a separate budget per route.
+/// let app = Router::new()
+///     .route("/login", post(|| async { "welcome back" }).layer(per_ip().name("login")))
+///     .route("/signup", post(|| async { "welcome" }).layer(per_ip().name("signup")));
+/// let ip = "203.0.113.9:50000";
+/// assert_eq!(app.clone().oneshot(from("/login", ip)).await?.status(), StatusCode::OK);
+/// assert_eq!(app.clone().oneshot(from("/login", ip)).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(app.clone().oneshot(from("/signup", ip)).await?.status(), StatusCode::OK);
+///
+/// // The same layers without names: one budget per IP for both routes.
+/// let app = Router::new()
+///     .route("/login", post(|| async { "welcome back" }).layer(per_ip()))
+///     .route("/signup", post(|| async { "welcome" }).layer(per_ip()));
+/// let ip = "198.51.100.7:50000";
+/// assert_eq!(app.clone().oneshot(from("/login", ip)).await?.status(), StatusCode::OK);
+/// assert_eq!(app.clone().oneshot(from("/signup", ip)).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+/// # Ok(()) }
+/// ```
 pub struct RateLimitLayer<K = GlobalKey, C = u64> {
     source: Source,
     options: Options,
@@ -617,7 +671,10 @@ impl<K, C> RateLimitLayer<K, C> {
     }
 
     /// Names the policy (keys, headers, traces and metrics). Default:
-    /// derived from the algorithm and quotas.
+    /// derived from the algorithm and quotas, so that unnamed layers with the
+    /// same algorithm and quotas **share their counters** for a subject;
+    /// give each layer its own name for separate budgets (see
+    /// [Which layers share a budget](RateLimitLayer#which-layers-share-a-budget)).
     pub fn name(self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.spec("name", |s| s.name = Some(name))
@@ -1043,6 +1100,56 @@ fn merge_headers(target: &mut HeaderMap, extra: HeaderMap) {
             target.append(name, value);
         } else if !target.contains_key(&name) {
             target.insert(name, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_core::MemoryBackend;
+
+    use super::*;
+
+    /// A denial announces its wait in whole seconds, rounded up and never 0,
+    /// over HTTP and gRPC, whatever the decision says (no wait, a zero or
+    /// sub-second wait); legacy headers on or off.
+    #[tokio::test]
+    async fn a_denial_never_announces_retry_after_zero() {
+        let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+            .quota(Quota::per_second(10).unwrap())
+            .build()
+            .unwrap();
+        let mut decision = limiter.check("k").await.unwrap();
+        decision.allowed = false;
+        let parts = Request::new(()).into_parts().0;
+        for legacy_headers in [false, true] {
+            let shared = Shared::new(
+                limiter.clone(),
+                Options {
+                    headers: true,
+                    legacy_headers,
+                    shadow: false,
+                    protocol: Protocol::Auto,
+                    responder: None,
+                },
+            );
+            for (wait, secs) in [
+                (None, "1"),
+                (Some(Duration::ZERO), "1"),
+                (Some(Duration::from_micros(1)), "1"),
+                (Some(Duration::from_millis(100)), "1"),
+                (Some(Duration::from_secs(1)), "1"),
+                (Some(Duration::new(1, 1)), "2"),
+            ] {
+                decision.retry_after = wait;
+                for grpc in [false, true] {
+                    let res = shared.reject(&parts, Reason::Limited(&decision), grpc);
+                    let all: Vec<_> = res.headers().get_all(RETRY_AFTER).iter().collect();
+                    assert_eq!(all, [secs], "{wait:?}, grpc {grpc}");
+                    let expected = if grpc { 200 } else { 429 };
+                    assert_eq!(res.status(), expected);
+                }
+            }
         }
     }
 }

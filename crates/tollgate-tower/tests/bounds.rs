@@ -87,3 +87,56 @@ fn an_invalid_layer_panics_when_applied() {
         .prefix("bad{prefix")
         .layer(inner);
 }
+
+#[test]
+fn invalid_lock_options_are_a_configuration_error() {
+    use std::time::Duration;
+    use tollgate_tower::key::GlobalKey;
+
+    let locker = Locker::new(MemoryBackend::new());
+    let layer = || LockLayer::new(locker.clone(), GlobalKey);
+    assert!(layer().validate().is_ok());
+    assert!(layer()
+        .ttl(Duration::from_secs(5))
+        .max_hold(Duration::from_secs(60))
+        .validate()
+        .is_ok());
+    for bad in [
+        layer().ttl(Duration::ZERO),
+        layer().ttl(Duration::from_micros(999)),
+        layer().max_hold(Duration::ZERO),
+        layer()
+            .ttl(Duration::from_secs(5))
+            .max_hold(Duration::from_micros(1)),
+        // Past tollgate-core's upper bound on lock durations.
+        layer().ttl(Duration::from_secs(10 * 365 * 24 * 3600)),
+    ] {
+        let err = bad.validate().unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+    }
+    // Only what every locker refuses: a locker without a drift allowance
+    // takes a 2 ms TTL (which the default allowance of 1 % + 2 ms leaves
+    // nothing of), so the layer must not refuse it up front.
+    let lenient = Locker::builder(MemoryBackend::new())
+        .drift(0.0, Duration::ZERO)
+        .build()
+        .unwrap();
+    assert!(LockLayer::new(lenient, GlobalKey)
+        .ttl(Duration::from_millis(2))
+        .validate()
+        .is_ok());
+}
+
+#[test]
+#[should_panic(expected = "invalid LockLayer configuration")]
+fn an_invalid_lock_layer_panics_when_applied() {
+    let inner = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    });
+    let _ = LockLayer::new(
+        Locker::new(MemoryBackend::new()),
+        tollgate_tower::key::GlobalKey,
+    )
+    .ttl(std::time::Duration::ZERO)
+    .layer(inner);
+}
