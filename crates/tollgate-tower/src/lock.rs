@@ -164,6 +164,10 @@ impl Acquirer for Locker {
     fn default_options(&self) -> LockOptions {
         Locker::default_options(self).clone()
     }
+
+    fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
+        Locker::check_options(self, options)
+    }
 }
 
 impl Acquirer for Redlock {
@@ -178,6 +182,10 @@ impl Acquirer for Redlock {
 
     fn default_options(&self) -> LockOptions {
         Redlock::default_options(self).clone()
+    }
+
+    fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
+        Redlock::check_options(self, options)
     }
 }
 

@@ -353,7 +353,7 @@ impl Core {
     }
 
     /// The TTL of the first acquire (cut to `max_hold`), checked.
-    fn first_ttl(&self, options: &LockOptions) -> Result<Duration> {
+    pub(crate) fn first_ttl(&self, options: &LockOptions) -> Result<Duration> {
         let ttl = options.ttl_duration();
         let first = match options.max_hold_duration() {
             Some(cap) if cap.is_zero() || cap > MAX_LOCK_DURATION => {

@@ -235,6 +235,23 @@ impl Locker {
         &self.core.defaults
     }
 
+    /// Checks `options` against this locker's rules (TTL bounds, the drift
+    /// allowance, the hold cap) without a round trip: what `acquire` would
+    /// refuse with [`Error::InvalidConfig`], refused now — for middleware
+    /// that wants to fail at start-up rather than on every request.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert!(locker.check_options(&LockOptions::new()).is_ok());
+    /// assert!(locker.check_options(&LockOptions::new().ttl(Duration::from_millis(2))).is_err());
+    /// ```
+    pub fn check_options(&self, options: &LockOptions) -> Result<()> {
+        self.core.first_ttl(options).map(drop)
+    }
+
     /// The keyspace: the prefix and the policy `lock`.
     pub fn keyspace(&self) -> &Keyspace {
         self.core.keyspace()
@@ -434,6 +451,12 @@ impl Redlock {
     /// The options configured with [`RedlockBuilder::default_options`].
     pub fn default_options(&self) -> &LockOptions {
         &self.core.defaults
+    }
+
+    /// Checks `options` against this Redlock's rules without a round trip;
+    /// see [`Locker::check_options`].
+    pub fn check_options(&self, options: &LockOptions) -> Result<()> {
+        self.core.first_ttl(options).map(drop)
     }
 
     /// The keys and channel of the lock `name` (the same on every instance).
