@@ -116,7 +116,10 @@ fn invalid_lock_options_are_a_configuration_error() {
     }
     // The locker's own rules: the default drift allowance (1 % + 2 ms)
     // leaves nothing of a 2 ms TTL, so that locker's layer refuses it…
-    let err = layer().ttl(Duration::from_millis(2)).validate().unwrap_err();
+    let err = layer()
+        .ttl(Duration::from_millis(2))
+        .validate()
+        .unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
     // …while a locker without a drift allowance takes it.
     let lenient = Locker::builder(MemoryBackend::new())
