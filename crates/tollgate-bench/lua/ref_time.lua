@@ -1,0 +1,3 @@
+-- Reference: a script that only reads the server clock.
+local t = redis.call('TIME')
+return 1

@@ -1,0 +1,339 @@
+//! Item 4: an axum hello-world under `wrk` over loopback — no limiter,
+//! tollgate in memory, tollgate on Redis, and tower_governor — each served by
+//! a child process of this binary (`serve --variant …`), rounds interleaved.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use axum::routing::get;
+use axum::Router;
+use tollgate_core::{Algorithm, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend};
+use tollgate_tower::key::PeerIp;
+use tollgate_tower::RateLimitLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::GovernorLayer;
+
+use crate::common::{progress, BenchResult, Opts, Section, Target, Verdict};
+use crate::stats::{median, per_sec, ratio_cell};
+
+/// What the served app runs in front of its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Variant {
+    /// No limiter.
+    None,
+    /// tollgate's `RateLimitLayer` (GCRA, peer IP) on the memory backend.
+    TollgateMemory,
+    /// tollgate's `RateLimitLayer` (GCRA, peer IP) on Redis.
+    TollgateRedis,
+    /// As `tollgate-memory` with the `RateLimit` headers off (diagnostic).
+    TollgateMemoryNoHeaders,
+    /// tower_governor's `GovernorLayer` (GCRA, peer IP).
+    Governor,
+}
+
+impl Variant {
+    fn label(self) -> &'static str {
+        match self {
+            Variant::None => "no limiter",
+            Variant::TollgateMemory => "tollgate `RateLimitLayer`, memory backend",
+            Variant::TollgateRedis => "tollgate `RateLimitLayer`, Redis backend",
+            Variant::TollgateMemoryNoHeaders => {
+                "(diagnostic) tollgate `RateLimitLayer`, memory backend, `.headers(false)`"
+            }
+            Variant::Governor => "tower_governor `GovernorLayer`",
+        }
+    }
+
+    fn arg(self) -> &'static str {
+        match self {
+            Variant::None => "none",
+            Variant::TollgateMemory => "tollgate-memory",
+            Variant::TollgateRedis => "tollgate-redis",
+            Variant::TollgateMemoryNoHeaders => "tollgate-memory-no-headers",
+            Variant::Governor => "governor",
+        }
+    }
+}
+
+/// Options of `serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct ServeOpts {
+    /// What runs in front of the handler.
+    #[arg(long, value_enum)]
+    pub(crate) variant: Variant,
+    /// The Redis of the `tollgate-redis` variant.
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    pub(crate) redis_url: String,
+    /// The loopback port to listen on (0: any free port; the chosen one is printed).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) port: u16,
+    /// tokio worker threads (default: one per core).
+    #[arg(long)]
+    pub(crate) workers: Option<usize>,
+}
+
+/// One million per second with a burst of one million, for every variant:
+/// large enough that nobody is denied, so every request pays for a full check.
+const RATE: u64 = 1_000_000;
+
+async fn hello() -> &'static str {
+    "Hello, World!"
+}
+
+fn tollgate_layer(limiter: RateLimiter) -> RateLimitLayer<PeerIp> {
+    RateLimitLayer::new(limiter).key(PeerIp::new())
+}
+
+async fn app(opts: &ServeOpts) -> BenchResult<Router> {
+    let router = Router::new().route("/", get(hello));
+    let quota = Quota::per_second(RATE)?.with_burst(RATE)?;
+    Ok(match opts.variant {
+        Variant::None => router,
+        Variant::TollgateMemory | Variant::TollgateMemoryNoHeaders => {
+            let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+                .quota(quota)
+                .name("http")
+                .build()?;
+            router.layer(tollgate_layer(limiter).headers(opts.variant == Variant::TollgateMemory))
+        }
+        Variant::TollgateRedis => {
+            let conn = redis::Client::open(opts.redis_url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            // Deny on failure (503s are counted), so a slow Redis can never
+            // look fast by failing open; a 5 s bound instead of the default
+            // 100 ms, so that CPU starvation on a shared machine is measured
+            // as slowness, not as failures.
+            let limiter = RateLimiter::builder(RedisBackend::new(conn), Algorithm::Gcra)
+                .quota(quota)
+                .prefix("tgbench")
+                .name("http")
+                .failure_policy(FailurePolicy::Deny)
+                .timeout(std::time::Duration::from_secs(5))
+                .build()?;
+            router.layer(tollgate_layer(limiter))
+        }
+        Variant::Governor => {
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1_000_000_000 / RATE)
+                .burst_size(RATE as u32)
+                .finish()
+                .ok_or("invalid governor configuration")?;
+            router.layer(GovernorLayer::new(Arc::new(config)))
+        }
+    })
+}
+
+/// `serve`: runs one variant until killed, printing `listening <addr>` first.
+pub(crate) fn serve(opts: &ServeOpts) -> BenchResult<()> {
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(w) = opts.workers {
+        rt.worker_threads(w);
+    }
+    rt.enable_all().build()?.block_on(async {
+        let app = app(opts).await?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", opts.port)).await?;
+        println!("listening {}", listener.local_addr()?);
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await?;
+        Ok(())
+    })
+}
+
+/// Options of the HTTP benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct HttpOpts {
+    /// The wrk binary.
+    #[arg(long, default_value = "wrk")]
+    pub(crate) wrk: String,
+    /// Seconds per wrk run.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) duration: u64,
+    /// wrk connections.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) connections: u32,
+    /// tokio worker threads of the served app (default: one per core).
+    #[arg(long)]
+    pub(crate) workers: Option<usize>,
+}
+
+struct Server {
+    variant: Variant,
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(variant: Variant, redis_url: &str, workers: Option<usize>) -> BenchResult<Server> {
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args([
+        "serve",
+        "--variant",
+        variant.arg(),
+        "--redis-url",
+        redis_url,
+    ]);
+    if let Some(w) = workers {
+        cmd.args(["--workers", &w.to_string()]);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .stdin(Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+    let Some(addr) = line.trim().strip_prefix("listening ") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("serve --variant {}: said {line:?}", variant.arg()).into());
+    };
+    Ok(Server {
+        variant,
+        addr: addr.to_owned(),
+        child,
+    })
+}
+
+/// One wrk run: requests/s and non-2xx responses.
+fn wrk(opts: &HttpOpts, addr: &str, seconds: u64) -> BenchResult<(f64, u64)> {
+    let out = Command::new(&opts.wrk)
+        .args([
+            "-t1",
+            &format!("-c{}", opts.connections),
+            &format!("-d{seconds}s"),
+            &format!("http://{addr}/"),
+        ])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", opts.wrk))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!("wrk failed: {text}{}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+    };
+    let rps: f64 = field("Requests/sec:")
+        .ok_or_else(|| format!("no Requests/sec in wrk's output: {text}"))?
+        .parse()?;
+    let errors = field("Non-2xx or 3xx responses:")
+        .map(|v| v.parse().unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    Ok((rps, errors))
+}
+
+/// Runs item 4.
+pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
+    let variants = [
+        Variant::None,
+        Variant::TollgateMemory,
+        Variant::TollgateRedis,
+        Variant::Governor,
+        Variant::TollgateMemoryNoHeaders,
+    ];
+    let servers: Vec<Server> = variants
+        .iter()
+        .map(|&v| start(v, &opts.redis_url, http.workers))
+        .collect::<BenchResult<_>>()?;
+    let seconds = if opts.quick { 1 } else { http.duration };
+    for s in &servers {
+        progress!("http: warming up {}", s.variant.arg());
+        wrk(http, &s.addr, 1)?;
+    }
+    let k = servers.len();
+    let mut rps = vec![Vec::new(); k];
+    let mut errors = vec![0u64; k];
+    for round in 0..opts.rounds {
+        progress!(
+            "http: round {}/{} (wrk -t1 -c{} -d{seconds}s per variant)",
+            round + 1,
+            opts.rounds,
+            http.connections
+        );
+        for j in 0..k {
+            let i = (round + j) % k;
+            let (r, e) = wrk(http, &servers[i].addr, seconds)?;
+            rps[i].push(r);
+            errors[i] += e;
+        }
+    }
+    drop(servers);
+    let mut section = Section::default();
+    section.heading("4. HTTP: axum hello-world under wrk");
+    section.line(format!(
+        "`wrk -t1 -c{} -d{seconds}s` over loopback against each variant in turn (rotating \
+         order), {} rounds after a 1 s warm-up each. Each variant is its own process \
+         (`tollgate-bench serve --variant …`, tokio multi-thread runtime, {} workers) on \
+         the same machine as wrk and Redis. Every limiter: GCRA, keyed by peer IP, \
+         {RATE}/s with a burst of {RATE} (nobody is denied; non-2xx responses are \
+         counted). tollgate with its defaults (draft-10 `RateLimit` headers on, deny \
+         cache on), except on Redis: failing closed, with a 5 s timeout per check. Ratios are per round.\n",
+        http.connections,
+        opts.rounds,
+        http.workers
+            .map_or("one per core".to_owned(), |w| w.to_string()),
+    ));
+    let ratio = |a: usize, b: usize| -> Vec<f64> {
+        rps[a].iter().zip(&rps[b]).map(|(x, y)| x / y).collect()
+    };
+    let mut rows = Vec::new();
+    for i in 0..k {
+        rows.push(vec![
+            variants[i].label().to_owned(),
+            per_sec(median(&rps[i])),
+            ratio_cell(&ratio(i, 0)),
+            ratio_cell(&ratio(i, 3)),
+            errors[i].to_string(),
+        ]);
+    }
+    section.table(
+        &[
+            "variant",
+            "requests/s",
+            "÷ no limiter",
+            "÷ tower_governor",
+            "non-2xx",
+        ],
+        &rows,
+    );
+    let r = median(&ratio(2, 0));
+    section.targets.push(Target::check(
+        "4",
+        "HTTP requests/s, tollgate Redis ÷ no limiter",
+        "≥ 0.75×",
+        format!("{r:.2}×"),
+        r >= 0.75,
+    ));
+    let r = median(&ratio(1, 3));
+    section.targets.push(Target::check(
+        "4",
+        "HTTP requests/s, tollgate memory ÷ tower_governor",
+        "≥ 1.0×",
+        format!("{r:.2}×"),
+        r >= 1.0,
+    ));
+    let e: u64 = errors.iter().sum();
+    if e > 0 {
+        section.targets.push(Target::new(
+            "4",
+            "non-2xx responses during the HTTP runs",
+            "0",
+            e.to_string(),
+            Verdict::Missed,
+        ));
+    }
+    Ok(section)
+}

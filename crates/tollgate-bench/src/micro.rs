@@ -1,0 +1,113 @@
+//! In-process costs, without any network: tollgate's memory backend against
+//! the `governor` crate (what tower_governor runs), and the pieces of a
+//! tollgate check that cost a system call or an allocation.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use governor::{Quota as GQuota, RateLimiter as GLimiter};
+use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter, Subject};
+
+use crate::common::{progress, BenchResult, Opts, Section};
+use crate::stats::median;
+
+const RATE: u64 = 1_000_000;
+
+/// Runs the micro-benchmarks.
+pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
+    let n = opts.scale(200_000);
+    let quota = Quota::per_second(RATE)?.with_burst(RATE)?;
+    let tg = |cache: usize| {
+        RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+            .quota(quota)
+            .deny_cache(cache)
+            .build()
+    };
+    let tg_default = tg(10_000)?;
+    let tg_nocache = tg(0)?;
+    let gov = GLimiter::keyed(
+        GQuota::per_second(NonZeroU32::new(RATE as u32).expect("non-zero"))
+            .allow_burst(NonZeroU32::new(RATE as u32).expect("non-zero")),
+    );
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let subject = Subject::from(ip);
+    let names = [
+        "tollgate `check`, memory backend, GCRA (deny cache on, default)",
+        "tollgate `check`, memory backend, GCRA (deny cache off)",
+        "governor keyed `check_key` (GCRA; what tower_governor runs)",
+        "`getrandom::fill` of 8 bytes (tollgate draws a nonce per check)",
+        "`tokio::time::timeout` around a ready future (tollgate bounds every check)",
+        "`Subject::from(IpAddr)` + key string (per check)",
+    ];
+    let k = names.len();
+    let mut ns = vec![Vec::new(); k];
+    for round in 0..opts.rounds {
+        progress!(
+            "micro: round {}/{} ({n} calls each)",
+            round + 1,
+            opts.rounds
+        );
+        for j in 0..k {
+            let c = (round + j) % k;
+            let t0 = Instant::now();
+            match c {
+                0 => {
+                    for _ in 0..n {
+                        tg_default.check(&subject).await?;
+                    }
+                }
+                1 => {
+                    for _ in 0..n {
+                        tg_nocache.check(&subject).await?;
+                    }
+                }
+                2 => {
+                    for _ in 0..n {
+                        let _ = std::hint::black_box(gov.check_key(&ip));
+                    }
+                }
+                3 => {
+                    let mut b = [0u8; 8];
+                    for _ in 0..n {
+                        getrandom::fill(&mut b)?;
+                        std::hint::black_box(&b);
+                    }
+                }
+                4 => {
+                    for _ in 0..n {
+                        let r =
+                            tokio::time::timeout(Duration::from_millis(100), async { 1u8 }).await;
+                        std::hint::black_box(r.ok());
+                    }
+                }
+                _ => {
+                    for _ in 0..n {
+                        let s = Subject::from(std::hint::black_box(ip));
+                        std::hint::black_box(tg_nocache.keys_for(&s));
+                    }
+                }
+            }
+            ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
+        }
+    }
+    let mut section = Section::default();
+    section.heading("Micro: in-process costs (one thread, no network)");
+    section.line(format!(
+        "{n} calls per row per round, one subject (an IPv4 address), quota {RATE}/s with a \
+         burst of {RATE} (never denied), {} rounds interleaved; ns per call, median of \
+         rounds (min–max). Run on the bench's current-thread runtime.\n",
+        opts.rounds
+    ));
+    let mut rows = Vec::new();
+    for c in 0..k {
+        let (lo, hi) = crate::stats::range(&ns[c]);
+        rows.push(vec![
+            names[c].to_owned(),
+            format!("**{:.0}** ({lo:.0}–{hi:.0})", median(&ns[c])),
+            format!("{:.2}×", median(&ns[c]) / median(&ns[2])),
+        ]);
+    }
+    section.table(&["operation", "ns per call", "÷ governor check"], &rows);
+    Ok(section)
+}
