@@ -374,18 +374,25 @@ async fn memory_twins_match_the_scripts() {
         let mem = Target::new(Kind::Memory, &clock).await;
         let redis = Target::new(Kind::Standalone, &clock).await;
         let p = prefix();
-        let quotas = [
-            Quota::new(7, Duration::from_millis(1500)).unwrap(),
-            q(20, 20),
-        ];
-        let a = mem.limiter(alg, &quotas, &p, &clock);
-        let b = redis.limiter(alg, &quotas, &p, &clock);
-        for step in 0..400 {
-            clock.advance(Duration::from_micros(next(400_000)));
-            let cost = 1 + next(3);
-            let da = a.check_n("same", cost).await.unwrap();
-            let db = b.check_n("same", cost).await.unwrap();
-            assert_eq!(da, db, "{alg:?} from {start:?} diverged at step {step}");
+        // One quota (the scripts' straight-line path) and two (their loop).
+        let one = [Quota::new(7, Duration::from_millis(1500)).unwrap()];
+        let two = [one[0], q(20, 20)];
+        for quotas in [&one[..], &two[..]] {
+            let a = mem.limiter(alg, quotas, &p, &clock);
+            let b = redis.limiter(alg, quotas, &p, &clock);
+            let subject = format!("same-{}", quotas.len());
+            for step in 0..400 {
+                clock.advance(Duration::from_micros(next(400_000)));
+                let cost = next(4);
+                let da = a.check_n(subject.as_str(), cost).await.unwrap();
+                let db = b.check_n(subject.as_str(), cost).await.unwrap();
+                assert_eq!(
+                    da,
+                    db,
+                    "{alg:?} with {} quotas from {start:?} diverged at step {step}",
+                    quotas.len()
+                );
+            }
         }
     }
 }

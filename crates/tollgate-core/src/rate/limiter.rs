@@ -217,7 +217,12 @@ impl RateLimiter {
                 quotas: inner.quotas.clone(),
                 cost,
                 now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
-                nonce: random_u64(),
+                // Only the log's members need a nonce; skip the syscall elsewhere.
+                nonce: if inner.algorithm == Algorithm::SlidingWindowLog {
+                    random_u64()
+                } else {
+                    0
+                },
             };
             let outcome = {
                 let mut call = inner.backend.check_rate(&request);
