@@ -4,7 +4,7 @@
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = t[1] * 1000000 + t[2] -- string to number by arithmetic: cheaper than tonumber
 end
 local cost = tonumber(ARGV[2])
 local n = #KEYS
