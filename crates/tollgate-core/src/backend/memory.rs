@@ -145,32 +145,42 @@ impl MemoryBackend {
             shard.map.retain(|_, e| e.expires_at > now);
             shard.next_sweep = shard.ops + (shard.map.len() as u64).max(1024);
         }
-        let mut expiries: Vec<u64> = Vec::with_capacity(req.keys.len());
-        let mut slots: Vec<Option<Slot>> = req
-            .keys
-            .iter()
-            .map(|k| {
-                let entry = shard.map.remove(k).filter(|e| e.expires_at > now);
-                expiries.push(entry.as_ref().map_or(0, |e| e.expires_at));
-                entry.map(|e| e.slot)
-            })
-            .collect();
+        // Each key's live entry is taken out whole, keeping its owned key so
+        // that putting it back allocates nothing.
+        let mut held: Vec<(Option<String>, u64)> = Vec::with_capacity(req.keys.len());
+        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(req.keys.len());
+        for k in &req.keys {
+            match shard.map.remove_entry(k) {
+                Some((owned, e)) if e.expires_at > now => {
+                    held.push((Some(owned), e.expires_at));
+                    slots.push(Some(e.slot));
+                }
+                Some((owned, _expired)) => {
+                    held.push((Some(owned), 0));
+                    slots.push(None);
+                }
+                None => {
+                    held.push((None, 0));
+                    slots.push(None);
+                }
+            }
+        }
         let alg = req.algorithm;
         let mut outcomes: Vec<_> = slots
             .iter_mut()
-            .zip(&req.quotas)
+            .zip(req.quotas.iter())
             .map(|(slot, q)| alg.step(slot, now, req.cost, q, false))
             .collect();
         let allowed = outcomes.iter().all(|o| o.retry_after_micros == 0);
         if allowed {
             outcomes = slots
                 .iter_mut()
-                .zip(&req.quotas)
+                .zip(req.quotas.iter())
                 .map(|(slot, q)| alg.step(slot, now, req.cost, q, true))
                 .collect();
         }
-        for (((key, slot), outcome), old_expiry) in
-            req.keys.iter().zip(slots).zip(&outcomes).zip(expiries)
+        for (((key, slot), outcome), (owned, old_expiry)) in
+            req.keys.iter().zip(slots).zip(&outcomes).zip(held)
         {
             let Some(slot) = slot else { continue };
             if matches!(&slot, Slot::Log(l) if l.is_empty()) {
@@ -184,7 +194,8 @@ impl MemoryBackend {
                 old_expiry
             };
             if expires_at > now {
-                shard.map.insert(key.clone(), Entry { slot, expires_at });
+                let key = owned.unwrap_or_else(|| key.clone());
+                shard.map.insert(key, Entry { slot, expires_at });
             }
         }
         RateReply::new(allowed, outcomes)

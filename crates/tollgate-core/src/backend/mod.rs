@@ -33,8 +33,9 @@ pub struct RateRequest {
     pub algorithm: Algorithm,
     /// One key per quota, all sharing one hash tag.
     pub keys: Vec<String>,
-    /// The quotas, in the same order as `keys`.
-    pub quotas: Vec<Quota>,
+    /// The quotas, in the same order as `keys` (shared with the limiter:
+    /// no copy per check).
+    pub quotas: Arc<[Quota]>,
     /// Units this request takes.
     pub cost: u64,
     /// The time of the decision (µs since the epoch), or `None` for the

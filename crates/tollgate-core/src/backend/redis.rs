@@ -253,7 +253,7 @@ where
                         None => cmd.arg(""),
                     };
                     cmd.arg(req.cost).arg(format!("{:016x}", req.nonce));
-                    for q in &req.quotas {
+                    for q in req.quotas.iter() {
                         let (a, b) = req.algorithm.params(q);
                         cmd.arg(a).arg(b);
                     }

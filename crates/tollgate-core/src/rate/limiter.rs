@@ -81,7 +81,7 @@ pub struct RateLimiter {
 struct Inner {
     backend: Arc<dyn RateBackend>,
     algorithm: Algorithm,
-    quotas: Vec<Quota>,
+    quotas: Arc<[Quota]>,
     keyspace: Keyspace,
     clock: Option<Arc<dyn Clock>>,
     timeout: Duration,
@@ -196,7 +196,7 @@ impl RateLimiter {
     pub async fn check_n(&self, subject: impl Into<Subject>, cost: u64) -> Result<Decision> {
         let subject = subject.into();
         let inner = &self.inner;
-        for q in &inner.quotas {
+        for q in inner.quotas.iter() {
             let capacity = inner.algorithm.capacity(q);
             if cost > capacity {
                 return Err(Error::CostExceedsCapacity { cost, capacity });
@@ -214,7 +214,7 @@ impl RateLimiter {
             let request = RateRequest {
                 algorithm: inner.algorithm,
                 keys,
-                quotas: inner.quotas.clone(),
+                quotas: Arc::clone(&inner.quotas),
                 cost,
                 now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
                 // Only the log's members need a nonce; skip the syscall elsewhere.
@@ -475,7 +475,7 @@ impl RateLimiterBuilder {
             inner: Arc::new(Inner {
                 backend: self.backend,
                 algorithm: self.algorithm,
-                quotas: self.quotas,
+                quotas: self.quotas.into(),
                 keyspace,
                 clock: self.clock,
                 timeout: self.timeout,
@@ -583,8 +583,14 @@ impl Breaker {
     }
 
     fn success(&self) {
-        self.failures.store(0, Ordering::Release);
-        self.open_until.store(0, Ordering::Release);
+        // Read first: on the hot path nothing needs writing, and a store on
+        // every check would bounce the cache line between cores.
+        if self.failures.load(Ordering::Acquire) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
+        if self.open_until.load(Ordering::Acquire) != 0 {
+            self.open_until.store(0, Ordering::Release);
+        }
     }
 
     fn failure(&self, now: u64) {
