@@ -4,8 +4,7 @@
 
 mod lock_common;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
@@ -45,46 +44,7 @@ fn assert_no_immortal_keys(servers: &[RedisServer]) {
 /// `redlocks` × `tasks_each` tasks, `total` acquisitions of one name with a
 /// read-modify-write inside: no overlap, no lost update, increasing fences.
 async fn contended(redlocks: &[Redlock], tasks_each: usize, total: usize) {
-    let in_cs = Arc::new(AtomicBool::new(false));
-    let counter = Arc::new(AtomicU64::new(0));
-    let next = Arc::new(AtomicUsize::new(0));
-    let fences = Arc::new(Mutex::new(Vec::new()));
-    let opts = LockOptions::new()
-        .ttl(Duration::from_secs(10))
-        .wait(Duration::from_secs(60));
-    let mut handles = Vec::new();
-    for r in redlocks {
-        for _ in 0..tasks_each {
-            let r = r.clone();
-            let (in_cs, counter, next, fences, opts) = (
-                in_cs.clone(),
-                counter.clone(),
-                next.clone(),
-                fences.clone(),
-                opts.clone(),
-            );
-            handles.push(tokio::spawn(async move {
-                while next.fetch_add(1, Ordering::Relaxed) < total {
-                    let lease = r.acquire("counter", &opts).await.unwrap();
-                    assert!(!in_cs.swap(true, Ordering::SeqCst), "two holders at once");
-                    fences.lock().unwrap().push(lease.fence());
-                    let v = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(v + 1, Ordering::SeqCst);
-                    in_cs.store(false, Ordering::SeqCst);
-                    assert!(lease.release().await.unwrap());
-                }
-            }));
-        }
-    }
-    for h in handles {
-        h.await.unwrap();
-    }
-    assert_eq!(counter.load(Ordering::SeqCst), total as u64, "lost update");
-    let fences = fences.lock().unwrap();
-    for w in fences.windows(2) {
-        assert!(w[1] > w[0], "fence went from {} to {}", w[0], w[1]);
-    }
+    lock_common::run_contended(redlocks, redlocks.len() * tasks_each, total).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,6 +197,9 @@ async fn slow_acquire_is_refused() {
     servers[0].pause();
     servers[1].pause();
     let pids = [servers[0].pid().unwrap(), servers[1].pid().unwrap()];
+    // Started before the resumer: the instances answer no earlier than 300 ms
+    // from here.
+    let start = Instant::now();
     let resumer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         for pid in pids {
@@ -246,13 +209,15 @@ async fn slow_acquire_is_refused() {
                 .unwrap();
         }
     });
-    let start = Instant::now();
     let err = redlock
         .try_acquire("slow", &LockOptions::new().ttl(Duration::from_millis(100)))
         .await
         .unwrap_err();
+    // Measured before joining the resumer (which sleeps 300 ms itself): the
+    // acquire did wait for the paused instances.
+    let took = start.elapsed();
     resumer.join().unwrap();
-    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert!(took >= Duration::from_millis(300), "{took:?}");
     assert!(matches!(err, Error::Timeout(_)), "{err:?}");
     // The refused lock is released (or expires) everywhere.
     let key = redlock.keys_for("slow").lock;
@@ -317,13 +282,7 @@ async fn redlock_waiter_wakes_on_release() {
             .unwrap();
         (Instant::now(), l.fence())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    let fence = lease.fence();
-    assert!(lease.release().await.unwrap());
-    let (woke, next) = waiter.await.unwrap();
-    assert!(woke.duration_since(released) < Duration::from_secs(2));
-    assert!(next > fence);
+    lock_common::release_wakes_waiter(lease, waiter).await;
 }
 
 /// Any mix of backends works as instances (`Arc<dyn LockBackend>`).
@@ -376,35 +335,19 @@ async fn dropped_acquire_and_release_leave_no_lock() {
     let slow_release = delayed(Duration::ZERO, Duration::from_millis(200)).await;
     let other = builder(&servers).await.build().unwrap();
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
-    let free_within = |within: Duration| {
-        let (other, opts) = (other.clone(), opts.clone());
-        async move {
-            let start = Instant::now();
-            loop {
-                match other.try_acquire("d", &opts).await {
-                    Ok(lease) => return lease,
-                    Err(Error::Busy { .. }) if start.elapsed() < within => {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    Err(e) => panic!("still not acquired after {:?}: {e:?}", start.elapsed()),
-                }
-            }
-        }
-    };
-
     let dropped = tokio::time::timeout(
         Duration::from_millis(50),
         slow_acquire.try_acquire("d", &opts),
     )
     .await;
     assert!(dropped.is_err(), "the delayed acquire finished early");
-    let lease = free_within(Duration::from_secs(3)).await;
+    let lease = lock_common::acquire_within(&other, "d", &opts, Duration::from_secs(3)).await;
     assert!(lease.release().await.unwrap());
 
     let lease = slow_release.try_acquire("d", &opts).await.unwrap();
     let dropped = tokio::time::timeout(Duration::from_millis(50), lease.release()).await;
     assert!(dropped.is_err(), "the delayed release finished early");
-    let lease = free_within(Duration::from_secs(3)).await;
+    let lease = lock_common::acquire_within(&other, "d", &opts, Duration::from_secs(3)).await;
     assert!(lease.release().await.unwrap());
     assert_no_immortal_keys(&servers);
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::future::{BoxFuture, FutureExt};
+use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
@@ -236,6 +236,11 @@ impl Tally {
         }
     }
 }
+
+/// A call that [`Core::vote`] makes on every instance: release or extend
+/// (the `Duration` is the TTL of an extend).
+type VoteOp =
+    for<'a> fn(&'a dyn LockBackend, &'a LockKeys, &'a str, Duration) -> BoxFuture<'a, Result<bool>>;
 
 /// What every attempt of one `acquire` call shares (moved into its tasks).
 struct AcquireCtx {
@@ -527,25 +532,32 @@ impl Core {
     /// counts the answers until the outcome is decided: a quorum of `true`,
     /// too many `false` for a quorum, or every answer in. Calls still running
     /// then finish in the background (a paused instance never delays the
-    /// decision, and still gets the call).
-    async fn vote<F>(&self, bound: Duration, op: F) -> Tally
-    where
-        F: Fn(Arc<dyn LockBackend>) -> BoxFuture<'static, Result<bool>>,
-    {
+    /// decision, and still gets the call). A single instance is called in
+    /// place, without copying `keys` and `token`.
+    async fn vote(
+        &self,
+        bound: Duration,
+        keys: &LockKeys,
+        token: &str,
+        ttl: Duration,
+        op: VoteOp,
+    ) -> Tally {
         let n = self.backends.len();
         let mut tally = Tally::default();
         if n == 1 {
             tally.count(
-                tokio::time::timeout(bound, op(self.backends[0].clone())).await,
+                tokio::time::timeout(bound, op(&*self.backends[0], keys, token, ttl)).await,
                 bound,
             );
             return tally;
         }
+        let shared = Arc::new((keys.clone(), token.to_owned()));
         let (tx, mut rx) = mpsc::unbounded_channel();
         for b in &self.backends {
-            let (call, tx) = (op(b.clone()), tx.clone());
+            let (b, shared, tx) = (b.clone(), shared.clone(), tx.clone());
             tokio::spawn(async move {
-                let _ = tx.send(tokio::time::timeout(bound, call).await);
+                let (keys, token) = &*shared;
+                let _ = tx.send(tokio::time::timeout(bound, op(&*b, keys, token, ttl)).await);
             });
         }
         drop(tx);
@@ -576,10 +588,13 @@ impl Core {
     /// it; an error only when no instance answered.
     pub(crate) async fn release_here(&self, keys: &LockKeys, token: &str) -> Result<bool> {
         let t = self
-            .vote(self.timeout, |b| {
-                let (keys, token) = (keys.clone(), token.to_owned());
-                async move { b.release_lock(&keys, &token).await }.boxed()
-            })
+            .vote(
+                self.timeout,
+                keys,
+                token,
+                Duration::ZERO,
+                |b, keys, token, _| b.release_lock(keys, token),
+            )
             .await;
         if t.yes > 0 {
             self.waiters.wake_one(&keys.channel);
@@ -601,9 +616,8 @@ impl Core {
         bound: Duration,
     ) -> Result<bool> {
         let t = self
-            .vote(bound, |b| {
-                let (keys, token) = (keys.clone(), token.to_owned());
-                async move { b.extend_lock(&keys, &token, ttl).await }.boxed()
+            .vote(bound, keys, token, ttl, |b, keys, token, ttl| {
+                b.extend_lock(keys, token, ttl)
             })
             .await;
         if t.yes >= self.quorum {

@@ -68,6 +68,54 @@ macro_rules! settings_setters {
     };
 }
 
+/// `acquire`, `try_acquire` and `fill_once`, which [`Locker`] and
+/// [`Redlock`] both forward to their `Core`; each type brings its own docs.
+macro_rules! lock_ops {
+    (
+        $(#[$acquire:meta])* acquire;
+        $(#[$try_acquire:meta])* try_acquire;
+        $(#[$fill_once:meta])* fill_once;
+    ) => {
+        $(#[$acquire])*
+        pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
+            self.core.acquire(name.into(), options, true).await
+        }
+
+        $(#[$try_acquire])*
+        pub async fn try_acquire(
+            &self,
+            name: impl Into<Subject>,
+            options: &LockOptions,
+        ) -> Result<Lease> {
+            self.core.acquire(name.into(), options, false).await
+        }
+
+        $(#[$fill_once])*
+        pub async fn fill_once<T, E, R, RF, C, CF, S, SF>(
+            &self,
+            name: impl Into<Subject>,
+            options: &LockOptions,
+            read: R,
+            compute: C,
+            store: S,
+        ) -> Result<T, E>
+        where
+            T: Clone,
+            E: From<Error>,
+            R: Fn() -> RF,
+            RF: Future<Output = Result<Option<T>, E>>,
+            C: FnOnce() -> CF,
+            CF: Future<Output = Result<T, E>>,
+            S: FnOnce(T) -> SF,
+            SF: Future<Output = Result<(), E>>,
+        {
+            self.core
+                .fill_once(name.into(), options, read, compute, store)
+                .await
+        }
+    };
+}
+
 /// Fenced locks over one backend: Redis (standalone, Sentinel, Cluster) or
 /// memory. Cheap to clone; clones share one release subscription.
 ///
@@ -137,92 +185,63 @@ impl Locker {
         }
     }
 
-    /// Acquires the lock `name`, waiting up to `options`' wait bound (no
-    /// waiting when it has none). Waiters wake when the holder releases
-    /// (through the locker's one release subscription), or poll, at most
-    /// every poll interval and when the holder's TTL runs out.
-    ///
-    /// Errors: [`Error::Busy`] when the bound passes (with the holder's
-    /// remaining TTL as `retry_after`); [`Error::Backend`] /
-    /// [`Error::Timeout`] when the backend fails or is slow (also when an
-    /// acquire took so long that the lease would be worthless);
-    /// [`Error::InvalidConfig`] for a TTL the drift allowance leaves nothing
-    /// of, or a TTL or `max_hold` above
-    /// [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION).
-    ///
-    /// Cancel-safe: dropping the future mid-flight never leaves a lock
-    /// behind — an attempt already sent completes in its own task, and a
-    /// lock it got is released at once.
-    pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
-        self.core.acquire(name.into(), options, true).await
-    }
-
-    /// Acquires the lock `name` only if it is free now: never waits, whatever
-    /// `options`' wait bound.
-    pub async fn try_acquire(
-        &self,
-        name: impl Into<Subject>,
-        options: &LockOptions,
-    ) -> Result<Lease> {
-        self.core.acquire(name.into(), options, false).await
-    }
-
-    /// A double-checked cache fill: returns the cached value if `read` finds
-    /// one; otherwise takes the lock `name`, reads again (whoever held the
-    /// lock may have filled it), and only then computes the value once,
-    /// stores it and releases the lock. Concurrent callers on a cold key
-    /// compute it exactly once; the others wait for the lock (up to
-    /// `options`' wait bound, or its TTL when it has none) and then read the
-    /// stored value.
-    ///
-    /// `store` should give the cached value a TTL. Errors of the closures are
-    /// returned as they are; lock errors are converted with `E: From<Error>`.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use std::collections::HashMap;
-    /// use std::sync::{Arc, Mutex};
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
-    ///
-    /// let locker = Locker::new(MemoryBackend::new());
-    /// let cache: Arc<Mutex<HashMap<&str, u64>>> = Arc::default();
-    /// let value = locker
-    ///     .fill_once(
-    ///         "report:2024",
-    ///         &LockOptions::new(),
-    ///         || async { Ok::<_, tollgate_core::Error>(cache.lock().unwrap().get("report").copied()) },
-    ///         || async { Ok(42) /* the expensive computation */ },
-    ///         |v| {
-    ///             cache.lock().unwrap().insert("report", v);
-    ///             async { Ok(()) }
-    ///         },
-    ///     )
-    ///     .await?;
-    /// assert_eq!(value, 42);
-    /// # Ok(()) }
-    /// ```
-    pub async fn fill_once<T, E, R, RF, C, CF, S, SF>(
-        &self,
-        name: impl Into<Subject>,
-        options: &LockOptions,
-        read: R,
-        compute: C,
-        store: S,
-    ) -> Result<T, E>
-    where
-        T: Clone,
-        E: From<Error>,
-        R: Fn() -> RF,
-        RF: Future<Output = Result<Option<T>, E>>,
-        C: FnOnce() -> CF,
-        CF: Future<Output = Result<T, E>>,
-        S: FnOnce(T) -> SF,
-        SF: Future<Output = Result<(), E>>,
-    {
-        self.core
-            .fill_once(name.into(), options, read, compute, store)
-            .await
+    lock_ops! {
+        /// Acquires the lock `name`, waiting up to `options`' wait bound (no
+        /// waiting when it has none). Waiters wake when the holder releases
+        /// (through the locker's one release subscription), or poll, at most
+        /// every poll interval and when the holder's TTL runs out.
+        ///
+        /// Errors: [`Error::Busy`] when the bound passes (with the holder's
+        /// remaining TTL as `retry_after`); [`Error::Backend`] /
+        /// [`Error::Timeout`] when the backend fails or is slow (also when an
+        /// acquire took so long that the lease would be worthless);
+        /// [`Error::InvalidConfig`] for a TTL the drift allowance leaves nothing
+        /// of, or a TTL or `max_hold` above
+        /// [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION).
+        ///
+        /// Cancel-safe: dropping the future mid-flight never leaves a lock
+        /// behind — an attempt already sent completes in its own task, and a
+        /// lock it got is released at once.
+        acquire;
+        /// Acquires the lock `name` only if it is free now: never waits, whatever
+        /// `options`' wait bound.
+        try_acquire;
+        /// A double-checked cache fill: returns the cached value if `read` finds
+        /// one; otherwise takes the lock `name`, reads again (whoever held the
+        /// lock may have filled it), and only then computes the value once,
+        /// stores it and releases the lock. Concurrent callers on a cold key
+        /// compute it exactly once; the others wait for the lock (up to
+        /// `options`' wait bound, or its TTL when it has none) and then read the
+        /// stored value.
+        ///
+        /// `store` should give the cached value a TTL. Errors of the closures are
+        /// returned as they are; lock errors are converted with `E: From<Error>`.
+        ///
+        /// ```
+        /// # #[tokio::main(flavor = "current_thread")]
+        /// # async fn main() -> Result<(), tollgate_core::Error> {
+        /// use std::collections::HashMap;
+        /// use std::sync::{Arc, Mutex};
+        /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+        ///
+        /// let locker = Locker::new(MemoryBackend::new());
+        /// let cache: Arc<Mutex<HashMap<&str, u64>>> = Arc::default();
+        /// let value = locker
+        ///     .fill_once(
+        ///         "report:2024",
+        ///         &LockOptions::new(),
+        ///         || async { Ok::<_, tollgate_core::Error>(cache.lock().unwrap().get("report").copied()) },
+        ///         || async { Ok(42) /* the expensive computation */ },
+        ///         |v| {
+        ///             cache.lock().unwrap().insert("report", v);
+        ///             async { Ok(()) }
+        ///         },
+        ///     )
+        ///     .await?;
+        /// assert_eq!(value, 42);
+        /// # Ok(()) }
+        /// ```
+        fill_once;
     }
 
     /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`).
@@ -392,45 +411,16 @@ impl Redlock {
         }
     }
 
-    /// Acquires the lock `name` on a quorum, waiting up to `options`' wait
-    /// bound; see [`Locker::acquire`]. [`Error::Busy`] when someone else
-    /// holds it on enough instances; a backend error when too many instances
-    /// failed for a quorum.
-    pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
-        self.core.acquire(name.into(), options, true).await
-    }
-
-    /// Acquires the lock `name` on a quorum only if it is free now.
-    pub async fn try_acquire(
-        &self,
-        name: impl Into<Subject>,
-        options: &LockOptions,
-    ) -> Result<Lease> {
-        self.core.acquire(name.into(), options, false).await
-    }
-
-    /// A double-checked cache fill under a Redlock; see [`Locker::fill_once`].
-    pub async fn fill_once<T, E, R, RF, C, CF, S, SF>(
-        &self,
-        name: impl Into<Subject>,
-        options: &LockOptions,
-        read: R,
-        compute: C,
-        store: S,
-    ) -> Result<T, E>
-    where
-        T: Clone,
-        E: From<Error>,
-        R: Fn() -> RF,
-        RF: Future<Output = Result<Option<T>, E>>,
-        C: FnOnce() -> CF,
-        CF: Future<Output = Result<T, E>>,
-        S: FnOnce(T) -> SF,
-        SF: Future<Output = Result<(), E>>,
-    {
-        self.core
-            .fill_once(name.into(), options, read, compute, store)
-            .await
+    lock_ops! {
+        /// Acquires the lock `name` on a quorum, waiting up to `options`' wait
+        /// bound; see [`Locker::acquire`]. [`Error::Busy`] when someone else
+        /// holds it on enough instances; a backend error when too many instances
+        /// failed for a quorum.
+        acquire;
+        /// Acquires the lock `name` on a quorum only if it is free now.
+        try_acquire;
+        /// A double-checked cache fill under a Redlock; see [`Locker::fill_once`].
+        fill_once;
     }
 
     /// `"redlock"`.

@@ -9,12 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{BoxFuture, FutureExt};
+use tokio::task::JoinHandle;
 use tollgate_core::lock::{
     AcquireReply, AcquireRequest, LockKeys, ReleaseEvents, MAX_LOCK_DURATION,
 };
 use tollgate_core::{
-    Error, FencingToken, Keyspace, LockBackend, LockOptions, Locker, LockerBuilder, MemoryBackend,
-    RedisBackend, Subject,
+    Error, FencingToken, Keyspace, Lease, LockBackend, LockOptions, Locker, LockerBuilder,
+    MemoryBackend, RedisBackend, Redlock, Subject,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -51,13 +52,7 @@ impl Fixture for Standalone {
         Arc::new(RedisBackend::connect(&self.0.url()).await.unwrap())
     }
     async fn delete_key(&self, key: &str) {
-        let mut con = self.0.multiplexed().await;
-        let n: i64 = redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        assert_eq!(n, 1, "no key {key}");
+        delete_one(&mut self.0.multiplexed().await, key).await;
     }
     fn assert_no_immortal_keys(&self) {
         assert_all_keys_expire(self.0);
@@ -71,13 +66,7 @@ impl Fixture for Cluster {
         Arc::new(RedisBackend::connect_cluster(self.0.seeds()).await.unwrap())
     }
     async fn delete_key(&self, key: &str) {
-        let mut con = self.0.connection().await;
-        let n: i64 = redis::cmd("DEL")
-            .arg(key)
-            .query_async(&mut con)
-            .await
-            .unwrap();
-        assert_eq!(n, 1, "no key {key}");
+        delete_one(&mut self.0.connection().await, key).await;
     }
     fn assert_no_immortal_keys(&self) {
         for node in self.0.nodes() {
@@ -85,6 +74,48 @@ impl Fixture for Cluster {
         }
     }
 }
+
+/// Deletes `key` over `con`; panics unless it existed.
+async fn delete_one(con: &mut impl redis::aio::ConnectionLike, key: &str) {
+    let n: i64 = redis::cmd("DEL").arg(key).query_async(con).await.unwrap();
+    assert_eq!(n, 1, "no key {key}");
+}
+
+/// What the shared scenarios need of a [`Locker`] or a [`Redlock`].
+pub(crate) trait Acquirer: Clone + Send + Sync + 'static {
+    fn acquire_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        opts: &'a LockOptions,
+    ) -> BoxFuture<'a, tollgate_core::Result<Lease>>;
+    fn try_acquire_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        opts: &'a LockOptions,
+    ) -> BoxFuture<'a, tollgate_core::Result<Lease>>;
+}
+
+macro_rules! impl_acquirer {
+    ($($t:ty),*) => {$(
+        impl Acquirer for $t {
+            fn acquire_boxed<'a>(
+                &'a self,
+                name: &'a str,
+                opts: &'a LockOptions,
+            ) -> BoxFuture<'a, tollgate_core::Result<Lease>> {
+                self.acquire(name, opts).boxed()
+            }
+            fn try_acquire_boxed<'a>(
+                &'a self,
+                name: &'a str,
+                opts: &'a LockOptions,
+            ) -> BoxFuture<'a, tollgate_core::Result<Lease>> {
+                self.try_acquire(name, opts).boxed()
+            }
+        }
+    )*};
+}
+impl_acquirer!(Locker, Redlock);
 
 /// Every key on `server` has a TTL (PTTL > 0; -2 = expired meanwhile is fine).
 pub(crate) fn assert_all_keys_expire(server: &RedisServer) {
@@ -111,9 +142,7 @@ async fn lockers<F: Fixture>(f: &F, prefix: &str, n: usize) -> Vec<Locker> {
 }
 
 /// `lockers` lockers (separate connections), `tasks` tasks spread over them,
-/// `total` acquisitions of one name, each doing a read-modify-write with a
-/// yield in the middle: no overlap, no lost update, and fences strictly
-/// increasing in the order the critical sections ran.
+/// `total` acquisitions of one name: see [`run_contended`].
 pub(crate) async fn contended<F: Fixture>(
     f: &F,
     test: &str,
@@ -123,6 +152,20 @@ pub(crate) async fn contended<F: Fixture>(
 ) {
     let prefix = prefix(test);
     let lockers = lockers(f, &prefix, n_lockers).await;
+    let started = Instant::now();
+    run_contended(&lockers, tasks, total).await;
+    eprintln!(
+        "{test}: {total} acquisitions, {n_lockers} lockers, {tasks} tasks in {:?}",
+        started.elapsed()
+    );
+    f.assert_no_immortal_keys();
+}
+
+/// `tasks` tasks spread over `lockers`, `total` acquisitions of one name,
+/// each doing a read-modify-write with a yield in the middle: no overlap, no
+/// lost update, and fences strictly increasing in the order the critical
+/// sections ran.
+pub(crate) async fn run_contended<L: Acquirer>(lockers: &[L], tasks: usize, total: usize) {
     let in_cs = Arc::new(AtomicBool::new(false));
     let counter = Arc::new(AtomicU64::new(0));
     let next = Arc::new(AtomicUsize::new(0));
@@ -130,10 +173,9 @@ pub(crate) async fn contended<F: Fixture>(
     let opts = LockOptions::new()
         .ttl(Duration::from_secs(10))
         .wait(Duration::from_secs(60));
-    let started = Instant::now();
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let locker = lockers[t % n_lockers].clone();
+        let locker = lockers[t % lockers.len()].clone();
         let (in_cs, counter, next, fences, opts) = (
             in_cs.clone(),
             counter.clone(),
@@ -143,7 +185,7 @@ pub(crate) async fn contended<F: Fixture>(
         );
         handles.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < total {
-                let lease = locker.acquire("counter", &opts).await.unwrap();
+                let lease = locker.acquire_boxed("counter", &opts).await.unwrap();
                 assert!(!in_cs.swap(true, Ordering::SeqCst), "two holders at once");
                 fences.lock().unwrap().push(lease.fence());
                 let v = counter.load(Ordering::SeqCst);
@@ -163,11 +205,28 @@ pub(crate) async fn contended<F: Fixture>(
     for w in fences.windows(2) {
         assert!(w[1] > w[0], "fence went from {} to {}", w[0], w[1]);
     }
-    eprintln!(
-        "{test}: {total} acquisitions, {n_lockers} lockers, {tasks} tasks in {:?}",
-        started.elapsed()
+}
+
+/// Releases `lease` once its waiter (`wait`, which reports when it got the
+/// lock and the lease's fence) has had time to block: the waiter gets the
+/// lock only after the release, within 2 s of it (long before its fallback
+/// poll), with a higher fence.
+pub(crate) async fn release_wakes_waiter(lease: Lease, wait: JoinHandle<(Instant, FencingToken)>) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let fence = lease.fence();
+    let released = Instant::now();
+    assert!(lease.release().await.unwrap());
+    let (woke, next) = wait.await.unwrap();
+    assert!(
+        woke >= released,
+        "the waiter got the lock while it was held"
     );
-    f.assert_no_immortal_keys();
+    let took = woke.duration_since(released);
+    assert!(
+        took < Duration::from_secs(2),
+        "the waiter took {took:?} after the release"
+    );
+    assert!(next > fence);
 }
 
 /// A waiter wakes on the release notification, long before its fallback poll
@@ -192,17 +251,7 @@ pub(crate) async fn waiter_wakes_on_release<F: Fixture>(f: &F) {
             (Instant::now(), lease.fence())
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let fence = lease.fence();
-    let released = Instant::now();
-    assert!(lease.release().await.unwrap());
-    let (woke, next) = wait.await.unwrap();
-    let took = woke.duration_since(released);
-    assert!(
-        took < Duration::from_secs(2),
-        "the waiter took {took:?} after the release"
-    );
-    assert!(next > fence);
+    release_wakes_waiter(lease, wait).await;
     f.assert_no_immortal_keys();
 }
 
@@ -514,15 +563,15 @@ impl LockBackend for Delayed {
 
 /// Tries `try_acquire(name)` on `locker` every 20 ms for up to `within`;
 /// panics with the time it took otherwise.
-pub(crate) async fn acquire_within(
-    locker: &Locker,
+pub(crate) async fn acquire_within<L: Acquirer>(
+    locker: &L,
     name: &str,
     opts: &LockOptions,
     within: Duration,
-) -> tollgate_core::Lease {
+) -> Lease {
     let start = Instant::now();
     loop {
-        match locker.try_acquire(name, opts).await {
+        match locker.try_acquire_boxed(name, opts).await {
             Ok(lease) => return lease,
             Err(Error::Busy { .. }) if start.elapsed() < within => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
