@@ -20,6 +20,23 @@ use tollgate_core::{Lease, LeaseLost};
 /// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Releases `lease`, logging (target `tollgate_tower::lock`) a lock that
+/// was no longer held or a release that failed; shared by the lock's
+/// response future and [`LeaseGuard`].
+pub(crate) fn release(lease: Lease) -> BoxFuture<'static, ()> {
+    Box::pin(async move {
+        match lease.release().await {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(target: "tollgate_tower::lock", "the lock was no longer held at release")
+            }
+            Err(e) => {
+                tracing::debug!(target: "tollgate_tower::lock", error = %e, "lock release failed; it expires by its TTL")
+            }
+        }
+    })
+}
+
 /// A lease kept until the body ends: released (and the release awaited)
 /// when the last frame has been read, dropped (released in the background)
 /// when the body is dropped early, and — when `cancel` is set — ending the
@@ -56,11 +73,7 @@ impl LeaseGuard {
     fn poll_release(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(lease) = self.lease.take() {
             self.lost = None;
-            self.releasing = Some(Box::pin(async move {
-                if let Err(e) = lease.release().await {
-                    tracing::debug!(error = %e, "lock release failed; it expires by its TTL");
-                }
-            }));
+            self.releasing = Some(release(lease));
         }
         match self.releasing.as_mut().map(|f| f.as_mut().poll(cx)) {
             Some(Poll::Pending) => Poll::Pending,
@@ -116,29 +129,25 @@ pin_project! {
 impl<B> ResponseBody<B> {
     /// The inner service's body.
     pub fn new(body: B) -> Self {
-        ResponseBody {
-            kind: Kind::Inner { body },
-            guard: None,
-            done: false,
-        }
+        Self::of(Kind::Inner { body })
     }
 
     /// A body of `data`, in one frame.
     pub fn full(data: impl Into<Bytes>) -> Self {
         let data: Bytes = data.into();
-        ResponseBody {
-            kind: Kind::Full {
-                data: (!data.is_empty()).then_some(data),
-            },
-            guard: None,
-            done: false,
-        }
+        Self::of(Kind::Full {
+            data: (!data.is_empty()).then_some(data),
+        })
     }
 
     /// An empty body (a gRPC trailers-only response).
     pub fn empty() -> Self {
+        Self::of(Kind::Full { data: None })
+    }
+
+    fn of(kind: Kind<B>) -> Self {
         ResponseBody {
-            kind: Kind::Full { data: None },
+            kind,
             guard: None,
             done: false,
         }

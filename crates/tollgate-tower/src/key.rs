@@ -213,18 +213,29 @@ impl Default for IpGrouping {
 
 impl IpGrouping {
     fn subject(&self, ip: IpAddr) -> Subject {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) if self.v4 >= 32 => Subject::new(v4.to_string()),
-            IpAddr::V4(v4) => {
-                let net = mask_v4(v4, self.v4);
-                Subject::new(format!("{net}/{}", self.v4))
-            }
-            IpAddr::V6(v6) if self.v6 >= 128 => Subject::new(v6.to_string()),
-            IpAddr::V6(v6) => {
-                let net = mask_v6(v6, self.v6);
-                Subject::new(format!("{net}/{}", self.v6))
-            }
+        let (net, prefix, full) = match ip.to_canonical() {
+            IpAddr::V4(v4) => (IpAddr::V4(mask_v4(v4, self.v4)), self.v4, 32),
+            IpAddr::V6(v6) => (IpAddr::V6(mask_v6(v6, self.v6)), self.v6, 128),
+        };
+        if prefix >= full {
+            Subject::new(net.to_string())
+        } else {
+            Subject::new(format!("{net}/{prefix}"))
         }
+    }
+
+    /// Groups IPv4 addresses by `prefix` bits; panics if `prefix > 32`.
+    fn with_v4(mut self, prefix: u8) -> Self {
+        check_prefix("IPv4", prefix, 32);
+        self.v4 = prefix;
+        self
+    }
+
+    /// Groups IPv6 addresses by `prefix` bits; panics if `prefix > 128`.
+    fn with_v6(mut self, prefix: u8) -> Self {
+        check_prefix("IPv6", prefix, 128);
+        self.v6 = prefix;
+        self
     }
 }
 
@@ -293,16 +304,14 @@ impl PeerIp {
     /// Groups IPv6 addresses by their first `prefix` bits (default 64; 128
     /// keys each address on its own). Panics if `prefix > 128`.
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
-        check_prefix("IPv6", prefix, 128);
-        self.grouping.v6 = prefix;
+        self.grouping = self.grouping.with_v6(prefix);
         self
     }
 
     /// Groups IPv4 addresses by their first `prefix` bits (default 32: each
     /// address on its own). Panics if `prefix > 32`.
     pub fn ipv4_prefix(mut self, prefix: u8) -> Self {
-        check_prefix("IPv4", prefix, 32);
-        self.grouping.v4 = prefix;
+        self.grouping = self.grouping.with_v4(prefix);
         self
     }
 }
@@ -374,7 +383,7 @@ impl Cidr {
 
 impl fmt::Debug for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.prefix)
+        fmt::Display::fmt(self, f)
     }
 }
 
@@ -561,16 +570,14 @@ impl ClientIp {
     /// Groups IPv6 addresses by their first `prefix` bits (default 64).
     /// Panics if `prefix > 128`.
     pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
-        check_prefix("IPv6", prefix, 128);
-        self.grouping.v6 = prefix;
+        self.grouping = self.grouping.with_v6(prefix);
         self
     }
 
     /// Groups IPv4 addresses by their first `prefix` bits (default 32).
     /// Panics if `prefix > 32`.
     pub fn ipv4_prefix(mut self, prefix: u8) -> Self {
-        check_prefix("IPv4", prefix, 32);
-        self.grouping.v4 = prefix;
+        self.grouping = self.grouping.with_v4(prefix);
         self
     }
 
@@ -819,12 +826,16 @@ impl<B> KeyExtractor<B> for HeaderKey {
     }
 }
 
+/// `h:` and the first 16 bytes of the value's SHA-256, in lower-case hex
+/// (one allocation: this runs on every request of a hashed `HeaderKey`).
 fn hash_hex(value: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(value);
     let mut s = String::with_capacity(34);
     s.push_str("h:");
-    for b in &digest[..16] {
-        s.push_str(&format!("{b:02x}"));
+    for &b in &digest[..16] {
+        s.push(char::from(HEX[usize::from(b >> 4)]));
+        s.push(char::from(HEX[usize::from(b & 0xf)]));
     }
     s
 }
@@ -1089,6 +1100,12 @@ mod tests {
         k.extract(req).unwrap().unwrap()
     }
 
+    /// The key of a request that reached us through the trusted proxy
+    /// 10.0.0.1 with one forwarding header line.
+    fn via_proxy(k: &ClientIp, header: &str, value: &str) -> Subject {
+        key(k, &req_from("10.0.0.1:1", &[(header, value)]))
+    }
+
     #[test]
     fn cidr_parsing_and_matching() {
         let c: Cidr = "192.168.1.77/24".parse().unwrap();
@@ -1170,24 +1187,28 @@ mod tests {
         let k = ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap();
         // The client sent `X-Forwarded-For: "`; nginx, ALB and Envoy append
         // `, <client>` on the same line.
-        let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "\", 203.0.113.9")]);
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
-        let req = req_from(
-            "10.0.0.1:1",
-            &[("x-forwarded-for", "\"6.6.6.6, 203.0.113.9, 10.1.1.1")],
+        assert_eq!(
+            via_proxy(&k, "x-forwarded-for", "\", 203.0.113.9"),
+            Subject::new("203.0.113.9")
         );
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
-        let req = req_from(
-            "10.0.0.1:1",
-            &[("x-forwarded-for", "6.6.6.6\", 203.0.113.9")],
+        assert_eq!(
+            via_proxy(&k, "x-forwarded-for", "\"6.6.6.6, 203.0.113.9, 10.1.1.1"),
+            Subject::new("203.0.113.9")
         );
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        assert_eq!(
+            via_proxy(&k, "x-forwarded-for", "6.6.6.6\", 203.0.113.9"),
+            Subject::new("203.0.113.9")
+        );
 
         let k = k.header(ForwardedHeader::Forwarded);
-        let req = req_from("10.0.0.1:1", &[("forwarded", r#"for="x, for=203.0.113.9"#)]);
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
-        let req = req_from("10.0.0.1:1", &[("forwarded", r#"for=", for=203.0.113.9"#)]);
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        assert_eq!(
+            via_proxy(&k, "forwarded", r#"for="x, for=203.0.113.9"#),
+            Subject::new("203.0.113.9")
+        );
+        assert_eq!(
+            via_proxy(&k, "forwarded", r#"for=", for=203.0.113.9"#),
+            Subject::new("203.0.113.9")
+        );
         let req = req_from(
             "10.0.0.1:1",
             &[(
@@ -1201,15 +1222,21 @@ mod tests {
         assert_eq!(key(&k6, &req), Subject::new("203.0.113.9"));
         // A trailing backslash or a stray quote left of the appended
         // elements changes nothing either.
-        let req = req_from("10.0.0.1:1", &[("forwarded", r#"for=x\, for=203.0.113.9"#)]);
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
-        let req = req_from("10.0.0.1:1", &[("forwarded", r#"x", for=203.0.113.9"#)]);
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        assert_eq!(
+            via_proxy(&k, "forwarded", r#"for=x\, for=203.0.113.9"#),
+            Subject::new("203.0.113.9")
+        );
+        assert_eq!(
+            via_proxy(&k, "forwarded", r#"x", for=203.0.113.9"#),
+            Subject::new("203.0.113.9")
+        );
 
         // X-Real-IP: the value the nearest proxy set is the last element.
         let k = k.header(ForwardedHeader::XRealIp);
-        let req = req_from("10.0.0.1:1", &[("x-real-ip", "\", 203.0.113.9")]);
-        assert_eq!(key(&k, &req), Subject::new("203.0.113.9"));
+        assert_eq!(
+            via_proxy(&k, "x-real-ip", "\", 203.0.113.9"),
+            Subject::new("203.0.113.9")
+        );
     }
 
     /// Whatever garbage the client puts left of the first untrusted address
@@ -1270,11 +1297,10 @@ mod tests {
     fn client_ip_walks_right_to_left_skipping_trusted_hops() {
         let k = ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap();
         // The client prepended a fake hop; the proxies appended the real one.
-        let req = req_from(
-            "10.0.0.1:1",
-            &[("x-forwarded-for", "6.6.6.6, 198.51.100.4, 10.1.1.1")],
+        assert_eq!(
+            via_proxy(&k, "x-forwarded-for", "6.6.6.6, 198.51.100.4, 10.1.1.1"),
+            Subject::new("198.51.100.4")
         );
-        assert_eq!(key(&k, &req), Subject::new("198.51.100.4"));
         // Split over several header lines.
         let req = req_from(
             "10.0.0.1:1",
@@ -1285,17 +1311,18 @@ mod tests {
         );
         assert_eq!(key(&k, &req), Subject::new("198.51.100.4"));
         // All trusted: the leftmost.
-        let req = req_from("10.0.0.1:1", &[("x-forwarded-for", "10.3.3.3, 10.1.1.1")]);
-        assert_eq!(key(&k, &req), Subject::new("10.3.3.3"));
+        assert_eq!(
+            via_proxy(&k, "x-forwarded-for", "10.3.3.3, 10.1.1.1"),
+            Subject::new("10.3.3.3")
+        );
         // No header: the proxy itself.
         let req = req_from("10.0.0.1:1", &[]);
         assert_eq!(key(&k, &req), Subject::new("10.0.0.1"));
         // An unknown hop: keyed by the trusted proxy that reported it.
-        let req = req_from(
-            "10.0.0.1:1",
-            &[("x-forwarded-for", "6.6.6.6, unknown, 10.1.1.1")],
+        assert_eq!(
+            via_proxy(&k, "x-forwarded-for", "6.6.6.6, unknown, 10.1.1.1"),
+            Subject::new("10.1.1.1")
         );
-        assert_eq!(key(&k, &req), Subject::new("10.1.1.1"));
     }
 
     #[test]
@@ -1311,19 +1338,23 @@ mod tests {
         );
         assert_eq!(key(&k, &req), Subject::new("198.51.100.4"));
         let k = k.header(ForwardedHeader::Forwarded);
-        let req = req_from(
-            "10.0.0.1:1",
-            &[(
+        assert_eq!(
+            via_proxy(
+                &k,
                 "forwarded",
-                r#"for=6.6.6.6, for="[2001:db8::5]:99";proto=https"#,
-            )],
+                r#"for=6.6.6.6, for="[2001:db8::5]:99";proto=https"#
+            ),
+            Subject::new("2001:db8::/64")
         );
-        assert_eq!(key(&k, &req), Subject::new("2001:db8::/64"));
         let k = k.header(ForwardedHeader::XRealIp);
-        let req = req_from("10.0.0.1:1", &[("x-real-ip", "198.51.100.9")]);
-        assert_eq!(key(&k, &req), Subject::new("198.51.100.9"));
-        let req = req_from("10.0.0.1:1", &[("x-real-ip", "garbage")]);
-        assert_eq!(key(&k, &req), Subject::new("10.0.0.1"));
+        assert_eq!(
+            via_proxy(&k, "x-real-ip", "198.51.100.9"),
+            Subject::new("198.51.100.9")
+        );
+        assert_eq!(
+            via_proxy(&k, "x-real-ip", "garbage"),
+            Subject::new("10.0.0.1")
+        );
     }
 
     #[test]
@@ -1372,13 +1403,28 @@ mod tests {
             Subject::compound([Subject::new("alice").as_encoded(), "/"])
         );
         let k3 = (GlobalKey, PeerIp::new(), RouteKey::new());
-        assert!(k3.extract(&req).unwrap().is_some());
+        assert_eq!(
+            key(&k3, &req),
+            Subject::compound(["global", "192.0.2.1", "/"])
+        );
         // A part that is not limited makes the whole not limited.
         let k = (HeaderKey::new("x-missing").optional(), RouteKey::new());
         assert_eq!(k.extract(&req).unwrap(), None);
         // Errors propagate.
         let k = (HeaderKey::new("x-missing"), RouteKey::new());
         assert!(k.extract(&req).is_err());
+    }
+
+    /// Hashed header keys are stable across releases: they name counters
+    /// on a shared backend.
+    #[test]
+    fn hashed_header_values_are_a_sha256_prefix() {
+        assert_eq!(hash_hex(b"abc"), "h:ba7816bf8f01cfea414140de5dae2223");
+        let req = req_from("192.0.2.1:1", &[("x-api-key", "abc")]);
+        assert_eq!(
+            key(&HeaderKey::new("x-api-key"), &req),
+            Subject::new("h:ba7816bf8f01cfea414140de5dae2223")
+        );
     }
 
     #[test]

@@ -84,7 +84,7 @@ use tollgate_core::{
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::body::{LeaseGuard, ResponseBody};
+use crate::body::{release, LeaseGuard, ResponseBody};
 use crate::key::KeyExtractor;
 use crate::response::{
     respond, retry_after_secs, Middleware, Protocol, Reason, Rejection, Responder,
@@ -226,6 +226,7 @@ pub enum OnLeaseLost {
     Continue,
 }
 
+#[derive(Clone)]
 struct Shared<L> {
     locker: L,
     options: LockOptions,
@@ -234,20 +235,6 @@ struct Shared<L> {
     namespace: Option<String>,
     protocol: Protocol,
     responder: Option<Responder>,
-}
-
-impl<L: Clone> Clone for Shared<L> {
-    fn clone(&self) -> Self {
-        Shared {
-            locker: self.locker.clone(),
-            options: self.options.clone(),
-            hold: self.hold,
-            on_lost: self.on_lost,
-            namespace: self.namespace.clone(),
-            protocol: self.protocol,
-            responder: self.responder.clone(),
-        }
-    }
 }
 
 impl<L: fmt::Debug> fmt::Debug for Shared<L> {
@@ -312,27 +299,10 @@ fn count(_outcome: &'static str) {}
 ///     .on_lease_lost(OnLeaseLost::Cancel);
 /// # let _ = layer;
 /// ```
+#[derive(Clone, Debug)]
 pub struct LockLayer<K, L = Locker> {
     shared: Shared<L>,
     key: K,
-}
-
-impl<K: Clone, L: Clone> Clone for LockLayer<K, L> {
-    fn clone(&self) -> Self {
-        LockLayer {
-            shared: self.shared.clone(),
-            key: self.key.clone(),
-        }
-    }
-}
-
-impl<K: fmt::Debug, L: fmt::Debug> fmt::Debug for LockLayer<K, L> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("shared", &self.shared)
-            .field("key", &self.key)
-            .finish()
-    }
 }
 
 impl<K, L: Acquirer> LockLayer<K, L> {
@@ -486,6 +456,7 @@ impl<S, K: Clone, L: Acquirer> Layer<S> for LockLayer<K, L> {
 /// assert_eq!(res.status(), StatusCode::OK);
 /// # Ok(()) }
 /// ```
+#[derive(Debug)]
 pub struct Lock<S, K, L = Locker> {
     inner: S,
     shared: Arc<Shared<L>>,
@@ -499,16 +470,6 @@ impl<S: Clone, K: Clone, L> Clone for Lock<S, K, L> {
             shared: Arc::clone(&self.shared),
             key: self.key.clone(),
         }
-    }
-}
-
-impl<S: fmt::Debug, K: fmt::Debug, L: fmt::Debug> fmt::Debug for Lock<S, K, L> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Lock")
-            .field("inner", &self.inner)
-            .field("shared", &self.shared)
-            .field("key", &self.key)
-            .finish()
     }
 }
 
@@ -576,7 +537,8 @@ where
             Some(ns) => Subject::compound([ns.as_str(), subject.as_encoded()]),
             None => subject,
         };
-        let digest = subject.digest();
+        // Kept for the trace; digested only if the event is enabled.
+        let resource = subject.clone();
         let acquire = shared.locker.acquire_lease(subject, shared.options.clone());
         ResponseFuture::new(State::Acquiring {
             acquire,
@@ -584,7 +546,7 @@ where
             req: Some(req),
             shared,
             grpc,
-            digest,
+            resource,
         })
     }
 }
@@ -633,7 +595,7 @@ pin_project! {
             req: Option<Request<ReqB>>,
             shared: Arc<Shared<L>>,
             grpc: bool,
-            digest: String,
+            resource: Subject,
         },
         Calling {
             #[pin]
@@ -680,20 +642,6 @@ where
     }
 }
 
-fn release(lease: Lease) -> BoxFuture<'static, ()> {
-    Box::pin(async move {
-        match lease.release().await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(target: "tollgate_tower::lock", "the lock was no longer held at release")
-            }
-            Err(e) => {
-                tracing::debug!(target: "tollgate_tower::lock", error = %e, "lock release failed; it expires by its TTL")
-            }
-        }
-    })
-}
-
 impl<S, ReqB, L, ResB> Future for ResponseFuture<S, ReqB, L>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -710,7 +658,7 @@ where
                     req,
                     shared,
                     grpc,
-                    digest,
+                    resource,
                 } => {
                     let result = ready!(acquire.as_mut().poll(cx));
                     let mut req = req.take().expect("polled after completion");
@@ -720,7 +668,7 @@ where
                     match result {
                         Ok(lease) => {
                             count("acquired");
-                            tracing::debug!(target: "tollgate_tower::lock", resource = %digest, fence = lease.fence().get(), "lock acquired");
+                            tracing::debug!(target: "tollgate_tower::lock", resource = %resource.digest(), fence = lease.fence().get(), "lock acquired");
                             req.extensions_mut().insert(lease.fence());
                             req.extensions_mut().insert(lease.lost());
                             let cancel = shared.on_lost == OnLeaseLost::Cancel;
@@ -741,19 +689,19 @@ where
                             let reason = match &e {
                                 Error::Busy { retry_after, .. } => {
                                     count("busy");
-                                    tracing::info!(target: "tollgate_tower::lock", resource = %digest, retry_after = ?retry_after, "lock busy");
+                                    tracing::info!(target: "tollgate_tower::lock", resource = %resource.digest(), retry_after = ?retry_after, "lock busy");
                                     Reason::Busy {
                                         retry_after: *retry_after,
                                     }
                                 }
                                 e if e.is_unavailable() => {
                                     count("unavailable");
-                                    tracing::warn!(target: "tollgate_tower::lock", resource = %digest, error = %e, "lock backend unavailable");
+                                    tracing::warn!(target: "tollgate_tower::lock", resource = %resource.digest(), error = %e, "lock backend unavailable");
                                     Reason::Unavailable(e)
                                 }
                                 e => {
                                     count("error");
-                                    tracing::warn!(target: "tollgate_tower::lock", resource = %digest, error = %e, "lock acquire failed");
+                                    tracing::warn!(target: "tollgate_tower::lock", resource = %resource.digest(), error = %e, "lock acquire failed");
                                     Reason::Internal(e)
                                 }
                             };

@@ -195,7 +195,9 @@ struct Options {
 /// What every service made by one layer shares.
 struct Shared {
     limiter: RateLimiter,
-    policy: String,
+    /// The limiter's policy name, shared so that each decision's metric
+    /// label is a reference count, not a fresh `String`.
+    policy: Arc<str>,
     /// One structured-field String per quota (`"api"`, or `"api-q0"`, …).
     formatter: RateLimitHeaders,
     options: Options,
@@ -217,7 +219,7 @@ impl fmt::Debug for Shared {
 impl Shared {
     fn new(limiter: RateLimiter, options: Options) -> Self {
         Shared {
-            policy: limiter.keyspace().policy().to_owned(),
+            policy: Arc::from(limiter.keyspace().policy()),
             formatter: RateLimitHeaders::new(&limiter),
             limiter,
             options,
@@ -234,7 +236,7 @@ impl Shared {
             h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
         }
         if self.options.headers {
-            h.extend(self.formatter.for_decision(decision));
+            self.formatter.insert_for_decision(&mut h, decision);
         }
         if self.options.legacy_headers && decision.source != DecisionSource::FailOpen {
             h.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
@@ -275,7 +277,7 @@ impl Shared {
     /// One tracing event (and counter) per decision.
     fn observe(&self, subject: &Subject, cost: u64, result: &Result<Decision, Error>) {
         let shadow = self.options.shadow;
-        let policy = self.policy.as_str();
+        let policy = &*self.policy;
         let (outcome, source) = match result {
             Ok(d) => {
                 let source = source_label(d.source);
@@ -325,7 +327,7 @@ impl Shared {
     fn observe_key_error(&self, e: &KeyError) {
         tracing::debug!(
             target: "tollgate_tower::rate_limit",
-            policy = self.policy.as_str(), status = e.status().as_u16(), error = %e,
+            policy = &*self.policy, status = e.status().as_u16(), error = %e,
             shadow = self.options.shadow, "request could not be keyed"
         );
         self.count("key_error", "none");
@@ -335,7 +337,7 @@ impl Shared {
     fn count(&self, outcome: &'static str, source: &'static str) {
         metrics::counter!(
             "tollgate_decisions_total",
-            "policy" => self.policy.clone(),
+            "policy" => Arc::clone(&self.policy),
             "outcome" => outcome,
             "source" => source,
         )
@@ -449,6 +451,7 @@ fn source_label(source: DecisionSource) -> &'static str {
 /// assert_eq!(app.clone().oneshot(from("/signup", ip)).await?.status(), StatusCode::TOO_MANY_REQUESTS);
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct RateLimitLayer<K = GlobalKey, C = u64> {
     source: Source,
     options: Options,
@@ -456,19 +459,6 @@ pub struct RateLimitLayer<K = GlobalKey, C = u64> {
     built: Arc<OnceLock<Result<Arc<Shared>, String>>>,
     key: K,
     cost: C,
-}
-
-impl<K: Clone, C: Clone> Clone for RateLimitLayer<K, C> {
-    fn clone(&self) -> Self {
-        RateLimitLayer {
-            source: self.source.clone(),
-            options: self.options.clone(),
-            misuse: self.misuse.clone(),
-            built: Arc::clone(&self.built),
-            key: self.key.clone(),
-            cost: self.cost.clone(),
-        }
-    }
 }
 
 impl<K: fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimitLayer<K, C> {
@@ -833,33 +823,12 @@ impl<S, K: Clone, C: Clone> Layer<S> for RateLimitLayer<K, C> {
 /// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 /// # Ok(()) }
 /// ```
+#[derive(Clone, Debug)]
 pub struct RateLimit<S, K = GlobalKey, C = u64> {
     inner: S,
     shared: Arc<Shared>,
     key: K,
     cost: C,
-}
-
-impl<S: Clone, K: Clone, C: Clone> Clone for RateLimit<S, K, C> {
-    fn clone(&self) -> Self {
-        RateLimit {
-            inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
-            key: self.key.clone(),
-            cost: self.cost.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug, K: fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimit<S, K, C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit")
-            .field("inner", &self.inner)
-            .field("shared", &self.shared)
-            .field("key", &self.key)
-            .field("cost", &self.cost)
-            .finish()
-    }
 }
 
 impl<S, K, C> RateLimit<S, K, C> {

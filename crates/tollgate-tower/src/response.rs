@@ -1,6 +1,6 @@
 //! Rejections and how they are answered, over HTTP and gRPC.
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,29 +117,36 @@ impl RateLimitHeaders {
     /// the policy only, never made-up remaining counts.
     pub fn for_decision(&self, decision: &Decision) -> HeaderMap {
         let mut h = HeaderMap::new();
+        self.insert_for_decision(&mut h, decision);
+        h
+    }
+
+    /// [`for_decision`](Self::for_decision)'s headers, inserted into `h`;
+    /// the `RateLimit` value is written into one buffer (this runs on every
+    /// request).
+    pub(crate) fn insert_for_decision(&self, h: &mut HeaderMap, decision: &Decision) {
         if let Some(p) = &self.policy {
             h.insert(RATELIMIT_POLICY, p.clone());
         }
         if decision.source == DecisionSource::FailOpen {
-            return h;
+            return;
         }
-        let value = decision
-            .quotas
-            .iter()
-            .zip(&self.items)
-            .map(|(q, item)| {
-                format!(
-                    "{item};r={};t={}",
-                    sf_integer(q.remaining),
-                    sf_integer(ceil_secs(q.reset_after))
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+        let mut value = String::new();
+        for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
+            if i > 0 {
+                value.push_str(", ");
+            }
+            // Writing to a String cannot fail.
+            let _ = write!(
+                value,
+                "{item};r={};t={}",
+                sf_integer(q.remaining),
+                sf_integer(ceil_secs(q.reset_after))
+            );
+        }
         if let Ok(v) = HeaderValue::from_str(&value) {
             h.insert(RATELIMIT, v);
         }
-        h
     }
 }
 

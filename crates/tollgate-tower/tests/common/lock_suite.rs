@@ -25,10 +25,13 @@ use super::{send, Reply};
 /// Far above anything these tests wait for, far below a hang.
 pub const BOUND: Duration = Duration::from_secs(15);
 
+/// Deletes the lock at a key, as an operator (or a failover) would.
+pub type BreakLock = Box<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
+
 /// A locker and a way to delete a lock's key behind its holder's back.
 pub struct LockEnv {
     pub locker: Locker,
-    pub break_lock: Box<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>,
+    pub break_lock: BreakLock,
 }
 
 /// What the handlers report to the test.

@@ -108,24 +108,32 @@ pub async fn lock_memory() -> lock_suite::LockEnv {
     }
 }
 
+/// Breaks a lock by deleting its key over `conn` (it must exist).
+fn break_by_del<C>(conn: C) -> lock_suite::BreakLock
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    Box::new(move |key| {
+        let mut conn = conn.clone();
+        async move {
+            let n: i64 = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "no lock at {key}");
+        }
+        .boxed()
+    })
+}
+
 pub async fn lock_redis() -> lock_suite::LockEnv {
     let server = shared_redis();
     let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
     let conn = server.connection_manager().await;
     lock_suite::LockEnv {
         locker,
-        break_lock: Box::new(move |key| {
-            let mut conn = conn.clone();
-            async move {
-                let n: i64 = redis::cmd("DEL")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                assert_eq!(n, 1, "no lock at {key}");
-            }
-            .boxed()
-        }),
+        break_lock: break_by_del(conn),
     }
 }
 
@@ -139,17 +147,6 @@ pub async fn lock_cluster() -> lock_suite::LockEnv {
     let conn = cluster.connection().await;
     lock_suite::LockEnv {
         locker,
-        break_lock: Box::new(move |key| {
-            let mut conn = conn.clone();
-            async move {
-                let n: i64 = redis::cmd("DEL")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                assert_eq!(n, 1, "no lock at {key}");
-            }
-            .boxed()
-        }),
+        break_lock: break_by_del(conn),
     }
 }
