@@ -213,14 +213,17 @@ pub(crate) async fn check_jobs(a: SocketAddr, b: SocketAddr) {
     job_fence(&r, "a{b}:c");
 }
 
-/// With Redis unreachable, `GET /` answers (fail-open) within the limiter's
-/// 100 ms timeout — the bound asserted leaves room for a loaded CI machine —
+/// With Redis unreachable, `GET /` answers (fail-open: `RateLimit-Policy`
+/// but no `RateLimit`) within the limiter's 100 ms timeout — the bound asserted leaves room for a loaded CI machine —
 /// and `POST /jobs/{id}` answers 503.
 pub(crate) async fn check_down(a: SocketAddr) {
     for _ in 0..3 {
         let r = get(a, "/").await;
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
         assert_eq!(r.body, "hello");
+        // Fail-open answers name the policy but make up no remaining counts.
+        assert_eq!(r.header("ratelimit-policy"), POLICY);
+        assert!(!r.headers.contains_key("ratelimit"), "{r:?}");
         assert!(
             r.elapsed < Duration::from_secs(1),
             "GET took {:?}",

@@ -17,8 +17,9 @@
 //! Every extractor fails with a [`Rejection`] whose [`RejectionReason`] says
 //! why, and which answers as documented there: 409 + `Retry-After` for a busy
 //! lock, 429 + `Retry-After` for a rate limit, 413 for a cost the limit can
-//! never admit, 503 when the backend is unavailable, 500 with a message
-//! naming the missing piece for misconfiguration.
+//! never admit, 400 when the request lacks what the key or resource name is
+//! made of, 503 when the backend is unavailable, 500 with a message naming
+//! the missing piece for misconfiguration.
 //!
 //! ```
 //! use std::time::Duration;

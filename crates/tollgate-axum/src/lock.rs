@@ -156,10 +156,7 @@ where
         let options = R::options(state);
         let locker = Locker::from_ref(state);
         let lease = locker.acquire(name, &options).await?;
-        Ok(HeldLock {
-            lease,
-            _resource: PhantomData,
-        })
+        Ok(HeldLock::from_lease(lease))
     }
 }
 

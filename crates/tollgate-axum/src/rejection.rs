@@ -10,7 +10,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tollgate_core::{Decision, Error, RateLimiter};
 
-use tollgate_tower::response::{rate_limit_headers, RateLimitHeaders, RATELIMIT_POLICY};
+use tollgate_tower::response::{
+    rate_limit_headers, retry_after_secs, RateLimitHeaders, RATELIMIT_POLICY,
+};
 
 /// Why a request was refused; [`Rejection::reason`] returns it.
 ///
@@ -125,12 +127,6 @@ impl std::error::Error for Rejection {
     }
 }
 
-/// Whole seconds for `Retry-After`: rounded up, at least 1.
-fn whole_seconds(d: Duration) -> u64 {
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    s.max(1)
-}
-
 impl Rejection {
     fn new(reason: RejectionReason, message: impl Into<Cow<'static, str>>) -> Self {
         Rejection {
@@ -156,7 +152,7 @@ impl Rejection {
     /// assert_eq!(r.status(), 409);
     /// ```
     pub fn busy(retry_after: Option<Duration>) -> Self {
-        let secs = whole_seconds(retry_after.unwrap_or_default());
+        let secs = retry_after_secs(retry_after.unwrap_or_default());
         Self::new(
             RejectionReason::Busy {
                 retry_after: Duration::from_secs(secs),
@@ -184,7 +180,7 @@ impl Rejection {
     /// # Ok(()) }
     /// ```
     pub fn rate_limited(limiter: &RateLimiter, decision: Decision) -> Self {
-        let secs = whole_seconds(decision.retry_after.unwrap_or_default());
+        let secs = retry_after_secs(decision.retry_after.unwrap_or_default());
         let mut r = Self::new(
             RejectionReason::RateLimited {
                 retry_after: Duration::from_secs(secs),
@@ -414,12 +410,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seconds_round_up_and_never_zero() {
-        assert_eq!(whole_seconds(Duration::ZERO), 1);
-        assert_eq!(whole_seconds(Duration::from_micros(1)), 1);
-        assert_eq!(whole_seconds(Duration::from_secs(1)), 1);
-        assert_eq!(whole_seconds(Duration::from_millis(1001)), 2);
-        assert_eq!(whole_seconds(Duration::from_secs(30)), 30);
+    fn retry_after_seconds_round_up_and_never_zero() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(30)), 30);
     }
 
     /// A busy lock's 409 never announces `Retry-After: 0`, also when the

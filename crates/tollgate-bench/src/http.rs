@@ -230,7 +230,8 @@ fn wrk(opts: &HttpOpts, addr: &str, seconds: u64) -> BenchResult<(f64, u64)> {
         .ok_or_else(|| format!("no Requests/sec in wrk's output: {text}"))?
         .parse()?;
     let errors = field("Non-2xx or 3xx responses:")
-        .map(|v| v.parse().unwrap_or(u64::MAX))
+        .map(|v| v.parse::<u64>())
+        .transpose()?
         .unwrap_or(0);
     Ok((rps, errors))
 }
@@ -286,6 +287,18 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         http.workers
             .map_or("one per core".to_owned(), |w| w.to_string()),
     ));
+    let at = |v: Variant| {
+        variants
+            .iter()
+            .position(|&x| x == v)
+            .expect("every variant is run")
+    };
+    let (none, memory, redis, governor) = (
+        at(Variant::None),
+        at(Variant::TollgateMemory),
+        at(Variant::TollgateRedis),
+        at(Variant::Governor),
+    );
     let ratio = |a: usize, b: usize| -> Vec<f64> {
         rps[a].iter().zip(&rps[b]).map(|(x, y)| x / y).collect()
     };
@@ -294,8 +307,8 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         rows.push(vec![
             variants[i].label().to_owned(),
             per_sec(median(&rps[i])),
-            ratio_cell(&ratio(i, 0)),
-            ratio_cell(&ratio(i, 3)),
+            ratio_cell(&ratio(i, none)),
+            ratio_cell(&ratio(i, governor)),
             errors[i].to_string(),
         ]);
     }
@@ -309,7 +322,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         ],
         &rows,
     );
-    let r = median(&ratio(2, 0));
+    let r = median(&ratio(redis, none));
     section.targets.push(Target::check(
         "4",
         "HTTP requests/s, tollgate Redis ÷ no limiter",
@@ -317,7 +330,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         format!("{r:.2}×"),
         r >= 0.75,
     ));
-    let r = median(&ratio(1, 3));
+    let r = median(&ratio(memory, governor));
     section.targets.push(Target::check(
         "4",
         "HTTP requests/s, tollgate memory ÷ tower_governor",

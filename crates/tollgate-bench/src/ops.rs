@@ -3,9 +3,9 @@
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use std::time::{Duration, Instant};
-use tollgate_core::{DecisionSource, RateLimiter, Subject};
+use tollgate_core::{Algorithm, DecisionSource, RateLimiter, Subject};
 
-use crate::common::{BenchResult, RawScript};
+use crate::common::{redis_limiter, workload_quota, BenchResult, RawScript};
 
 /// One contender: a name and what it does per call.
 #[derive(Debug, Clone)]
@@ -30,6 +30,28 @@ pub(crate) enum Op {
         limiter: RateLimiter,
         subjects: Vec<Subject>,
     },
+}
+
+impl Op {
+    /// A tollgate check of `algorithm` at the workload quota over
+    /// `subjects`, with its own policy name `{tag}-{algorithm}` (so runs do
+    /// not share state).
+    pub(crate) fn workload_check(
+        conn: &MultiplexedConnection,
+        algorithm: Algorithm,
+        tag: &str,
+        subjects: Vec<Subject>,
+    ) -> BenchResult<Op> {
+        Ok(Op::Check {
+            limiter: redis_limiter(
+                conn,
+                algorithm,
+                workload_quota(),
+                &format!("{tag}-{}", algorithm.short_name()),
+            )?,
+            subjects,
+        })
+    }
 }
 
 /// What one call gave.

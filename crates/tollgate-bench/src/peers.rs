@@ -8,10 +8,7 @@ use std::process::{Command, Stdio};
 
 use tollgate_core::Algorithm;
 
-use crate::common::{
-    connect, progress, redis_limiter, subjects, workload_quota, BenchResult, Opts, Section, Target,
-    SUBJECTS,
-};
+use crate::common::{connect, progress, subjects, BenchResult, Opts, Section, Target, SUBJECTS};
 use crate::ops::{run as run_op, Op};
 use crate::redisinfo::{Accounting, Admin, Spent};
 use crate::stats::{median, per_sec, ratio_cell};
@@ -133,15 +130,7 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
             name: format!("tollgate {alg}"),
             like: alg,
             concurrency: c,
-            runner: Runner::Tollgate(Op::Check {
-                limiter: redis_limiter(
-                    &conn,
-                    alg,
-                    workload_quota(),
-                    &format!("peer-{}", alg.short_name()),
-                )?,
-                subjects: subj.clone(),
-            }),
+            runner: Runner::Tollgate(Op::workload_check(&conn, alg, "peer", subj.clone())?),
         });
     }
     let common = |script: &str| -> Vec<String> {

@@ -21,15 +21,7 @@ fn limiter_contenders(
         .map(|&alg| {
             Ok(Contender {
                 name: format!("tollgate {alg}"),
-                op: Op::Check {
-                    limiter: redis_limiter(
-                        conn,
-                        alg,
-                        workload_quota(),
-                        &format!("{tag}-{}", alg.short_name()),
-                    )?,
-                    subjects: subjects.clone(),
-                },
+                op: Op::workload_check(conn, alg, tag, subjects.clone())?,
             })
         })
         .collect()
