@@ -34,7 +34,7 @@ pub(crate) enum Variant {
 }
 
 impl Variant {
-    fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Variant::None => "no limiter",
             Variant::TollgateMemory => "tollgate `RateLimitLayer`, memory backend",
@@ -86,7 +86,7 @@ fn tollgate_layer(limiter: RateLimiter) -> RateLimitLayer<PeerIp> {
     RateLimitLayer::new(limiter).key(PeerIp::new())
 }
 
-async fn app(opts: &ServeOpts) -> BenchResult<Router> {
+pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
     let router = Router::new().route("/", get(hello));
     let quota = Quota::per_second(RATE)?.with_burst(RATE)?;
     Ok(match opts.variant {

@@ -97,6 +97,17 @@ enum Cmd {
     },
     /// Serves the HTTP benchmark's app (started by `http`).
     Serve(http::ServeOpts),
+    /// Drives one variant of the HTTP app in process, for a profiler
+    /// (`valgrind --tool=callgrind tollgate-bench stack --variant …`):
+    /// instructions per request are comparable between variants and runs.
+    Stack {
+        /// What runs in front of the handler (`tollgate-redis` is not offered).
+        #[arg(long, value_enum)]
+        variant: http::Variant,
+        /// Requests to send.
+        #[arg(long, default_value_t = 100_000)]
+        requests: u64,
+    },
 }
 
 fn finish(sections: Vec<Section>, out: Option<&std::path::Path>) -> BenchResult<()> {
@@ -221,6 +232,9 @@ fn main() {
         Cmd::Locks(o) => one(runtime().block_on(locks::run(o))),
         Cmd::Peers { opts, peers } => one(runtime().block_on(peers::run(opts, peers))),
         Cmd::Serve(o) => http::serve(o),
+        Cmd::Stack { variant, requests } => {
+            runtime().block_on(micro::drive_stack(*variant, *requests))
+        }
     };
     if let Err(e) = result {
         eprintln!("tollgate-bench: {e}");

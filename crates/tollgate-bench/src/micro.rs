@@ -91,6 +91,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
         }
     }
+    let stack = stack(opts).await?;
     let mut section = Section::default();
     section.heading("Micro: in-process costs (one thread, no network)");
     section.line(format!(
@@ -109,5 +110,119 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         ]);
     }
     section.table(&["operation", "ns per call", "÷ governor check"], &rows);
+    section.line(format!(
+        "\nThe HTTP item's router in process: `Router::call` on a `GET /` carrying \
+         `ConnectInfo`, the response's body dropped unread; {} requests per row per round, \
+         same interleaving. The difference to \"no limiter\" is what each layer costs a request.\n",
+        opts.scale(100_000)
+    ));
+    section.table(
+        &[
+            "router",
+            "ns per request",
+            "over no limiter",
+            "÷ tower_governor",
+        ],
+        &stack,
+    );
     Ok(section)
+}
+
+/// The HTTP item's routers driven in process, request by request.
+async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
+    use crate::http::{app, ServeOpts, Variant};
+    use tower::Service;
+
+    let n = opts.scale(100_000);
+    let variants = [
+        Variant::None,
+        Variant::TollgateMemory,
+        Variant::TollgateMemoryNoHeaders,
+        Variant::Governor,
+    ];
+    let mut routers = Vec::new();
+    for v in variants {
+        let serve = ServeOpts {
+            variant: v,
+            redis_url: String::new(),
+            port: 0,
+            workers: None,
+        };
+        // As `axum::serve` does: endpoints become routes once, not per request.
+        routers.push(app(&serve).await?.with_state(()));
+    }
+    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40_000));
+    let k = variants.len();
+    let mut ns = vec![Vec::new(); k];
+    for round in 0..opts.rounds {
+        progress!("micro: router round {}/{}", round + 1, opts.rounds);
+        for j in 0..k {
+            let c = (round + j) % k;
+            let router = &mut routers[c];
+            let t0 = Instant::now();
+            for _ in 0..n {
+                let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                let res = router.call(req).await?;
+                if !res.status().is_success() {
+                    return Err(format!("{}: status {}", v_name(variants[c]), res.status()).into());
+                }
+                std::hint::black_box(res);
+            }
+            ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
+        }
+    }
+    let base = median(&ns[0]);
+    let gov = median(&ns[k - 1]);
+    Ok((0..k)
+        .map(|c| {
+            let (lo, hi) = crate::stats::range(&ns[c]);
+            let m = median(&ns[c]);
+            vec![
+                v_name(variants[c]).to_owned(),
+                format!("**{m:.0}** ({lo:.0}–{hi:.0})"),
+                format!("{:+.0} ns", m - base),
+                format!("{:.2}×", gov / m),
+            ]
+        })
+        .collect())
+}
+
+/// The `stack` command: `requests` requests through one variant's router.
+pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) -> BenchResult<()> {
+    use tower::Service;
+
+    if variant == crate::http::Variant::TollgateRedis {
+        return Err("`stack` runs in process only; use `http` for the Redis variant".into());
+    }
+    let serve = crate::http::ServeOpts {
+        variant,
+        redis_url: String::new(),
+        port: 0,
+        workers: None,
+    };
+    let mut router = crate::http::app(&serve).await?.with_state(());
+    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40_000));
+    let t0 = Instant::now();
+    for _ in 0..requests {
+        let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        let res = router.call(req).await?;
+        if !res.status().is_success() {
+            return Err(format!("status {}", res.status()).into());
+        }
+        std::hint::black_box(res);
+    }
+    println!(
+        "{}: {requests} requests, {:.0} ns per request",
+        v_name(variant),
+        t0.elapsed().as_nanos() as f64 / requests as f64
+    );
+    Ok(())
+}
+
+fn v_name(v: crate::http::Variant) -> &'static str {
+    v.label()
 }

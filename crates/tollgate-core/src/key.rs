@@ -124,9 +124,42 @@ impl From<&Subject> for Subject {
 }
 
 impl From<IpAddr> for Subject {
+    /// The address's usual text (`Display`), escaped like any other part,
+    /// written without an intermediate `String` (this runs per request).
     fn from(ip: IpAddr) -> Self {
-        Subject::new(ip.to_string())
+        match ip {
+            IpAddr::V4(v4) => {
+                // Digits and dots need no escaping.
+                let mut out = String::with_capacity(15);
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        out.push('.');
+                    }
+                    push_decimal(&mut out, octet);
+                }
+                Subject(out)
+            }
+            IpAddr::V6(v6) => {
+                use std::io::Write;
+                // At most 45 bytes of text ("ffff:…:255.255.255.255").
+                let mut buf = [0u8; 64];
+                let mut cursor = std::io::Cursor::new(&mut buf[..]);
+                let _ = write!(cursor, "{v6}");
+                let len = cursor.position() as usize;
+                Subject::new(&buf[..len])
+            }
+        }
     }
+}
+
+fn push_decimal(out: &mut String, n: u8) {
+    if n >= 100 {
+        out.push(char::from(b'0' + n / 100));
+    }
+    if n >= 10 {
+        out.push(char::from(b'0' + n / 10 % 10));
+    }
+    out.push(char::from(b'0' + n % 10));
 }
 
 impl From<u64> for Subject {
@@ -310,6 +343,24 @@ mod tests {
         assert_eq!(Subject::new("a b").as_encoded(), "a%20b");
         assert_eq!(Subject::new("é").as_encoded(), "%C3%A9");
         assert_eq!(Subject::new("50%").as_encoded(), "50%25");
+    }
+
+    #[test]
+    fn ip_subjects_match_the_escaped_display_form() {
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "10.20.255.9",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+            "::ffff:192.0.2.128",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ] {
+            let addr: IpAddr = ip.parse().unwrap();
+            assert_eq!(Subject::from(addr), Subject::new(addr.to_string()), "{ip}");
+        }
     }
 
     #[test]

@@ -32,6 +32,6 @@ pub use lock::{
     RedlockBuilder,
 };
 pub use rate::{
-    Algorithm, Decision, DecisionSource, FailurePolicy, Quota, QuotaDecision, RateLimiter,
-    RateLimiterBuilder,
+    Algorithm, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
+    RateLimiter, RateLimiterBuilder,
 };

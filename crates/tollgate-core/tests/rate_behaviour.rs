@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use tollgate_core::{
     Algorithm, DecisionSource, Error, FailurePolicy, ManualClock, MemoryBackend, Quota,
-    RateBackend, RateLimiter, RedisBackend,
+    RateBackend, RateLimiter, RedisBackend, Subject,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -720,6 +720,71 @@ async fn deny_cache_saves_round_trips_and_never_over_denies() {
     clock.advance(Duration::from_secs(2));
     let d = l.check_n("flood", 2).await.unwrap();
     assert_eq!(d.source, DecisionSource::Backend);
+}
+
+/// `try_check_now` decides at once exactly when no round trip is needed:
+/// on Redis only from the deny cache (no EVALSHA), otherwise it hands back a
+/// pending check whose `send` is the one round trip; the memory backend
+/// always answers at once. Both halves agree with `check_n`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_check_now_answers_at_once_only_without_a_round_trip() {
+    let server = RedisServer::start().unwrap();
+    let clock = ManualClock::starting_now();
+    let l = RateLimiter::builder(
+        RedisBackend::new(server.connection_manager().await),
+        Algorithm::TokenBucket,
+    )
+    .quota(q(1, 3600))
+    .clock(clock.clone())
+    .failure_policy(FailurePolicy::Deny)
+    .build()
+    .unwrap();
+    let s = Subject::new("two-phase");
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let pending = l
+        .try_check_now(&s, 1)
+        .expect_err("Redis needs a round trip");
+    assert!(format!("{pending:?}").contains("PendingCheck"));
+    let first = pending.send().await.unwrap();
+    assert!(first.allowed && first.source == DecisionSource::Backend);
+    let second = match l.try_check_now(&s, 1) {
+        Err(pending) => pending.send().await.unwrap(),
+        Ok(d) => panic!("decided without Redis before any denial: {d:?}"),
+    };
+    assert!(!second.allowed && second.source == DecisionSource::Backend);
+    // Now the denial is cached: answered at once, no EVALSHA.
+    let third = l.try_check_now(&s, 1).expect("cached").unwrap();
+    assert!(!third.allowed && third.source == DecisionSource::DenyCache);
+    // A cost that can never fit: at once, without Redis.
+    assert!(matches!(
+        l.try_check_now(&s, 2),
+        Ok(Err(Error::CostExceedsCapacity {
+            cost: 2,
+            capacity: 1
+        }))
+    ));
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "{stats}");
+
+    // The memory backend: always at once, same figures as check_n.
+    let mem = MemoryBackend::with_clock(clock.clone());
+    let a = RateLimiter::builder(mem.clone(), Algorithm::Gcra)
+        .quota(q(3, 60))
+        .name("a")
+        .deny_cache(0) // decisions from the backend, comparable figure for figure
+        .build()
+        .unwrap();
+    let b = RateLimiter::builder(mem, Algorithm::Gcra)
+        .quota(q(3, 60))
+        .name("b")
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let now = a.try_check_now(&s, 1).expect("in process").unwrap();
+        let later = b.check_n(&s, 1).await.unwrap();
+        assert_eq!(now, later);
+    }
 }
 
 /// The sliding log's memory stays bounded by the limit under a flood.

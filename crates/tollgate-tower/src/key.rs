@@ -218,7 +218,7 @@ impl IpGrouping {
             IpAddr::V6(v6) => (IpAddr::V6(mask_v6(v6, self.v6)), self.v6, 128),
         };
         if prefix >= full {
-            Subject::new(net.to_string())
+            Subject::from(net)
         } else {
             Subject::new(format!("{net}/{prefix}"))
         }

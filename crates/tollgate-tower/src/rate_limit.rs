@@ -226,15 +226,12 @@ impl Shared {
         }
     }
 
-    /// The rate-limit headers for `decision`: `Retry-After` on a denial, the
-    /// draft-10 headers when on (`RateLimit` only with real figures: not for
-    /// fail-open decisions), legacy ones when asked for.
-    fn headers(&self, decision: &Decision, denied: bool) -> HeaderMap {
+    /// The headers of a denial: `Retry-After`, the draft-10 headers when on,
+    /// legacy ones when asked for.
+    fn denial_headers(&self, decision: &Decision) -> HeaderMap {
         let mut h = HeaderMap::new();
-        if denied {
-            let wait = decision.retry_after.unwrap_or(Duration::from_secs(1));
-            h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
-        }
+        let wait = decision.retry_after.unwrap_or(Duration::from_secs(1));
+        h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
         if self.options.headers {
             self.formatter.insert_for_decision(&mut h, decision);
         }
@@ -247,6 +244,33 @@ impl Shared {
             );
         }
         h
+    }
+
+    /// The headers of an admitted (or shadow-denied) response, made before
+    /// the decision moves into the request's extensions; applied to the
+    /// inner service's response without building a map.
+    fn admitted_headers(&self, decision: &Decision) -> AdmittedHeaders {
+        let (policy, ratelimit) = if self.options.headers {
+            (
+                self.formatter.policy().cloned(),
+                self.formatter.ratelimit_value(decision),
+            )
+        } else {
+            (None, None)
+        };
+        let legacy = (self.options.legacy_headers && decision.source != DecisionSource::FailOpen)
+            .then(|| {
+                Box::new([
+                    HeaderValue::from(decision.limit),
+                    HeaderValue::from(decision.remaining),
+                    HeaderValue::from(ceil_secs(decision.reset_after)),
+                ])
+            });
+        AdmittedHeaders {
+            policy,
+            ratelimit,
+            legacy,
+        }
     }
 
     fn policy_only_headers(&self) -> HeaderMap {
@@ -266,7 +290,7 @@ impl Shared {
         grpc: bool,
     ) -> Response<Bytes> {
         let headers = match &reason {
-            Reason::Limited(d) => self.headers(d, true),
+            Reason::Limited(d) => self.denial_headers(d),
             Reason::CostExceedsCapacity { .. } => self.policy_only_headers(),
             _ => HeaderMap::new(),
         };
@@ -877,16 +901,12 @@ where
             }
         };
         let cost = self.cost.cost(&req);
-        let checker = Arc::clone(&shared);
         // Lazy: nothing happens until the response future is polled.
-        let check = Box::pin(async move {
-            let result = checker.limiter.check_n(subject.clone(), cost).await;
-            checker.observe(&subject, cost, &result);
-            result
-        });
         ResponseFuture {
             state: State::Checking {
-                check,
+                subject,
+                cost,
+                pending: None,
                 inner: Some(inner),
                 req: Some(req),
                 shared,
@@ -935,7 +955,10 @@ pin_project! {
         S: Service<Request<ReqB>>,
     {
         Checking {
-            check: BoxFuture<'static, Result<Decision, Error>>,
+            subject: Subject,
+            cost: u64,
+            // Only a check that needs a round trip is boxed.
+            pending: Option<BoxFuture<'static, Result<Decision, Error>>>,
             inner: Option<S>,
             req: Option<Request<ReqB>>,
             shared: Arc<Shared>,
@@ -944,7 +967,7 @@ pin_project! {
         Calling {
             #[pin]
             fut: S::Future,
-            headers: Option<HeaderMap>,
+            headers: Option<AdmittedHeaders>,
         },
         Reply {
             response: Option<Response<Bytes>>,
@@ -956,7 +979,7 @@ impl<S, ReqB> ResponseFuture<S, ReqB>
 where
     S: Service<Request<ReqB>>,
 {
-    fn calling(fut: S::Future, headers: Option<HeaderMap>) -> Self {
+    fn calling(fut: S::Future, headers: Option<AdmittedHeaders>) -> Self {
         ResponseFuture {
             state: State::Calling { fut, headers },
         }
@@ -998,19 +1021,31 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking {
-                    check,
+                    subject,
+                    cost,
+                    pending,
                     inner,
                     req,
                     shared,
                     grpc,
                 } => {
-                    let result = ready!(check.as_mut().poll(cx));
+                    let result = match pending {
+                        Some(check) => ready!(check.as_mut().poll(cx)),
+                        None => match shared.limiter.try_check_now(subject, *cost) {
+                            Ok(decided) => decided,
+                            Err(round_trip) => {
+                                *pending = Some(Box::pin(round_trip.send()));
+                                continue;
+                            }
+                        },
+                    };
+                    shared.observe(subject, *cost, &result);
                     let shadow = shared.options.shadow;
                     let mut req = req.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
                     let headers = match result {
                         Ok(d) if d.allowed || shadow => {
-                            let headers = shared.headers(&d, false);
+                            let headers = shared.admitted_headers(&d);
                             req.extensions_mut().insert(d);
                             Some(headers)
                         }
@@ -1039,7 +1074,7 @@ where
                 StateProj::Calling { fut, headers } => {
                     let mut response = ready!(fut.poll(cx))?;
                     if let Some(extra) = headers.take() {
-                        merge_headers(response.headers_mut(), extra);
+                        extra.apply(response.headers_mut());
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::new)));
                 }
@@ -1052,23 +1087,36 @@ where
     }
 }
 
-/// Adds the rate-limit headers to a response: the structured-field lists
-/// (`RateLimit`, `RateLimit-Policy`) are appended, so stacked limiters each
-/// report their own policy; other headers are set only if absent.
-fn merge_headers(target: &mut HeaderMap, extra: HeaderMap) {
-    let mut last = None;
-    for (name, value) in extra {
-        let name = match name {
-            Some(n) => {
-                last = Some(n.clone());
-                n
+/// The rate-limit headers an admitted response gets.
+struct AdmittedHeaders {
+    policy: Option<HeaderValue>,
+    ratelimit: Option<HeaderValue>,
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (boxed: rarely on).
+    legacy: Option<Box<[HeaderValue; 3]>>,
+}
+
+impl AdmittedHeaders {
+    /// Adds the headers to a response: the structured-field lists
+    /// (`RateLimit`, `RateLimit-Policy`) are appended, so stacked limiters
+    /// each report their own policy; the legacy ones are set only if absent.
+    fn apply(self, target: &mut HeaderMap) {
+        if let Some(v) = self.policy {
+            target.append(RATELIMIT_POLICY, v);
+        }
+        if let Some(v) = self.ratelimit {
+            target.append(RATELIMIT, v);
+        }
+        if let Some(legacy) = self.legacy {
+            let [limit, remaining, reset] = *legacy;
+            for (name, value) in [
+                (X_RATELIMIT_LIMIT, limit),
+                (X_RATELIMIT_REMAINING, remaining),
+                (X_RATELIMIT_RESET, reset),
+            ] {
+                if !target.contains_key(&name) {
+                    target.insert(name, value);
+                }
             }
-            None => last.clone().expect("first entry has a name"),
-        };
-        if name == RATELIMIT || name == RATELIMIT_POLICY {
-            target.append(name, value);
-        } else if !target.contains_key(&name) {
-            target.insert(name, value);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Rejections and how they are answered, over HTTP and gRPC.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,25 +128,35 @@ impl RateLimitHeaders {
         if let Some(p) = &self.policy {
             h.insert(RATELIMIT_POLICY, p.clone());
         }
-        if decision.source == DecisionSource::FailOpen {
-            return;
-        }
-        let mut value = String::new();
-        for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
-            if i > 0 {
-                value.push_str(", ");
-            }
-            // Writing to a String cannot fail.
-            let _ = write!(
-                value,
-                "{item};r={};t={}",
-                sf_integer(q.remaining),
-                sf_integer(ceil_secs(q.reset_after))
-            );
-        }
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        if let Some(v) = self.ratelimit_value(decision) {
             h.insert(RATELIMIT, v);
         }
+    }
+
+    /// The `RateLimit` value, or `None` for a fail-open decision. Written
+    /// into one buffer that becomes the header's bytes without a copy (this
+    /// runs on every request).
+    pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Option<HeaderValue> {
+        if decision.source == DecisionSource::FailOpen {
+            return None;
+        }
+        let mut value = Vec::with_capacity(self.items.iter().map(|i| i.len() + 32).sum());
+        let mut digits = itoa::Buffer::new();
+        for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
+            if i > 0 {
+                value.extend_from_slice(b", ");
+            }
+            value.extend_from_slice(item.as_bytes());
+            value.extend_from_slice(b";r=");
+            value.extend_from_slice(digits.format(sf_integer(q.remaining)).as_bytes());
+            value.extend_from_slice(b";t=");
+            value.extend_from_slice(
+                digits
+                    .format(sf_integer(ceil_secs(q.reset_after)))
+                    .as_bytes(),
+            );
+        }
+        HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
     }
 }
 

@@ -68,6 +68,14 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
     /// Makes one decision, atomically, in one round trip.
     fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>>;
 
+    /// Makes the decision at once when no I/O is needed (an in-process
+    /// backend), or returns `None` to go through [`check_rate`](Self::check_rate).
+    /// The default is `None`.
+    fn check_rate_now(&self, request: &RateRequest) -> Option<Result<RateReply>> {
+        let _ = request;
+        None
+    }
+
     /// A short name for logs: `"memory"`, `"redis"`, ….
     fn kind(&self) -> &'static str;
 }
@@ -75,6 +83,10 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
 impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
     fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         (**self).check_rate(request)
+    }
+
+    fn check_rate_now(&self, request: &RateRequest) -> Option<Result<RateReply>> {
+        (**self).check_rate_now(request)
     }
 
     fn kind(&self) -> &'static str {

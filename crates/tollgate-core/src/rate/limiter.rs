@@ -4,14 +4,14 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
 use super::{Algorithm, Decision, Outcome, Quota, MAX_LOG_LIMIT};
-use crate::backend::{MemoryBackend, RateBackend, RateRequest};
+use crate::backend::{MemoryBackend, RateBackend, RateReply, RateRequest};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::key::{hex, Keyspace, Subject, DEFAULT_PREFIX};
@@ -195,99 +195,163 @@ impl RateLimiter {
     /// [`FailurePolicy::Deny`].
     pub async fn check_n(&self, subject: impl Into<Subject>, cost: u64) -> Result<Decision> {
         let subject = subject.into();
+        match self.start(&subject, cost) {
+            Ok(decided) => decided,
+            Err(prepared) => self.send(prepared, &subject).await,
+        }
+    }
+
+    /// Decides at once when no round trip is needed: on an in-process
+    /// backend ([`MemoryBackend`]), from the deny cache, for a cost that can
+    /// never fit, or while the circuit is open. Otherwise returns the
+    /// [`PendingCheck`] to [`send`](PendingCheck::send).
+    ///
+    /// [`check_n`](Self::check_n) is this followed by `send`; middleware uses
+    /// the two halves to skip allocating a future when the answer is ready.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
+    ///
+    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1)?)?;
+    /// let alice = Subject::new("alice");
+    /// let decision = match limiter.try_check_now(&alice, 1) {
+    ///     Ok(decided) => decided?,
+    ///     Err(pending) => pending.send().await?,
+    /// };
+    /// assert!(decision.allowed);
+    /// // The memory backend always answers at once.
+    /// assert!(!limiter.try_check_now(&alice, 1).expect("in process")?.allowed);
+    /// # Ok(()) }
+    /// ```
+    #[allow(clippy::result_large_err)] // the Err is the work left to do, not a failure
+    pub fn try_check_now(
+        &self,
+        subject: &Subject,
+        cost: u64,
+    ) -> std::result::Result<Result<Decision>, PendingCheck> {
+        self.start(subject, cost).map_err(|prepared| PendingCheck {
+            limiter: self.clone(),
+            subject: subject.clone(),
+            prepared,
+        })
+    }
+
+    /// Everything up to the round trip; `Err` carries the request to send.
+    fn start(
+        &self,
+        subject: &Subject,
+        cost: u64,
+    ) -> std::result::Result<Result<Decision>, Prepared> {
         let inner = &self.inner;
         for q in inner.quotas.iter() {
             let capacity = inner.algorithm.capacity(q);
             if cost > capacity {
-                return Err(Error::CostExceedsCapacity { cost, capacity });
+                return Ok(Err(Error::CostExceedsCapacity { cost, capacity }));
             }
         }
-        let keys = self.keys_for(&subject);
-        let local_now = self.local_now();
-        if let Some(cache) = &inner.deny_cache {
-            if let Some(d) = cache.get(&keys[0], cost, local_now) {
-                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
-                return Ok(d);
-            }
-        }
-        let result = if inner.breaker.admits(monotonic_micros()) {
-            let request = RateRequest {
-                algorithm: inner.algorithm,
-                keys,
-                quotas: Arc::clone(&inner.quotas),
-                cost,
-                now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
-                // Only the log's members need a nonce; skip the syscall elsewhere.
-                nonce: if inner.algorithm == Algorithm::SlidingWindowLog {
-                    random_u64()
-                } else {
-                    0
-                },
-            };
-            let outcome = {
-                let mut call = inner.backend.check_rate(&request);
-                // The memory backend answers on the first poll: no timer
-                // needed (and none is required of the runtime).
-                match futures_util::poll!(&mut call) {
-                    std::task::Poll::Ready(r) => r,
-                    std::task::Poll::Pending => tokio::time::timeout(inner.timeout, call)
-                        .await
-                        .unwrap_or(Err(Error::Timeout(inner.timeout))),
-                }
-            };
-            match outcome {
-                Ok(reply) if reply.outcomes.len() == inner.quotas.len() => {
-                    inner.breaker.success();
-                    Ok((reply.allowed, reply.outcomes, request.keys))
-                }
-                Ok(reply) => {
-                    inner.breaker.failure(monotonic_micros());
-                    Err(Error::Protocol(format!(
-                        "{} outcomes for {} quotas",
-                        reply.outcomes.len(),
-                        inner.quotas.len()
-                    )))
-                }
-                Err(e) => {
-                    // Only an unreachable or overloaded backend trips the
-                    // breaker; an error about one key's data (WRONGTYPE, …)
-                    // says nothing about the others.
-                    if is_outage(&e) {
-                        inner.breaker.failure(monotonic_micros());
-                    } else {
-                        inner.breaker.success();
-                    }
-                    Err(e)
-                }
-            }
+        let keys = self.keys_for(subject);
+        // Only the deny cache needs the local time (as of before the request
+        // is sent); skip the clock read without one.
+        let sent_at = if inner.deny_cache.is_some() {
+            self.local_now()
         } else {
-            Err(Error::CircuitOpen)
+            0
         };
-        match result {
-            Ok((allowed, outcomes, keys)) => {
-                let d = Decision::from_outcomes(
-                    inner.algorithm,
-                    &inner.quotas,
-                    &outcomes,
-                    allowed,
-                    DecisionSource::Backend,
-                );
-                if allowed {
-                    tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
-                } else {
-                    // Middleware reports decisions at info; the plain API at debug.
-                    tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
-                    if let Some(cache) = &inner.deny_cache {
-                        cache.insert(&keys[0], cost, local_now, &d);
-                    }
-                }
-                Ok(d)
+        if let Some(cache) = &inner.deny_cache {
+            if let Some(d) = cache.get(&keys[0], cost, sent_at) {
+                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
+                return Ok(Ok(d));
             }
-            Err(e) => self.on_failure(subject, cost, e).await,
+        }
+        if !inner.breaker.admits() {
+            return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
+        }
+        let request = RateRequest {
+            algorithm: inner.algorithm,
+            keys,
+            quotas: Arc::clone(&inner.quotas),
+            cost,
+            now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
+            // Only the log's members need a nonce; skip the syscall elsewhere.
+            nonce: if inner.algorithm == Algorithm::SlidingWindowLog {
+                random_u64()
+            } else {
+                0
+            },
+        };
+        match inner.backend.check_rate_now(&request) {
+            Some(outcome) => Ok(self.conclude(subject, sent_at, &request, outcome)),
+            None => Err(Prepared { request, sent_at }),
         }
     }
 
-    async fn on_failure(&self, subject: Subject, cost: u64, error: Error) -> Result<Decision> {
+    /// The round trip, bounded by the timeout.
+    async fn send(&self, prepared: Prepared, subject: &Subject) -> Result<Decision> {
+        let inner = &self.inner;
+        let outcome =
+            tokio::time::timeout(inner.timeout, inner.backend.check_rate(&prepared.request))
+                .await
+                .unwrap_or(Err(Error::Timeout(inner.timeout)));
+        self.conclude(subject, prepared.sent_at, &prepared.request, outcome)
+    }
+
+    /// Turns the backend's answer (or failure) into a decision.
+    fn conclude(
+        &self,
+        subject: &Subject,
+        sent_at: u64,
+        request: &RateRequest,
+        outcome: Result<RateReply>,
+    ) -> Result<Decision> {
+        let inner = &self.inner;
+        let reply = match outcome {
+            Ok(reply) if reply.outcomes.len() == inner.quotas.len() => {
+                inner.breaker.success();
+                reply
+            }
+            Ok(reply) => {
+                inner.breaker.failure(monotonic_micros());
+                let e = Error::Protocol(format!(
+                    "{} outcomes for {} quotas",
+                    reply.outcomes.len(),
+                    inner.quotas.len()
+                ));
+                return self.on_failure(subject, request.cost, e);
+            }
+            Err(e) => {
+                // Only an unreachable or overloaded backend trips the
+                // breaker; an error about one key's data (WRONGTYPE, …)
+                // says nothing about the others.
+                if is_outage(&e) {
+                    inner.breaker.failure(monotonic_micros());
+                } else {
+                    inner.breaker.success();
+                }
+                return self.on_failure(subject, request.cost, e);
+            }
+        };
+        let d = Decision::from_outcomes(
+            inner.algorithm,
+            &inner.quotas,
+            &reply.outcomes,
+            reply.allowed,
+            DecisionSource::Backend,
+        );
+        if reply.allowed {
+            tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
+        } else {
+            // Middleware reports decisions at info; the plain API at debug.
+            tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
+            if let Some(cache) = &inner.deny_cache {
+                cache.insert(&request.keys[0], request.cost, sent_at, &d);
+            }
+        }
+        Ok(d)
+    }
+
+    fn on_failure(&self, subject: &Subject, cost: u64, error: Error) -> Result<Decision> {
         let inner = &self.inner;
         if matches!(error, Error::CircuitOpen) {
             // Once per check while the circuit is open: keep it out of warn.
@@ -321,9 +385,15 @@ impl RateLimiter {
                     .map(|q| fallback.algorithm().capacity(q))
                     .min()
                     .unwrap_or(cost);
-                let mut d = Box::pin(fallback.check_n(subject, cost.min(most))).await?;
-                d.source = DecisionSource::Fallback;
-                Ok(d)
+                match fallback.start(subject, cost.min(most)) {
+                    Ok(decided) => decided.map(|mut d| {
+                        d.source = DecisionSource::Fallback;
+                        d
+                    }),
+                    // The fallback runs on a MemoryBackend, which always
+                    // answers in process: this arm is never taken.
+                    Err(_) => Err(error),
+                }
             }
         }
     }
@@ -333,6 +403,38 @@ impl RateLimiter {
             Some(c) => c.now_micros(),
             None => monotonic_micros(),
         }
+    }
+}
+
+/// A check that needs a round trip: see [`RateLimiter::try_check_now`].
+#[must_use = "a pending check does nothing until it is sent"]
+pub struct PendingCheck {
+    limiter: RateLimiter,
+    subject: Subject,
+    prepared: Prepared,
+}
+
+struct Prepared {
+    request: RateRequest,
+    /// Local time before sending, for the deny cache.
+    sent_at: u64,
+}
+
+impl PendingCheck {
+    /// Sends the check (one round trip, bounded by the limiter's timeout)
+    /// and decides, applying the failure policy as
+    /// [`RateLimiter::check_n`] does.
+    pub async fn send(self) -> Result<Decision> {
+        self.limiter.send(self.prepared, &self.subject).await
+    }
+}
+
+impl fmt::Debug for PendingCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PendingCheck")
+            .field("subject", &self.subject)
+            .field("cost", &self.prepared.request.cost)
+            .finish_non_exhaustive()
     }
 }
 
@@ -565,11 +667,12 @@ impl Breaker {
 
     /// Whether a call may go to the backend now. When the cooldown is over,
     /// exactly one caller probes (and pushes the deadline out for the rest).
-    fn admits(&self, now: u64) -> bool {
+    fn admits(&self) -> bool {
         let until = self.open_until.load(Ordering::Acquire);
         if until == 0 {
-            return true;
+            return true; // closed: no clock read on the hot path
         }
+        let now = monotonic_micros();
         now >= until
             && self
                 .open_until
@@ -609,6 +712,9 @@ struct DenyCache {
     shard_capacity: usize,
     shards: Vec<Mutex<DenyShard>>,
     hasher: std::hash::RandomState,
+    /// Entries held in all shards: while 0 (nobody is denied), a lookup
+    /// costs one atomic load instead of a hash and a lock.
+    live: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -632,6 +738,7 @@ impl DenyCache {
             shard_capacity: capacity.div_ceil(DENY_SHARDS).max(1),
             shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::hash::RandomState::new(),
+            live: AtomicUsize::new(0),
         }
     }
 
@@ -642,10 +749,14 @@ impl DenyCache {
     }
 
     fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
+        if self.live.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let mut shard = self.shard(key);
         let entry = shard.map.get(key)?;
         if now >= entry.until {
             shard.map.remove(key);
+            self.live.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         // A smaller cost may fit sooner than the cached wait: ask the backend.
@@ -670,7 +781,10 @@ impl DenyCache {
             if sent_at < shard.earliest {
                 return; // full of live entries: skip, at O(1)
             }
+            let before = shard.map.len();
             shard.map.retain(|_, e| e.until > sent_at);
+            self.live
+                .fetch_sub(before - shard.map.len(), Ordering::Relaxed);
             shard.earliest = shard.map.values().map(|e| e.until).min().unwrap_or(0);
             if shard.map.len() >= self.shard_capacity {
                 return;
@@ -681,7 +795,7 @@ impl DenyCache {
         } else {
             shard.earliest.min(until)
         };
-        shard.map.insert(
+        let previous = shard.map.insert(
             key.to_owned(),
             CachedDenial {
                 until,
@@ -689,5 +803,8 @@ impl DenyCache {
                 decision: d.clone(),
             },
         );
+        if previous.is_none() {
+            self.live.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }

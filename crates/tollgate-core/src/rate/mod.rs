@@ -27,7 +27,7 @@ pub(crate) mod sliding_window_log;
 pub(crate) mod token_bucket;
 
 pub use limiter::{
-    DecisionSource, FailurePolicy, RateLimiter, RateLimiterBuilder, DEFAULT_TIMEOUT,
+    DecisionSource, FailurePolicy, PendingCheck, RateLimiter, RateLimiterBuilder, DEFAULT_TIMEOUT,
 };
 pub use quota::Quota;
 pub use sliding_window_log::MAX_LOG_LIMIT;
