@@ -1,10 +1,11 @@
 -- Prologue shared by the five rate-limit scripts; the loader prepends it to
 -- each (Redis scripts cannot include one another).
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost.
-local now = tonumber(ARGV[1])
+local now = ARGV[1] ~= '' and tonumber(ARGV[1]) -- '' (the default) skips a strtod
 if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2] -- string to number by arithmetic: cheaper than tonumber
 end
-local cost = tonumber(ARGV[2])
+-- Arithmetic coerces a string with one strtod; tonumber() runs two.
+local cost = ARGV[2] + 0
 local n = #KEYS

@@ -9,9 +9,40 @@
 -- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
 -- the figures after logging the cost when every quota admits it, else the
 -- figures as they stand (nothing is added: all or nothing).
+if n == 1 then
+  -- One quota: the same steps as the loop below, straight-line (no tables).
+  local limit, period = ARGV[4] + 0, ARGV[5] + 0
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - period))
+  local count = redis.call('ZCARD', KEYS[1])
+  if count + cost > limit then
+    local reset, idx = 0, count + cost - limit - 1
+    if count > 0 then
+      reset = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]) + period - now
+    end
+    local retry = tonumber(redis.call('ZRANGE', KEYS[1], idx, idx, 'WITHSCORES')[2]) + period - now
+    return {0, limit - count, reset, retry}
+  end
+  local score = string.format('%d', now)
+  if cost == 1 then
+    -- The usual cost: no argument table, no unpack.
+    redis.call('ZADD', KEYS[1], score, ARGV[3] .. ':1')
+  else
+    local m = 0
+    while m < cost do
+      local args, k = {}, 0
+      while m < cost and k < 1000 do
+        m, k = m + 1, k + 1
+        args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. m
+      end
+      redis.call('ZADD', KEYS[1], unpack(args))
+    end
+  end
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(period / 1000)))
+  return {1, limit - count - cost, period, 0}
+end
 local count, limit, period, ok = {}, {}, {}, true
 for i = 1, n do
-  limit[i], period[i] = tonumber(ARGV[2 + 2 * i]), tonumber(ARGV[3 + 2 * i])
+  limit[i], period[i] = ARGV[2 + 2 * i] + 0, ARGV[3 + 2 * i] + 0
   -- Entries at or before now - period have left the window.
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - period[i]))
   count[i] = redis.call('ZCARD', KEYS[i])
@@ -32,7 +63,7 @@ for i = 1, n do
       end
       redis.call('ZADD', KEYS[i], unpack(args))
     end
-    redis.call('PEXPIRE', KEYS[i], math.ceil(period[i] / 1000))
+    redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil(period[i] / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, period[i], 0
   else
     local reset, retry = 0, 0

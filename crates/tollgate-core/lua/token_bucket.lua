@@ -10,8 +10,9 @@
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables),
   -- which saves about a fifth of the script's CPU.
-  local interval = tonumber(ARGV[5])
-  local full = tonumber(ARGV[4]) * interval
+  local interval = ARGV[5] + 0
+  local full = ARGV[4] * interval
+  -- tonumber(): a value this script did not write reads as no value.
   local empty_at = tonumber(redis.call('GET', KEYS[1])) or (now - full)
   if empty_at < now - full then empty_at = now - full end
   local tokens = math.floor((now - empty_at) / interval)
@@ -19,13 +20,16 @@ if n == 1 then
   if tokens < cost then
     return {0, tokens, empty_at + full - now, after - now}
   end
-  redis.call('SET', KEYS[1], string.format('%d', after), 'PX', math.max(1, math.ceil((after + full - now) / 1000)))
+  local px = math.ceil((after + full - now) / 1000)
+  if px < 1 then px = 1 end
+  -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
+  redis.call('SET', KEYS[1], string.format('%d', after), 'PX', string.format('%d', px))
   return {1, tokens - cost, after + full - now, 0}
 end
 local empty_at, tokens, full, ok = {}, {}, {}, true
 for i = 1, n do
-  local interval = tonumber(ARGV[3 + 2 * i])
-  full[i] = tonumber(ARGV[2 + 2 * i]) * interval
+  local interval = ARGV[3 + 2 * i] + 0
+  full[i] = ARGV[2 + 2 * i] * interval
   local e = tonumber(redis.call('GET', KEYS[i])) or (now - full[i])
   -- A full bucket holds no more than its capacity.
   if e < now - full[i] then e = now - full[i] end
@@ -35,11 +39,13 @@ end
 local out = {ok and 1 or 0}
 for i = 1, n do
   local j = 3 * i - 1
-  local after = empty_at[i] + cost * tonumber(ARGV[3 + 2 * i])
+  local after = empty_at[i] + cost * ARGV[3 + 2 * i]
   if ok then
     -- The key is worthless once the bucket is full again: expire it then.
     -- At least 1 ms: a cost of 0 on a full bucket leaves nothing to wait for.
-    redis.call('SET', KEYS[i], string.format('%d', after), 'PX', math.max(1, math.ceil((after + full[i] - now) / 1000)))
+    local px = math.ceil((after + full[i] - now) / 1000)
+    if px < 1 then px = 1 end
+    redis.call('SET', KEYS[i], string.format('%d', after), 'PX', string.format('%d', px))
     out[j], out[j + 1], out[j + 2] = tokens[i] - cost, after + full[i] - now, 0
   else
     out[j], out[j + 1], out[j + 2] = tokens[i], empty_at[i] + full[i] - now, math.max(after - now, 0)

@@ -239,14 +239,17 @@ impl Decision {
                     .then(|| Duration::from_micros(o.retry_after_micros)),
             })
             .collect();
-        let strictest = if allowed {
-            per.iter()
+        let strictest = match &per[..] {
+            [only] => *only,
+            several if allowed => *several
+                .iter()
                 .min_by_key(|d| (d.remaining, std::cmp::Reverse(d.reset_after)))
-        } else {
-            per.iter().max_by_key(|d| d.retry_after)
-        }
-        .copied()
-        .expect("at least one quota");
+                .expect("at least one quota"),
+            several => *several
+                .iter()
+                .max_by_key(|d| d.retry_after)
+                .expect("at least one quota"),
+        };
         Decision {
             allowed,
             limit: strictest.limit,
