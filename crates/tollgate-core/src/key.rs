@@ -361,6 +361,17 @@ mod tests {
             let addr: IpAddr = ip.parse().unwrap();
             assert_eq!(Subject::from(addr), Subject::new(addr.to_string()), "{ip}");
         }
+        // Every octet value in every position.
+        for n in 0..=255u8 {
+            for octets in [[n, 0, 0, 0], [1, n, 2, 3], [9, 99, n, 199], [255, 10, 0, n]] {
+                let addr = IpAddr::from(octets);
+                assert_eq!(
+                    Subject::from(addr),
+                    Subject::new(addr.to_string()),
+                    "{addr}"
+                );
+            }
+        }
     }
 
     #[test]

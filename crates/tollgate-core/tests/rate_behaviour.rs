@@ -723,23 +723,27 @@ async fn deny_cache_saves_round_trips_and_never_over_denies() {
 }
 
 /// `try_check_now` decides at once exactly when no round trip is needed:
-/// on Redis only from the deny cache (no EVALSHA), otherwise it hands back a
-/// pending check whose `send` is the one round trip; the memory backend
-/// always answers at once. Both halves agree with `check_n`.
+/// on Redis only from the deny cache or for a cost that can never fit (no
+/// EVALSHA), otherwise it hands back a pending check whose `send` is the one
+/// round trip, with the same figures `check_n` gives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_check_now_answers_at_once_only_without_a_round_trip() {
     let server = RedisServer::start().unwrap();
     let clock = ManualClock::starting_now();
-    let l = RateLimiter::builder(
-        RedisBackend::new(server.connection_manager().await),
-        Algorithm::TokenBucket,
-    )
-    .quota(q(1, 3600))
-    .clock(clock.clone())
-    .failure_policy(FailurePolicy::Deny)
-    .build()
-    .unwrap();
+    let build = |name: &str, conn| {
+        RateLimiter::builder(RedisBackend::new(conn), Algorithm::TokenBucket)
+            .quota(q(1, 3600))
+            .clock(clock.clone())
+            .failure_policy(FailurePolicy::Deny)
+            .name(name)
+            .build()
+            .unwrap()
+    };
+    let l = build("two-phase", server.connection_manager().await);
+    let twin = build("twin", server.connection_manager().await);
     let s = Subject::new("two-phase");
+    // Load the script first, so that the counts below are real decisions.
+    assert!(l.check("warm-up").await.unwrap().allowed);
     server.cli(&["CONFIG", "RESETSTAT"]);
     let pending = l
         .try_check_now(&s, 1)
@@ -747,11 +751,13 @@ async fn try_check_now_answers_at_once_only_without_a_round_trip() {
     assert!(format!("{pending:?}").contains("PendingCheck"));
     let first = pending.send().await.unwrap();
     assert!(first.allowed && first.source == DecisionSource::Backend);
+    assert_eq!(first, twin.check_n(&s, 1).await.unwrap());
     let second = match l.try_check_now(&s, 1) {
         Err(pending) => pending.send().await.unwrap(),
         Ok(d) => panic!("decided without Redis before any denial: {d:?}"),
     };
     assert!(!second.allowed && second.source == DecisionSource::Backend);
+    assert_eq!(second, twin.check_n(&s, 1).await.unwrap());
     // Now the denial is cached: answered at once, no EVALSHA.
     let third = l.try_check_now(&s, 1).expect("cached").unwrap();
     assert!(!third.allowed && third.source == DecisionSource::DenyCache);
@@ -764,26 +770,57 @@ async fn try_check_now_answers_at_once_only_without_a_round_trip() {
         }))
     ));
     let stats = server.cli(&["INFO", "commandstats"]);
-    assert!(stats.contains("cmdstat_evalsha:calls=2,"), "{stats}");
+    assert!(stats.contains("cmdstat_evalsha:calls=4,"), "{stats}");
+    assert!(!stats.contains("cmdstat_eval:"), "{stats}");
+}
 
-    // The memory backend: always at once, same figures as check_n.
-    let mem = MemoryBackend::with_clock(clock.clone());
-    let a = RateLimiter::builder(mem.clone(), Algorithm::Gcra)
-        .quota(q(3, 60))
-        .name("a")
-        .deny_cache(0) // decisions from the backend, comparable figure for figure
-        .build()
-        .unwrap();
-    let b = RateLimiter::builder(mem, Algorithm::Gcra)
-        .quota(q(3, 60))
-        .name("b")
+/// A backend that answers on the first poll but only implements
+/// `check_rate` (a wrapper, say) still needs no timer from the runtime: the
+/// limiter arms its timeout only for a call that is really pending.
+#[test]
+fn a_ready_backend_needs_no_timer() {
+    #[derive(Debug)]
+    struct Wrapper(MemoryBackend);
+    impl RateBackend for Wrapper {
+        fn check_rate<'a>(
+            &'a self,
+            request: &'a tollgate_core::backend::RateRequest,
+        ) -> futures_util::future::BoxFuture<
+            'a,
+            tollgate_core::Result<tollgate_core::backend::RateReply>,
+        > {
+            self.0.check_rate(request)
+        }
+        fn kind(&self) -> &'static str {
+            "wrapper"
+        }
+    }
+    let clock = ManualClock::starting_now();
+    // No deny cache: both decide from their backend, figure for figure.
+    let wrapped = RateLimiter::builder(
+        Wrapper(MemoryBackend::with_clock(clock.clone())),
+        Algorithm::Gcra,
+    )
+    .quota(q(2, 60))
+    .deny_cache(0)
+    .build()
+    .unwrap();
+    let plain = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), Algorithm::Gcra)
+        .quota(q(2, 60))
         .deny_cache(0)
         .build()
         .unwrap();
-    for _ in 0..5 {
-        let now = a.try_check_now(&s, 1).expect("in process").unwrap();
-        let later = b.check_n(&s, 1).await.unwrap();
-        assert_eq!(now, later);
+    // No `enable_time`: arming a tokio timer here would panic.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        let a = rt.block_on(wrapped.check("x")).unwrap();
+        let b = rt.block_on(plain.check("x")).unwrap();
+        assert_eq!(
+            (a.allowed, a.remaining, a.retry_after),
+            (b.allowed, b.remaining, b.retry_after)
+        );
     }
 }
 

@@ -1127,6 +1127,52 @@ mod tests {
 
     use super::*;
 
+    /// Stacked limiters each report their policy (the structured-field
+    /// lists are appended, inner first) while the legacy `X-RateLimit-*`
+    /// headers keep the inner limiter's figures (set only if absent).
+    #[tokio::test]
+    async fn stacked_limiters_append_lists_and_keep_the_inner_legacy_headers() {
+        use tower::{service_fn, ServiceBuilder, ServiceExt};
+
+        let layer = |name: &str, limit: u64| {
+            let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
+                .quota(Quota::per_minute(limit).unwrap())
+                .name(name)
+                .build()
+                .unwrap();
+            RateLimitLayer::new(limiter)
+                .key(crate::key::GlobalKey)
+                .legacy_headers(true)
+        };
+        let svc = ServiceBuilder::new()
+            .layer(layer("outer", 10))
+            .layer(layer("inner", 3))
+            .service(service_fn(|_: Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(
+                    http_body_util::Empty::<Bytes>::new(),
+                ))
+            }));
+        let res = svc.oneshot(Request::new(())).await.unwrap();
+        let all = |name: &str| -> Vec<String> {
+            res.headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(
+            all("ratelimit-policy"),
+            [r#""inner";q=3;w=60"#, r#""outer";q=10;w=60"#]
+        );
+        // t= counts down to the end of the epoch-aligned minute.
+        let lists = all("ratelimit");
+        assert_eq!(lists.len(), 2, "{lists:?}");
+        assert!(lists[0].starts_with(r#""inner";r=2;t="#), "{lists:?}");
+        assert!(lists[1].starts_with(r#""outer";r=9;t="#), "{lists:?}");
+        assert_eq!(all("x-ratelimit-limit"), ["3"]);
+        assert_eq!(all("x-ratelimit-remaining"), ["2"]);
+    }
+
     /// A denial announces its wait in whole seconds, rounded up and never 0,
     /// over HTTP and gRPC, whatever the decision says (no wait, a zero or
     /// sub-second wait); legacy headers on or off.

@@ -140,7 +140,7 @@ impl RateLimitHeaders {
         if decision.source == DecisionSource::FailOpen {
             return None;
         }
-        let mut value = Vec::with_capacity(self.items.iter().map(|i| i.len() + 32).sum());
+        let mut value = Vec::with_capacity(self.items.iter().map(|i| i.len() + 40).sum());
         let mut digits = itoa::Buffer::new();
         for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
             if i > 0 {

@@ -276,8 +276,10 @@ fn shard_index(seed: u64, tag: &[u8]) -> usize {
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding the lock cannot leave a half-written entry (entries
-    // are replaced whole), so a poisoned lock is still usable.
+    // A panic while holding the lock cannot leave a half-written entry: entries
+    // are replaced whole, and the single-quota path's placeholder (taken out
+    // while the step runs) reads as fresh state, as a removed entry would. So
+    // a poisoned lock is still usable.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 

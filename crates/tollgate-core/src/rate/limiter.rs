@@ -288,12 +288,26 @@ impl RateLimiter {
     }
 
     /// The round trip, bounded by the timeout.
-    async fn send(&self, prepared: Prepared, subject: &Subject) -> Result<Decision> {
+    async fn send(&self, mut prepared: Prepared, subject: &Subject) -> Result<Decision> {
         let inner = &self.inner;
-        let outcome =
-            tokio::time::timeout(inner.timeout, inner.backend.check_rate(&prepared.request))
-                .await
-                .unwrap_or(Err(Error::Timeout(inner.timeout)));
+        // A pending check may be sent a while after it was made: time it now.
+        if let Some(clock) = &inner.clock {
+            prepared.request.now_micros = Some(clock.now_micros());
+        }
+        if inner.deny_cache.is_some() {
+            prepared.sent_at = self.local_now();
+        }
+        let outcome = {
+            let mut call = inner.backend.check_rate(&prepared.request);
+            // A backend that answers on the first poll needs no timer (and
+            // then none is required of the runtime).
+            match futures_util::poll!(&mut call) {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => tokio::time::timeout(inner.timeout, call)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(inner.timeout))),
+            }
+        };
         self.conclude(subject, prepared.sent_at, &prepared.request, outcome)
     }
 
@@ -392,7 +406,10 @@ impl RateLimiter {
                     }),
                     // The fallback runs on a MemoryBackend, which always
                     // answers in process: this arm is never taken.
-                    Err(_) => Err(error),
+                    Err(_) => {
+                        debug_assert!(false, "the fallback limiter must answer in process");
+                        Err(error)
+                    }
                 }
             }
         }
@@ -423,7 +440,11 @@ struct Prepared {
 impl PendingCheck {
     /// Sends the check (one round trip, bounded by the limiter's timeout)
     /// and decides, applying the failure policy as
-    /// [`RateLimiter::check_n`] does.
+    /// [`RateLimiter::check_n`] does. The decision is timed when it is sent.
+    ///
+    /// Send it promptly: when the circuit breaker is half-open, this check
+    /// may be the one probe of the backend, and dropping it unsent keeps
+    /// the circuit open for another cooldown.
     pub async fn send(self) -> Result<Decision> {
         self.limiter.send(self.prepared, &self.subject).await
     }
@@ -712,9 +733,11 @@ struct DenyCache {
     shard_capacity: usize,
     shards: Vec<Mutex<DenyShard>>,
     hasher: std::hash::RandomState,
-    /// Entries held in all shards: while 0 (nobody is denied), a lookup
-    /// costs one atomic load instead of a hash and a lock.
+    /// Entries held in all shards, and the latest `until` of any entry:
+    /// while nothing is held or everything has run out (nobody is denied),
+    /// a lookup costs two atomic loads instead of a hash and a lock.
     live: AtomicUsize,
+    latest_until: AtomicU64,
 }
 
 #[derive(Default)]
@@ -739,6 +762,7 @@ impl DenyCache {
             shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::hash::RandomState::new(),
             live: AtomicUsize::new(0),
+            latest_until: AtomicU64::new(0),
         }
     }
 
@@ -749,7 +773,9 @@ impl DenyCache {
     }
 
     fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
-        if self.live.load(Ordering::Relaxed) == 0 {
+        if self.live.load(Ordering::Relaxed) == 0
+            || now >= self.latest_until.load(Ordering::Relaxed)
+        {
             return None;
         }
         let mut shard = self.shard(key);
@@ -806,5 +832,6 @@ impl DenyCache {
         if previous.is_none() {
             self.live.fetch_add(1, Ordering::Relaxed);
         }
+        self.latest_until.fetch_max(until, Ordering::Relaxed);
     }
 }
