@@ -36,8 +36,8 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         "tollgate `check`, memory backend, GCRA (deny cache on, default)",
         "tollgate `check`, memory backend, GCRA (deny cache off)",
         "governor keyed `check_key` (GCRA; what tower_governor runs)",
-        "`getrandom::fill` of 8 bytes (tollgate draws a nonce per check)",
-        "`tokio::time::timeout` around a ready future (tollgate bounds every check)",
+        "`getrandom::fill` of 8 bytes (the sliding log draws a nonce per check)",
+        "`tokio::time::timeout` around a ready future (tollgate bounds every round trip)",
         "`Subject::from(IpAddr)` + key string (per check)",
     ];
     let k = names.len();
