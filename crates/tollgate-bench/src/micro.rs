@@ -131,7 +131,6 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
 /// The HTTP item's routers driven in process, request by request.
 async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
     use crate::http::{app, ServeOpts, Variant};
-    use tower::Service;
 
     let n = opts.scale(100_000);
     let variants = [
@@ -161,14 +160,9 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
             let router = &mut routers[c];
             let t0 = Instant::now();
             for _ in 0..n {
-                let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
-                req.extensions_mut()
-                    .insert(axum::extract::ConnectInfo(peer));
-                let res = router.call(req).await?;
-                if !res.status().is_success() {
-                    return Err(format!("{}: status {}", v_name(variants[c]), res.status()).into());
-                }
-                std::hint::black_box(res);
+                one_request(router, peer)
+                    .await
+                    .map_err(|e| format!("{}: {e}", v_name(variants[c])))?;
             }
             ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
         }
@@ -191,8 +185,6 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
 
 /// The `stack` command: `requests` requests through one variant's router.
 pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) -> BenchResult<()> {
-    use tower::Service;
-
     if variant == crate::http::Variant::TollgateRedis {
         return Err("`stack` runs in process only; use `http` for the Redis variant".into());
     }
@@ -206,20 +198,28 @@ pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) ->
     let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40_000));
     let t0 = Instant::now();
     for _ in 0..requests {
-        let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
-        req.extensions_mut()
-            .insert(axum::extract::ConnectInfo(peer));
-        let res = router.call(req).await?;
-        if !res.status().is_success() {
-            return Err(format!("status {}", res.status()).into());
-        }
-        std::hint::black_box(res);
+        one_request(&mut router, peer).await?;
     }
     println!(
         "{}: {requests} requests, {:.0} ns per request",
         v_name(variant),
         t0.elapsed().as_nanos() as f64 / requests as f64
     );
+    Ok(())
+}
+
+/// One `GET /` from `peer` through `router`; the response is dropped unread.
+async fn one_request(router: &mut axum::Router, peer: std::net::SocketAddr) -> BenchResult<()> {
+    use tower::Service;
+
+    let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(peer));
+    let res = router.call(req).await?;
+    if !res.status().is_success() {
+        return Err(format!("status {}", res.status()).into());
+    }
+    std::hint::black_box(res);
     Ok(())
 }
 

@@ -9,6 +9,21 @@
 -- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
 -- the figures after logging the cost when every quota admits it, else the
 -- figures as they stand (nothing is added: all or nothing).
+
+-- Logs `cost` members scored `score` under `key`: one per unit, in ZADD
+-- chunks because unpack has a limit on how many values it returns.
+local function log_units(key, score)
+  local m = 0
+  while m < cost do
+    local args, k = {}, 0
+    while m < cost and k < 1000 do
+      m, k = m + 1, k + 1
+      args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. m
+    end
+    redis.call('ZADD', key, unpack(args))
+  end
+end
+
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables).
   local limit, period = ARGV[4] + 0, ARGV[5] + 0
@@ -27,15 +42,7 @@ if n == 1 then
     -- The usual cost: no argument table, no unpack.
     redis.call('ZADD', KEYS[1], score, ARGV[3] .. ':1')
   else
-    local m = 0
-    while m < cost do
-      local args, k = {}, 0
-      while m < cost and k < 1000 do
-        m, k = m + 1, k + 1
-        args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. m
-      end
-      redis.call('ZADD', KEYS[1], unpack(args))
-    end
+    log_units(KEYS[1], score)
   end
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(period / 1000)))
   return {1, limit - count - cost, period, 0}
@@ -53,16 +60,7 @@ local score = string.format('%d', now)
 for i = 1, n do
   local j = 3 * i - 1
   if ok then
-    local m = 0
-    while m < cost do
-      -- ZADD in chunks: unpack has a limit on how many values it returns.
-      local args, k = {}, 0
-      while m < cost and k < 1000 do
-        m, k = m + 1, k + 1
-        args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. m
-      end
-      redis.call('ZADD', KEYS[i], unpack(args))
-    end
+    log_units(KEYS[i], score)
     redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil(period[i] / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, period[i], 0
   else
