@@ -16,34 +16,7 @@ KEYS = 300
 CGDIR = os.environ.get('CGDIR', '/tmp/cg')
 os.makedirs(CGDIR, exist_ok=True)
 
-def enc(args):
-    out = [b'*%d\r\n' % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b'$%d\r\n%s\r\n' % (len(a), a))
-    return b''.join(out)
-
-class Conn:
-    def __init__(s, port):
-        for _ in range(600):
-            try:
-                s.sock = socket.create_connection(('127.0.0.1', port)); break
-            except OSError: time.sleep(0.2)
-        s.f = s.sock.makefile('rb')
-    def cmd(s, *args):
-        s.sock.sendall(enc(args)); return s.read()
-    def read(s):
-        line = s.f.readline(); t, rest = line[:1], line[1:-2]
-        if t == b'+': return rest.decode()
-        if t == b'-': raise RuntimeError(rest.decode())
-        if t == b':': return int(rest)
-        if t == b'$':
-            n = int(rest)
-            if n < 0: return None
-            d = s.f.read(n + 2); return d[:-2].decode()
-        if t == b'*':
-            n = int(rest); return None if n < 0 else [s.read() for _ in range(n)]
-        raise RuntimeError(line)
+from resp import Conn, enc  # noqa: E402 (beside this file)
 
 def src(name):
     if name.startswith('bench:'):

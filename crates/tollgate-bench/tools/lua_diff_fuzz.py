@@ -9,34 +9,12 @@ import os, random, socket, subprocess, sys, time
 OLD, NEW = sys.argv[1], sys.argv[2]
 STEPS = int(sys.argv[3]) if len(sys.argv) > 3 else 3000
 
-def enc(args):
-    out = [b'*%d\r\n' % len(args)]
-    for a in args:
-        a = a if isinstance(a, bytes) else str(a).encode()
-        out.append(b'$%d\r\n%s\r\n' % (len(a), a))
-    return b''.join(out)
+from resp import Conn as _Conn, Err, enc  # beside this file
 
-class Err(Exception): pass
-class Conn:
-    def __init__(s, port):
-        for _ in range(100):
-            try: s.sock = socket.create_connection(('127.0.0.1', port)); break
-            except OSError: time.sleep(0.1)
-        s.f = s.sock.makefile('rb')
-    def cmd(s, *args):
-        s.sock.sendall(enc(args)); return s.read()
-    def read(s):
-        line = s.f.readline(); t, rest = line[:1], line[1:-2]
-        if t == b'+': return rest.decode()
-        if t == b'-': return Err(rest.decode())
-        if t == b':': return int(rest)
-        if t == b'$':
-            n = int(rest)
-            if n < 0: return None
-            d = s.f.read(n + 2); return d[:-2].decode()
-        if t == b'*':
-            n = int(rest); return None if n < 0 else [s.read() for _ in range(n)]
-        raise RuntimeError(line)
+
+def Conn(port):
+    # Error replies are compared, not raised.
+    return _Conn(port, raise_errors=False, tries=100)
 
 ports = [6381, 6382]
 procs = [subprocess.Popen(['redis-server', '--port', str(p), '--save', '', '--appendonly', 'no'],
