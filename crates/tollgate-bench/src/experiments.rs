@@ -1,5 +1,7 @@
-//! Experimental variants of tollgate's scripts, measured side by side with
-//! the originals (never used by tollgate itself).
+//! Reference rows for the CPU table: tollgate's own scripts sent by raw
+//! EVALSHA (no tollgate client) and the floor any server-clocked one-integer
+//! limiter pays (`TIME` + `GET` + `SET PX`, no logic). The single-quota
+//! experiments that used to sit here are now the shipped scripts' fast paths.
 
 use tollgate_core::Algorithm;
 
@@ -16,25 +18,11 @@ pub(crate) fn variants() -> Vec<(Algorithm, RawScript)> {
             },
         ),
         (
-            Algorithm::Gcra,
-            RawScript::new(
-                "exp_gcra_single.lua",
-                include_str!("../lua/exp_gcra_single.lua"),
-            ),
-        ),
-        (
             Algorithm::TokenBucket,
             RawScript {
                 name: "token_bucket.lua (tollgate's, by raw EVALSHA)",
                 ..crate::common::core_script(Algorithm::TokenBucket)
             },
-        ),
-        (
-            Algorithm::TokenBucket,
-            RawScript::new(
-                "exp_token_bucket_single.lua",
-                include_str!("../lua/exp_token_bucket_single.lua"),
-            ),
         ),
         (
             Algorithm::Gcra,
