@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -733,10 +733,9 @@ struct DenyCache {
     shard_capacity: usize,
     shards: Vec<Mutex<DenyShard>>,
     hasher: std::hash::RandomState,
-    /// Entries held in all shards, and the latest `until` of any entry:
-    /// while nothing is held or everything has run out (nobody is denied),
-    /// a lookup costs two atomic loads instead of a hash and a lock.
-    live: AtomicUsize,
+    /// The latest `until` ever inserted: once it has passed, every entry
+    /// has run out (nobody is denied), and a lookup costs one atomic load
+    /// instead of a hash and a lock.
     latest_until: AtomicU64,
 }
 
@@ -761,7 +760,6 @@ impl DenyCache {
             shard_capacity: capacity.div_ceil(DENY_SHARDS).max(1),
             shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::hash::RandomState::new(),
-            live: AtomicUsize::new(0),
             latest_until: AtomicU64::new(0),
         }
     }
@@ -773,16 +771,13 @@ impl DenyCache {
     }
 
     fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
-        if self.live.load(Ordering::Relaxed) == 0
-            || now >= self.latest_until.load(Ordering::Relaxed)
-        {
+        if now >= self.latest_until.load(Ordering::Relaxed) {
             return None;
         }
         let mut shard = self.shard(key);
         let entry = shard.map.get(key)?;
         if now >= entry.until {
             shard.map.remove(key);
-            self.live.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
         // A smaller cost may fit sooner than the cached wait: ask the backend.
@@ -807,10 +802,7 @@ impl DenyCache {
             if sent_at < shard.earliest {
                 return; // full of live entries: skip, at O(1)
             }
-            let before = shard.map.len();
             shard.map.retain(|_, e| e.until > sent_at);
-            self.live
-                .fetch_sub(before - shard.map.len(), Ordering::Relaxed);
             shard.earliest = shard.map.values().map(|e| e.until).min().unwrap_or(0);
             if shard.map.len() >= self.shard_capacity {
                 return;
@@ -821,7 +813,7 @@ impl DenyCache {
         } else {
             shard.earliest.min(until)
         };
-        let previous = shard.map.insert(
+        shard.map.insert(
             key.to_owned(),
             CachedDenial {
                 until,
@@ -829,9 +821,6 @@ impl DenyCache {
                 decision: d.clone(),
             },
         );
-        if previous.is_none() {
-            self.live.fetch_add(1, Ordering::Relaxed);
-        }
         self.latest_until.fetch_max(until, Ordering::Relaxed);
     }
 }
