@@ -13,6 +13,11 @@
 -- Logs `cost` members scored `score` under `key`: one per unit, in ZADD
 -- chunks because unpack has a limit on how many values it returns.
 local function log_units(key, score)
+  if cost == 1 then
+    -- The usual cost: no argument table, no unpack.
+    redis.call('ZADD', key, score, ARGV[3] .. ':1')
+    return
+  end
   local m = 0
   while m < cost do
     local args, k = {}, 0
@@ -37,13 +42,7 @@ if n == 1 then
     local retry = tonumber(redis.call('ZRANGE', KEYS[1], idx, idx, 'WITHSCORES')[2]) + period - now
     return {0, limit - count, reset, retry}
   end
-  local score = string.format('%d', now)
-  if cost == 1 then
-    -- The usual cost: no argument table, no unpack.
-    redis.call('ZADD', KEYS[1], score, ARGV[3] .. ':1')
-  else
-    log_units(KEYS[1], score)
-  end
+  log_units(KEYS[1], string.format('%d', now))
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(period / 1000)))
   return {1, limit - count - cost, period, 0}
 end

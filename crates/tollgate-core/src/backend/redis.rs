@@ -252,7 +252,13 @@ where
                         Some(now) => cmd.arg(now),
                         None => cmd.arg(""),
                     };
-                    cmd.arg(req.cost).arg(format!("{:016x}", req.nonce));
+                    cmd.arg(req.cost);
+                    // Only the sliding log reads the nonce (ARGV[3]).
+                    if req.algorithm == Algorithm::SlidingWindowLog {
+                        cmd.arg(format!("{:016x}", req.nonce));
+                    } else {
+                        cmd.arg("");
+                    }
                     for q in req.quotas.iter() {
                         let (a, b) = req.algorithm.params(q);
                         cmd.arg(a).arg(b);

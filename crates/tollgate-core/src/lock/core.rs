@@ -54,9 +54,10 @@ fn split_pause(attempt: Duration) -> Duration {
     Duration::from_millis(1) + span.mul_f64(unit_random())
 }
 
-/// `at + d`, never panicking: a duration too long for the clock gives the
-/// latest instant it can represent within [`MAX_LOCK_DURATION`] of `at`
-/// (user durations are checked against that bound before they get here).
+/// `at + d`, never panicking: a duration too long for the clock is cut to
+/// [`MAX_LOCK_DURATION`] (user durations are checked against that bound
+/// before they get here; only the poll interval is not), and if even that
+/// overflows, `at` itself (the deadline is then already due).
 pub(crate) fn instant_after(at: Instant, d: Duration) -> Instant {
     at.checked_add(d)
         .or_else(|| at.checked_add(MAX_LOCK_DURATION))

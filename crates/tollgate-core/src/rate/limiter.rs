@@ -288,15 +288,8 @@ impl RateLimiter {
     }
 
     /// The round trip, bounded by the timeout.
-    async fn send(&self, mut prepared: Prepared, subject: &Subject) -> Result<Decision> {
+    async fn send(&self, prepared: Prepared, subject: &Subject) -> Result<Decision> {
         let inner = &self.inner;
-        // A pending check may be sent a while after it was made: time it now.
-        if let Some(clock) = &inner.clock {
-            prepared.request.now_micros = Some(clock.now_micros());
-        }
-        if inner.deny_cache.is_some() {
-            prepared.sent_at = self.local_now();
-        }
         let outcome = {
             let mut call = inner.backend.check_rate(&prepared.request);
             // A backend that answers on the first poll needs no timer (and
@@ -445,7 +438,15 @@ impl PendingCheck {
     /// Send it promptly: when the circuit breaker is half-open, this check
     /// may be the one probe of the backend, and dropping it unsent keeps
     /// the circuit open for another cooldown.
-    pub async fn send(self) -> Result<Decision> {
+    pub async fn send(mut self) -> Result<Decision> {
+        // It may be sent a while after it was made: time it now.
+        let inner = &self.limiter.inner;
+        if let Some(clock) = &inner.clock {
+            self.prepared.request.now_micros = Some(clock.now_micros());
+        }
+        if inner.deny_cache.is_some() {
+            self.prepared.sent_at = self.limiter.local_now();
+        }
         self.limiter.send(self.prepared, &self.subject).await
     }
 }
