@@ -226,23 +226,13 @@ impl Shared {
         }
     }
 
-    /// The headers of a denial: `Retry-After`, the draft-10 headers when on,
-    /// legacy ones when asked for.
+    /// The headers of a denial: `Retry-After`, then the same rate-limit
+    /// headers an admitted response gets.
     fn denial_headers(&self, decision: &Decision) -> HeaderMap {
         let mut h = HeaderMap::new();
         let wait = decision.retry_after.unwrap_or(Duration::from_secs(1));
         h.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(wait)));
-        if self.options.headers {
-            self.formatter.insert_for_decision(&mut h, decision);
-        }
-        if self.options.legacy_headers && decision.source != DecisionSource::FailOpen {
-            h.insert(X_RATELIMIT_LIMIT, HeaderValue::from(decision.limit));
-            h.insert(X_RATELIMIT_REMAINING, HeaderValue::from(decision.remaining));
-            h.insert(
-                X_RATELIMIT_RESET,
-                HeaderValue::from(ceil_secs(decision.reset_after)),
-            );
-        }
+        self.admitted_headers(decision).apply(&mut h);
         h
     }
 

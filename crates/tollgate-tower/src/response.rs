@@ -117,20 +117,13 @@ impl RateLimitHeaders {
     /// the policy only, never made-up remaining counts.
     pub fn for_decision(&self, decision: &Decision) -> HeaderMap {
         let mut h = HeaderMap::new();
-        self.insert_for_decision(&mut h, decision);
-        h
-    }
-
-    /// [`for_decision`](Self::for_decision)'s headers, inserted into `h`;
-    /// the `RateLimit` value is written into one buffer (this runs on every
-    /// request).
-    pub(crate) fn insert_for_decision(&self, h: &mut HeaderMap, decision: &Decision) {
         if let Some(p) = &self.policy {
             h.insert(RATELIMIT_POLICY, p.clone());
         }
         if let Some(v) = self.ratelimit_value(decision) {
             h.insert(RATELIMIT, v);
         }
+        h
     }
 
     /// The `RateLimit` value, or `None` for a fail-open decision. Written
