@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tollgate's benchmark suite (issue #6) — the one command:
 #
-#   ./scripts/bench.sh                 # everything, 5 rounds (≈ 15 minutes on 2 cores)
+#   ./scripts/bench.sh                 # everything, 5 rounds (7–15 minutes on 2 cores)
 #   ./scripts/bench.sh --quick         # a smoke test: a tenth of the work, 1 s wrk runs
 #   ./scripts/bench.sh --skip http,peers --rounds 3
 #

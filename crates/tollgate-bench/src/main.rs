@@ -14,7 +14,6 @@
 #![forbid(unsafe_code)]
 
 mod common;
-mod experiments;
 mod flood;
 mod http;
 mod latency;
@@ -54,9 +53,6 @@ enum Cmd {
         /// Items to skip (comma-separated: latency,throughput,cpu,memory,http,micro,flood,locks,peers).
         #[arg(long, value_delimiter = ',')]
         skip: Vec<String>,
-        /// Leave out the experimental script variants of the CPU table.
-        #[arg(long)]
-        no_experiments: bool,
         /// Also write the Markdown report to this file.
         #[arg(long)]
         out: Option<std::path::PathBuf>,
@@ -66,13 +62,7 @@ enum Cmd {
     /// 2a. Throughput at 1, 16 and 256 in flight vs a raw no-op.
     Throughput(Opts),
     /// 2b. Redis CPU per decision (INFO commandstats), every algorithm.
-    Cpu {
-        #[command(flatten)]
-        opts: Opts,
-        /// Leave out the experimental script variants.
-        #[arg(long)]
-        no_experiments: bool,
-    },
+    Cpu(Opts),
     /// 3. Redis memory per key.
     Memory(Opts),
     /// 4. HTTP under wrk: no limiter, tollgate memory/Redis, tower_governor.
@@ -136,7 +126,6 @@ fn all(
     peer: &peers::PeerOpts,
     http_opts: &http::HttpOpts,
     skip: &[String],
-    experiments: bool,
     out: Option<&std::path::Path>,
 ) -> BenchResult<()> {
     let rt = runtime();
@@ -185,7 +174,7 @@ fn all(
         push("throughput", rt.block_on(throughput::throughput(opts)));
     }
     if !skipped("cpu") {
-        push("cpu", rt.block_on(throughput::cpu(opts, experiments)));
+        push("cpu", rt.block_on(throughput::cpu(opts)));
     }
     if !skipped("memory") {
         push("memory", rt.block_on(memory::run(opts)));
@@ -216,15 +205,11 @@ fn main() {
             peers,
             http,
             skip,
-            no_experiments,
             out,
-        } => all(opts, peers, http, skip, !no_experiments, out.as_deref()),
+        } => all(opts, peers, http, skip, out.as_deref()),
         Cmd::Latency(o) => one(runtime().block_on(latency::run(o))),
         Cmd::Throughput(o) => one(runtime().block_on(throughput::throughput(o))),
-        Cmd::Cpu {
-            opts,
-            no_experiments,
-        } => one(runtime().block_on(throughput::cpu(opts, !no_experiments))),
+        Cmd::Cpu(o) => one(runtime().block_on(throughput::cpu(o))),
         Cmd::Memory(o) => one(runtime().block_on(memory::run(o))),
         Cmd::Http { opts, http } => one(http::run(opts, http)),
         Cmd::Micro(o) => one(runtime().block_on(micro::run(o))),

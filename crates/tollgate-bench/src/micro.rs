@@ -121,7 +121,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             "router",
             "ns per request",
             "over no limiter",
-            "÷ tower_governor",
+            "requests/s ÷ tower_governor",
         ],
         &stack,
     );
@@ -130,7 +130,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
 
 /// The HTTP item's routers driven in process, request by request.
 async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
-    use crate::http::{app, ServeOpts, Variant};
+    use crate::http::Variant;
 
     let n = opts.scale(100_000);
     let variants = [
@@ -141,16 +141,8 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
     ];
     let mut routers = Vec::new();
     for v in variants {
-        let serve = ServeOpts {
-            variant: v,
-            redis_url: String::new(),
-            port: 0,
-            workers: None,
-        };
-        // As `axum::serve` does: endpoints become routes once, not per request.
-        routers.push(app(&serve).await?.with_state(()));
+        routers.push(in_process_router(v).await?);
     }
-    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40_000));
     let k = variants.len();
     let mut ns = vec![Vec::new(); k];
     for round in 0..opts.rounds {
@@ -160,9 +152,9 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
             let router = &mut routers[c];
             let t0 = Instant::now();
             for _ in 0..n {
-                one_request(router, peer)
+                one_request(router)
                     .await
-                    .map_err(|e| format!("{}: {e}", v_name(variants[c])))?;
+                    .map_err(|e| format!("{}: {e}", variants[c].label()))?;
             }
             ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
         }
@@ -174,7 +166,7 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
             let (lo, hi) = crate::stats::range(&ns[c]);
             let m = median(&ns[c]);
             vec![
-                v_name(variants[c]).to_owned(),
+                variants[c].label().to_owned(),
                 format!("**{m:.0}** ({lo:.0}–{hi:.0})"),
                 format!("{:+.0} ns", m - base),
                 format!("{:.2}×", gov / m),
@@ -188,41 +180,47 @@ pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) ->
     if variant == crate::http::Variant::TollgateRedis {
         return Err("`stack` runs in process only; use `http` for the Redis variant".into());
     }
+    let mut router = in_process_router(variant).await?;
+    let t0 = Instant::now();
+    for _ in 0..requests {
+        one_request(&mut router).await?;
+    }
+    println!(
+        "{}: {requests} requests, {:.0} ns per request",
+        variant.label(),
+        t0.elapsed().as_nanos() as f64 / requests as f64
+    );
+    Ok(())
+}
+
+/// The HTTP item's app for `variant` (not the Redis one), ready for
+/// `Router::call`.
+async fn in_process_router(variant: crate::http::Variant) -> BenchResult<axum::Router> {
     let serve = crate::http::ServeOpts {
         variant,
         redis_url: String::new(),
         port: 0,
         workers: None,
     };
-    let mut router = crate::http::app(&serve).await?.with_state(());
-    let peer = std::net::SocketAddr::from(([127, 0, 0, 1], 40_000));
-    let t0 = Instant::now();
-    for _ in 0..requests {
-        one_request(&mut router, peer).await?;
-    }
-    println!(
-        "{}: {requests} requests, {:.0} ns per request",
-        v_name(variant),
-        t0.elapsed().as_nanos() as f64 / requests as f64
-    );
-    Ok(())
+    // As `axum::serve` does: endpoints become routes once, not per request.
+    Ok(crate::http::app(&serve).await?.with_state(()))
 }
 
-/// One `GET /` from `peer` through `router`; the response is dropped unread.
-async fn one_request(router: &mut axum::Router, peer: std::net::SocketAddr) -> BenchResult<()> {
+/// One `GET /` from a fixed peer through `router`; the response is dropped unread.
+async fn one_request(router: &mut axum::Router) -> BenchResult<()> {
     use tower::Service;
 
+    const PEER: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
+        std::net::Ipv4Addr::LOCALHOST,
+        40_000,
+    ));
     let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
     req.extensions_mut()
-        .insert(axum::extract::ConnectInfo(peer));
+        .insert(axum::extract::ConnectInfo(PEER));
     let res = router.call(req).await?;
     if !res.status().is_success() {
         return Err(format!("status {}", res.status()).into());
     }
     std::hint::black_box(res);
     Ok(())
-}
-
-fn v_name(v: crate::http::Variant) -> &'static str {
-    v.label()
 }

@@ -230,7 +230,7 @@ fn reference(
 
 /// The scripts of the CPU table besides tollgate's: the no-op, references,
 /// and experimental variants of tollgate's scripts.
-fn extra_scripts(conn: &redis::aio::MultiplexedConnection, experiments: bool) -> Vec<CpuSubject> {
+fn extra_scripts(conn: &redis::aio::MultiplexedConnection) -> Vec<CpuSubject> {
     let keys = |tag: &str| -> Vec<String> {
         (0..SUBJECTS)
             .map(|i| format!("tgbench:ref-{tag}:{{u{i}}}"))
@@ -265,23 +265,24 @@ fn extra_scripts(conn: &redis::aio::MultiplexedConnection, experiments: bool) ->
             &keys("gcra"),
         ),
     ];
-    if experiments {
-        for (alg, script) in crate::experiments::variants() {
-            let args = core_args(alg, &q, 0x5eed);
-            let keys: Vec<String> = (0..SUBJECTS)
-                .map(|i| format!("tgbench:exp-{}:{{u{i}}}", script.name))
-                .collect();
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let mut s = reference(conn, script, &args, &keys);
-            s.name = s.name.replace("reference: ", "experiment: ");
-            v.push(s);
-        }
-    }
+    // The floor of any server-clocked one-integer limiter: TIME + GET + SET PX,
+    // no logic (GCRA's arguments, ignored).
+    let floor_args = core_args(Algorithm::Gcra, &q, 0x5eed);
+    let floor_args: Vec<&str> = floor_args.iter().map(String::as_str).collect();
+    v.push(reference(
+        conn,
+        RawScript::new(
+            "floor: TIME + GET + SET PX, no logic",
+            include_str!("../lua/exp_floor_time_get_set.lua"),
+        ),
+        &floor_args,
+        &keys("floor"),
+    ));
     v
 }
 
 /// Runs the Redis-CPU half of item 2.
-pub(crate) async fn cpu(opts: &Opts, experiments: bool) -> BenchResult<Section> {
+pub(crate) async fn cpu(opts: &Opts) -> BenchResult<Section> {
     let conn = connect(&opts.redis_url).await?;
     let admin = Admin::connect(&opts.redis_url).await?;
     let mut subjects_: Vec<CpuSubject> = Vec::new();
@@ -293,7 +294,7 @@ pub(crate) async fn cpu(opts: &Opts, experiments: bool) -> BenchResult<Section> 
             target: Some(alg),
         });
     }
-    for s in extra_scripts(&conn, experiments) {
+    for s in extra_scripts(&conn) {
         if let Op::Raw { script, .. } = &s.op {
             script.load(&conn).await?;
         }
