@@ -826,8 +826,9 @@ impl<B> KeyExtractor<B> for HeaderKey {
     }
 }
 
-/// `h:` and the first 16 bytes of the value's SHA-256, in lower-case hex
-/// (one allocation: this runs on every request of a hashed `HeaderKey`).
+/// `h:` and the first 16 bytes of the value's SHA-256, in lower-case hex,
+/// written into one pre-sized String (this runs on every request of a
+/// hashed `HeaderKey`; `Subject::new` then escapes it into its own).
 fn hash_hex(value: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(value);
