@@ -5,7 +5,8 @@
 //!   it for as long as the handler holds the guard. The
 //!   [`Locker`](tollgate_core::Locker) comes from the router's state through
 //!   [`FromRef`](axum_core::extract::FromRef); the resource type `R`
-//!   implements [`LockResource`] (its name, its TTL, wait bound and renewal).
+//!   implements [`LockResource`] (the key extractor that names it, its TTL,
+//!   wait bound and renewal) — [`RouteParams`] needs no impl.
 //!   When the guard is dropped — the handler returns, panics, or is cancelled
 //!   because the client went away — the lock is released without blocking.
 //! - [`RateLimited<P>`] limits one handler without a layer: `P` implements
@@ -14,38 +15,24 @@
 //!   `tollgate-tower` made for this request, for handlers that show the
 //!   remaining budget.
 //!
-//! Every extractor fails with a [`Rejection`] whose [`RejectionReason`] says
-//! why, and which answers as documented there: 409 + `Retry-After` for a busy
-//! lock, 429 + `Retry-After` for a rate limit, 413 for a cost the limit can
-//! never admit, 400 when the request lacks what the key or resource name is
-//! made of, 503 when the backend is unavailable, 500 with a message naming
-//! the missing piece for misconfiguration.
+//! Every extractor fails with `tollgate_tower`'s [`Rejection`], the same
+//! type and the same answers as the tower layers (see
+//! [`tollgate_tower::rejection`] for the table): 409 + `Retry-After` for a
+//! busy lock, 429 + `Retry-After` for a rate limit, 413 for a cost the limit
+//! can never admit, the key extractor's status when the request lacks what
+//! the key is made of, 503 + `Retry-After: 1` when the backend is
+//! unavailable, 500 with a message naming the missing piece for
+//! misconfiguration. gRPC requests get gRPC-shaped answers.
 //!
 //! ```
-//! use std::time::Duration;
-//! use axum::{extract::Path, routing::post, Router};
-//! use http::request::Parts;
-//! use axum::extract::FromRequestParts;
-//! use tollgate_axum::{HeldLock, LockResource, Rejection};
-//! use tollgate_core::{LockOptions, Locker, MemoryBackend, Subject};
+//! use axum::{routing::post, Router};
+//! use tollgate_axum::HeldLock;
+//! use tollgate_core::{Locker, MemoryBackend};
+//! use tollgate_tower::key::RouteParams;
 //!
-//! /// One lock per job id, taken from the path `/jobs/{id}`.
-//! struct Job;
-//!
-//! impl<S: Send + Sync> LockResource<S> for Job {
-//!     async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-//!         let Path(id) = Path::<String>::from_request_parts(parts, state)
-//!             .await
-//!             .map_err(Rejection::from_response)?;
-//!         Ok(Subject::compound(["job", id.as_str()]))
-//!     }
-//!
-//!     fn options(_: &S) -> LockOptions {
-//!         LockOptions::new().ttl(Duration::from_secs(10))
-//!     }
-//! }
-//!
-//! async fn run_job(lock: HeldLock<Job>) -> String {
+//! /// One lock per job id: `HeldLock<RouteParams>` locks the route and its
+//! /// path parameters, with no impl to write.
+//! async fn run_job(lock: HeldLock<RouteParams>) -> String {
 //!     // ... work guarded by the lock; pass `lock.fence()` to the storage ...
 //!     format!("fence {}", lock.fence())
 //! }
@@ -60,8 +47,8 @@
 
 mod limit;
 mod lock;
-mod rejection;
 
 pub use limit::{RateLimitPolicy, RateLimitStatus, RateLimited};
 pub use lock::{HeldLock, LockResource};
-pub use rejection::{Rejection, RejectionReason};
+pub use tollgate_tower::key::RouteParams;
+pub use tollgate_tower::rejection::{Rejection, RejectionReason};

@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -11,21 +10,26 @@ use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponseParts, ResponseParts};
 use http::request::Parts;
 use http::HeaderMap;
-use tollgate_core::{Decision, RateLimiter, Subject};
+use tollgate_core::{Decision, RateLimiter};
 
-use crate::rejection::Rejection;
-use tollgate_tower::response::rate_limit_headers;
+use tollgate_tower::grpc::Protocol;
+use tollgate_tower::headers::rate_limit_headers;
+use tollgate_tower::key::KeyExtractor;
+use tollgate_tower::rejection::Rejection;
 
 /// A rate limit for one handler: which limiter, which key, what cost.
 ///
 /// Implemented by a marker type per policy, generic over the router's state
-/// `S`; the limiter usually lives in the state.
+/// `S`; the limiter usually lives in the state. The key is a
+/// [`KeyExtractor`], the same trait the tower layers key requests with; a
+/// request it leaves unkeyed (`Ok(None)`) is answered 500, since a
+/// `RateLimited` extractor always needs a key.
 ///
 /// ```
 /// use axum::extract::FromRef;
-/// use http::request::Parts;
-/// use tollgate_axum::{RateLimitPolicy, Rejection};
-/// use tollgate_core::{RateLimiter, Subject};
+/// use tollgate_axum::RateLimitPolicy;
+/// use tollgate_core::RateLimiter;
+/// use tollgate_tower::key::HeaderKey;
 ///
 /// #[derive(Clone, FromRef)]
 /// struct AppState {
@@ -36,26 +40,26 @@ use tollgate_tower::response::rate_limit_headers;
 /// struct Exports;
 ///
 /// impl RateLimitPolicy<AppState> for Exports {
+///     type Key = HeaderKey;
+///
 ///     fn limiter(state: &AppState) -> RateLimiter {
 ///         state.exports.clone()
 ///     }
 ///
-///     async fn key(parts: &mut Parts, _: &AppState) -> Result<Subject, Rejection> {
-///         parts
-///             .headers
-///             .get("x-api-key")
-///             .map(|v| Subject::new(v.as_bytes()))
-///             .ok_or_else(|| Rejection::bad_request("missing x-api-key"))
+///     fn key(_: &AppState) -> HeaderKey {
+///         HeaderKey::new("x-api-key")
 ///     }
 /// }
 /// ```
 pub trait RateLimitPolicy<S>: 'static {
+    /// How a request is keyed.
+    type Key: KeyExtractor;
+
     /// The limiter to check (cheap to clone: clones share state).
     fn limiter(state: &S) -> RateLimiter;
 
-    /// The key this request is limited under.
-    fn key(parts: &mut Parts, state: &S)
-        -> impl Future<Output = Result<Subject, Rejection>> + Send;
+    /// The extractor for this router's state.
+    fn key(state: &S) -> Self::Key;
 
     /// What this request costs (default 1).
     fn cost(parts: &Parts, state: &S) -> u64 {
@@ -148,21 +152,26 @@ where
     type Rejection = Rejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
-        let key = P::key(parts, state).await?;
-        let cost = P::cost(parts, state);
+        let shape = |r: Rejection| r.for_protocol(Protocol::Auto, &parts.headers);
         let limiter = P::limiter(state);
-        let decision = limiter
-            .check_n(key, cost)
-            .await
-            .map_err(|e| Rejection::from_limiter_error(&limiter, e))?;
-        if decision.allowed {
-            Ok(RateLimited {
+        let key = match P::key(state).extract(parts) {
+            Ok(Some(key)) => key,
+            Ok(None) => {
+                return Err(shape(Rejection::misconfigured(
+                    "the RateLimitPolicy's key extractor gave no key for this request",
+                )))
+            }
+            Err(e) => return Err(shape(Rejection::key(e))),
+        };
+        let cost = P::cost(parts, state);
+        match limiter.check_n(key, cost).await {
+            Ok(decision) if decision.allowed => Ok(RateLimited {
                 headers: rate_limit_headers(&limiter, &decision),
                 decision,
                 _policy: PhantomData,
-            })
-        } else {
-            Err(Rejection::rate_limited(&limiter, decision))
+            }),
+            Ok(decision) => Err(shape(Rejection::rate_limited(&limiter, decision))),
+            Err(e) => Err(shape(Rejection::limiter_error(&limiter, e))),
         }
     }
 }

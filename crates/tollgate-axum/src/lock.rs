@@ -1,43 +1,45 @@
 //! [`HeldLock`]: a fenced lock held for the duration of a handler.
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
 use axum_core::extract::{FromRef, FromRequestParts};
 use http::request::Parts;
-use tollgate_core::{FencingToken, Lease, LeaseLost, LockOptions, Locker, Result, Subject};
-
-use crate::rejection::Rejection;
+use tollgate_core::{FencingToken, Lease, LeaseLost, LockOptions, Locker, Result};
+use tollgate_tower::grpc::Protocol;
+use tollgate_tower::key::{KeyExtractor, RouteParams};
+use tollgate_tower::rejection::{Middleware, Rejection};
 
 /// A kind of resource a [`HeldLock`] protects: how a request names the
-/// resource it works on, and how its lock is taken.
+/// resource it works on (a [`KeyExtractor`], the same trait the tower
+/// layers key requests with), and how its lock is taken.
 ///
 /// Implemented by a marker type per kind of resource (`Job`, `Invoice`, …),
 /// generic over the router's state `S` (write `impl<S: Send + Sync>
-/// LockResource<S> for Job` when the state is not needed).
+/// LockResource<S> for Job` when the state is not needed). The common case
+/// needs no impl at all: [`RouteParams`] locks one resource per route and
+/// path parameters (`HeldLock<RouteParams>`).
 ///
-/// The name is usually made of path parameters. Include the kind of resource
-/// in it (`Subject::compound(["job", id])`) so that two kinds of resource
-/// with the same id never share a lock.
+/// Include the kind of resource in the name (a compound with a constant) so
+/// that two kinds of resource with the same id never share a lock.
 ///
 /// ```
 /// use std::time::Duration;
-/// use axum::extract::{FromRequestParts, Path};
+/// use tollgate_axum::LockResource;
+/// use tollgate_core::LockOptions;
+/// use tollgate_tower::key::{PathParam, KeyError};
 /// use http::request::Parts;
-/// use tollgate_axum::{LockResource, Rejection};
-/// use tollgate_core::{LockOptions, Subject};
+/// use tollgate_core::Subject;
 ///
 /// /// `/tenants/{tenant}/invoices/{id}`: one lock per invoice.
 /// struct Invoice;
 ///
 /// impl<S: Send + Sync> LockResource<S> for Invoice {
-///     async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-///         let Path((tenant, id)) = Path::<(String, u64)>::from_request_parts(parts, state)
-///             .await
-///             .map_err(Rejection::from_response)?;
-///         Ok(Subject::compound(["invoice", tenant.as_str(), id.to_string().as_str()]))
+///     type Key = (&'static str, PathParam, PathParam);
+///
+///     fn key(_: &S) -> Self::Key {
+///         ("invoice", PathParam::new("tenant"), PathParam::new("id"))
 ///     }
 ///
 ///     fn options(_: &S) -> LockOptions {
@@ -50,13 +52,12 @@ use crate::rejection::Rejection;
 /// }
 /// ```
 pub trait LockResource<S>: 'static {
-    /// The lock's name for this request. Fail with a [`Rejection`]
-    /// ([`Rejection::from_response`] passes an axum rejection through;
-    /// [`Rejection::bad_request`], [`Rejection::misconfigured`]).
-    fn name(
-        parts: &mut Parts,
-        state: &S,
-    ) -> impl Future<Output = Result<Subject, Rejection>> + Send;
+    /// How a request names the resource. A request it leaves unkeyed
+    /// (`Ok(None)`) is answered 500: a `HeldLock` always needs a resource.
+    type Key: KeyExtractor;
+
+    /// The extractor for this router's state.
+    fn key(state: &S) -> Self::Key;
 
     /// How the lock is taken: TTL, wait bound, renewal, hold cap. The
     /// default is [`LockOptions::new`]: a 30 s TTL renewed while held for at
@@ -65,6 +66,15 @@ pub trait LockResource<S>: 'static {
     fn options(state: &S) -> LockOptions {
         let _ = state;
         LockOptions::new()
+    }
+}
+
+/// One lock per route and path parameters, with the default options.
+impl<S> LockResource<S> for RouteParams {
+    type Key = RouteParams;
+
+    fn key(_: &S) -> RouteParams {
+        RouteParams
     }
 }
 
@@ -152,11 +162,22 @@ where
     type Rejection = Rejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
-        let name = R::name(parts, state).await?;
+        let shape = |r: Rejection| r.for_protocol(Protocol::Auto, &parts.headers);
+        let name = match R::key(state).extract(parts) {
+            Ok(Some(name)) => name,
+            Ok(None) => {
+                return Err(shape(Rejection::misconfigured(
+                    "the HeldLock resource's key extractor named no resource for this request",
+                )))
+            }
+            Err(e) => return Err(shape(Rejection::key(e))),
+        };
         let options = R::options(state);
         let locker = Locker::from_ref(state);
-        let lease = locker.acquire(name, &options).await?;
-        Ok(HeldLock::from_lease(lease))
+        match locker.acquire(name, &options).await {
+            Ok(lease) => Ok(HeldLock::from_lease(lease)),
+            Err(e) => Err(shape(Rejection::from_error(Middleware::Lock, e))),
+        }
     }
 }
 

@@ -7,11 +7,16 @@
 //!   and metrics.
 //! - [`lock`]: [`LockLayer`] → [`Lock`](lock::Lock): a per-resource fenced
 //!   mutex around the inner service.
-//! - [`key`]: [`KeyExtractor`](key::KeyExtractor) and the built-in keys
-//!   (global, peer IP, client IP behind trusted proxies, header, request
-//!   extension, route, compounds).
-//! - [`response`]: [`Rejection`](response::Rejection) and the default
-//!   responses; a custom responder can replace them.
+//! - [`key`]: [`KeyExtractor`](key::KeyExtractor), the one way a request
+//!   is keyed (by the layers here and by `tollgate-axum`'s extractors), and
+//!   the built-in keys (global, peer IP, client IP behind trusted proxies,
+//!   header, request extension, route, path parameters, compounds).
+//! - [`rejection`]: [`Rejection`](rejection::Rejection), the one model of a
+//!   refused request, and the table from reason to HTTP status and gRPC
+//!   code; a custom responder can replace the default responses.
+//! - [`headers`]: the draft-10 `RateLimit` / `RateLimit-Policy` formatter.
+//! - [`grpc`]: [`Protocol`](grpc::Protocol) and trailers-only gRPC
+//!   responses.
 //!
 //! Services are `Clone + Send + Sync`, checks run in the response future
 //! (never in `poll_ready`), the inner service's error type passes through
@@ -25,13 +30,17 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::{body::Body, routing::get, Router};
 //! use http::{Request, StatusCode};
-//! use tollgate_core::{MemoryBackend, Quota};
+//! use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
 //! use tollgate_tower::RateLimitLayer;
 //! use tower::ServiceExt;
 //!
+//! let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::TokenBucket)
+//!     .quota(Quota::per_minute(1))
+//!     .name("demo")
+//!     .build()?;
 //! let app = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(1)?).name("demo"));
+//!     .layer(RateLimitLayer::new(limiter));
 //!
 //! let res = app.clone().oneshot(Request::new(Body::empty())).await?;
 //! assert_eq!(res.status(), StatusCode::OK);
@@ -48,11 +57,14 @@
 //!
 //! # Features
 //!
-//! - `axum` (default): [`key::PeerIp`] and [`key::ClientIp`] read axum's
-//!   `ConnectInfo<SocketAddr>`, [`key::RouteKey`] reads `MatchedPath`.
+//! - `axum`: [`key::PeerIp`] and [`key::ClientIp`] read axum's
+//!   `ConnectInfo<SocketAddr>`, [`key::RouteKey`] and [`key::PathParam`]
+//!   read `MatchedPath`, and [`Rejection`](rejection::Rejection) is axum's
+//!   `IntoResponse`. Off by default, so tonic-only users do not build axum;
+//!   the `tollgate` facade turns it on with its own `axum` feature.
 //! - `grpc`: the key extractors read tonic's `TcpConnectInfo`. gRPC-shaped
 //!   rejections themselves need no feature: they are chosen from the
-//!   request's `content-type` (see [`response::Protocol`]).
+//!   request's `content-type` (see [`grpc::Protocol`]).
 //! - `metrics`: counters through the `metrics` facade:
 //!   `tollgate_decisions_total{policy, outcome, source}` (outcome `allowed`,
 //!   `denied`, `shadow_denied`, `too_costly`, `unavailable`, `key_error`;
@@ -70,11 +82,14 @@
 #![forbid(unsafe_code)]
 
 mod body;
+pub mod grpc;
+pub mod headers;
 pub mod key;
 pub mod lock;
 pub mod rate_limit;
-pub mod response;
+pub mod rejection;
 
 pub use body::{BoxError, ResponseBody};
 pub use lock::LockLayer;
 pub use rate_limit::RateLimitLayer;
+pub use rejection::{Rejection, RejectionReason};

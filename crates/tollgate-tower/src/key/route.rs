@@ -1,0 +1,228 @@
+//! Keys by route: [`RouteKey`].
+
+use http::request::Parts;
+use tollgate_core::Subject;
+
+use super::{KeyError, KeyExtractor};
+
+/// Keys requests by their route: axum's `MatchedPath` (`/users/{id}`, with
+/// feature `axum`), else the URI path. Optionally prefixed by the method.
+///
+/// Combine it with a client key for per-client, per-route limits:
+/// `(PeerIp::new(), RouteKey::new())`. Note that without a `MatchedPath`
+/// (outside an axum router, or in a fallback) the raw path is used, whose
+/// values the client chooses.
+///
+/// ```
+/// use http::Request;
+/// use tollgate_core::Subject;
+/// use tollgate_tower::key::{KeyExtractor, RouteKey};
+///
+/// let req = Request::post("/orders?x=1").body(()).unwrap().into_parts().0;
+/// assert_eq!(RouteKey::new().extract(&req).unwrap(), Some(Subject::new("/orders")));
+/// assert_eq!(
+///     RouteKey::new().with_method().extract(&req).unwrap(),
+///     Some(Subject::compound(["POST", "/orders"])),
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteKey {
+    method: bool,
+}
+
+impl RouteKey {
+    /// Keys by the route (or path).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keys by method and route, so `GET /x` and `POST /x` are apart.
+    pub fn with_method(mut self) -> Self {
+        self.method = true;
+        self
+    }
+}
+
+impl KeyExtractor for RouteKey {
+    fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
+        #[cfg(feature = "axum")]
+        let path = req
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|m| m.as_str())
+            .unwrap_or_else(|| req.uri.path());
+        #[cfg(not(feature = "axum"))]
+        let path = req.uri.path();
+        Ok(Some(if self.method {
+            Subject::compound([req.method.as_str(), path])
+        } else {
+            Subject::new(path)
+        }))
+    }
+}
+
+/// The route template axum matched (`/jobs/{id}`), or a 500 explaining
+/// what is missing.
+#[cfg(feature = "axum")]
+fn matched(req: &Parts) -> Result<&str, KeyError> {
+    req.extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str())
+        .ok_or_else(|| {
+            KeyError::internal(
+                "path parameters need axum's MatchedPath: use the key inside an axum Router",
+            )
+        })
+}
+
+/// The captures of `path` under `template`, in order: `(name, decoded
+/// value)`. `{name}` takes one segment, `{*name}` the rest of the path.
+/// Values are percent-decoded, as axum's `Path` extractor decodes them, so
+/// `/jobs/a%7B` and `/jobs/a{` name the same resource.
+#[cfg(feature = "axum")]
+fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
+    let decode = |s: &str| percent_encoding::percent_decode_str(s).collect::<Vec<u8>>();
+    let mut out = Vec::new();
+    let mut segments = path.split('/');
+    for part in template.split('/') {
+        let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
+            segments.next();
+            continue;
+        };
+        if let Some(rest) = name.strip_prefix('*') {
+            let tail: Vec<&str> = segments.by_ref().collect();
+            out.push((rest, decode(&tail.join("/"))));
+            break;
+        }
+        if let Some(segment) = segments.next() {
+            out.push((name, decode(segment)));
+        }
+    }
+    out
+}
+
+/// Keys requests by one path parameter of the matched axum route: the
+/// decoded value of `{id}` in `/jobs/{id}` (feature `axum`).
+///
+/// A route without that parameter is answered 500 (a misconfiguration). Put
+/// the kind of resource in the key (a [`LockLayer`](crate::LockLayer)
+/// namespace, or a compound with a constant) so that two kinds of resource
+/// with the same id never share a lock or a budget.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use axum::{body::Body, routing::get, Router};
+/// use http::{request::Parts, Request};
+/// use tollgate_core::Subject;
+/// use tollgate_tower::key::{KeyExtractor, PathParam};
+/// use tower::ServiceExt;
+///
+/// let app = Router::new().route(
+///     "/tenants/{tenant}/jobs/{id}",
+///     get(|parts: Parts| async move {
+///         let key = PathParam::new("id").extract(&parts).unwrap();
+///         assert_eq!(key, Some(Subject::new("a b")));
+///     }),
+/// );
+/// let req = Request::get("/tenants/acme/jobs/a%20b").body(Body::empty()).unwrap();
+/// assert_eq!(app.oneshot(req).await.unwrap().status(), 200);
+/// # }
+/// ```
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathParam {
+    name: std::sync::Arc<str>,
+}
+
+#[cfg(feature = "axum")]
+impl PathParam {
+    /// The parameter `name` (`"id"` for `{id}`, `"rest"` for `{*rest}`).
+    pub fn new(name: &str) -> Self {
+        PathParam {
+            name: std::sync::Arc::from(name),
+        }
+    }
+}
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for PathParam {
+    fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
+        let template = matched(req)?;
+        captures(template, req.uri.path())
+            .into_iter()
+            .find(|(name, _)| *name == &*self.name)
+            .map(|(_, value)| Some(Subject::new(value)))
+            .ok_or_else(|| {
+                KeyError::internal(format!(
+                    "the route {template} has no {{{}}} path parameter",
+                    self.name
+                ))
+            })
+    }
+}
+
+/// Keys requests by the matched axum route and the decoded values of all
+/// its path parameters: `/jobs/{id}` requested as `/jobs/7` keys as
+/// (`/jobs/{id}`, `7`). The ready-made resource for "one lock (or budget)
+/// per thing the URL names" (feature `axum`).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use axum::{body::Body, routing::post, Router};
+/// use http::{request::Parts, Request};
+/// use tollgate_core::Subject;
+/// use tollgate_tower::key::{KeyExtractor, RouteParams};
+/// use tower::ServiceExt;
+///
+/// let app = Router::new().route(
+///     "/jobs/{id}",
+///     post(|parts: Parts| async move {
+///         let key = RouteParams.extract(&parts).unwrap();
+///         assert_eq!(key, Some(Subject::compound(["/jobs/{id}", "7"])));
+///     }),
+/// );
+/// let req = Request::post("/jobs/7").body(Body::empty()).unwrap();
+/// assert_eq!(app.oneshot(req).await.unwrap().status(), 200);
+/// # }
+/// ```
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteParams;
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for RouteParams {
+    fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
+        let template = matched(req)?;
+        let values = captures(template, req.uri.path());
+        let parts = std::iter::once(template.as_bytes())
+            .chain(values.iter().map(|(_, v)| v.as_slice()));
+        Ok(Some(Subject::compound(parts)))
+    }
+}
+
+#[cfg(all(test, feature = "axum"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_follow_the_template() {
+        let c = |t, p| {
+            captures(t, p)
+                .into_iter()
+                .map(|(n, v)| (n, String::from_utf8(v).unwrap()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(c("/jobs/{id}", "/jobs/7"), [("id", "7".to_owned())]);
+        assert_eq!(
+            c("/t/{tenant}/jobs/{id}", "/t/acme/jobs/a%7Bb%7D%3Ac"),
+            [("tenant", "acme".to_owned()), ("id", "a{b}:c".to_owned())]
+        );
+        assert_eq!(
+            c("/files/{*rest}", "/files/a/b%20c"),
+            [("rest", "a/b c".to_owned())]
+        );
+        assert!(c("/health", "/health").is_empty());
+    }
+}

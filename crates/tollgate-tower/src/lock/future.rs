@@ -1,0 +1,229 @@
+//! [`ResponseFuture`]: acquires, calls the inner service while watching
+//! the lease, releases.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tollgate_core::{Error, Lease, LeaseLost, Subject};
+use tower_service::Service;
+
+use super::service::{count, head_of, Shared};
+use super::{HoldUntil, OnLeaseLost};
+use crate::body::{release, LeaseGuard, ResponseBody};
+use crate::rejection::{Middleware, Rejection};
+
+pin_project! {
+    /// The response future of [`Lock`](super::Lock): acquires, calls the inner service
+    /// while watching the lease, releases.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::convert::Infallible;
+    /// use http::Request;
+    /// use tollgate_core::{Locker, MemoryBackend};
+    /// use tollgate_tower::key::GlobalKey;
+    /// use tollgate_tower::LockLayer;
+    /// use tower::{service_fn, Layer, Service, ServiceExt};
+    ///
+    /// let mut svc = LockLayer::new(Locker::new(MemoryBackend::new()), GlobalKey)
+    ///     .layer(service_fn(|_: Request<()>| async {
+    ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    ///     }));
+    /// // Nothing is acquired until the future is polled.
+    /// let future = svc.ready().await?.call(Request::new(()));
+    /// assert_eq!(future.await?.status(), 200);
+    /// # Ok(()) }
+    /// ```
+    pub struct ResponseFuture<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        #[pin]
+        state: State<S, ReqB>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    pub(crate) enum State<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        Acquiring {
+            acquire: BoxFuture<'static, Result<Lease, Error>>,
+            inner: Option<S>,
+            req: Option<Request<ReqB>>,
+            shared: Arc<Shared>,
+            resource: Subject,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            lease: Option<Lease>,
+            lost: Option<LeaseLost>,
+            head: Option<http::request::Parts>,
+            shared: Arc<Shared>,
+        },
+        Releasing {
+            release: BoxFuture<'static, ()>,
+            response: Option<S::Response>,
+        },
+        Reply {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S, ReqB> ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    pub(crate) fn new(state: State<S, ReqB>) -> Self {
+        ResponseFuture { state }
+    }
+}
+
+impl<S, ReqB> fmt::Debug for ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Acquiring { .. } => "acquiring",
+            State::Calling { .. } => "calling",
+            State::Releasing { .. } => "releasing",
+            State::Reply { .. } => "reply",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Acquiring {
+                    acquire,
+                    inner,
+                    req,
+                    shared,
+                    resource,
+                } => {
+                    let result = ready!(acquire.as_mut().poll(cx));
+                    let mut req = req.take().expect("polled after completion");
+                    let mut inner = inner.take().expect("polled after completion");
+                    let shared = Arc::clone(shared);
+                    match result {
+                        Ok(lease) => {
+                            count("acquired");
+                            tracing::debug!(target: "tollgate_tower::lock", resource = %resource.digest(), fence = lease.fence().get(), "lock acquired");
+                            req.extensions_mut().insert(lease.fence());
+                            req.extensions_mut().insert(lease.lost());
+                            let cancel = shared.on_lost == OnLeaseLost::Cancel;
+                            let head = cancel.then(|| head_of(&req));
+                            let lost = cancel.then(|| lease.lost());
+                            let fut = inner.call(req);
+                            this.state.set(State::Calling {
+                                fut,
+                                lease: Some(lease),
+                                lost,
+                                head,
+                                shared,
+                                        });
+                        }
+                        Err(e) => {
+                            let (parts, _body) = req.into_parts();
+                            match &e {
+                                Error::Busy { retry_after, .. } => {
+                                    count("busy");
+                                    tracing::info!(target: "tollgate_tower::lock", resource = %resource.digest(), retry_after = ?retry_after, "lock busy");
+                                }
+                                e if e.is_unavailable() => {
+                                    count("unavailable");
+                                    tracing::warn!(target: "tollgate_tower::lock", resource = %resource.digest(), error = %e, "lock backend unavailable");
+                                }
+                                e => {
+                                    count("error");
+                                    tracing::warn!(target: "tollgate_tower::lock", resource = %resource.digest(), error = %e, "lock acquire failed");
+                                }
+                            }
+                            let response =
+                                shared.reject(&parts, Rejection::from_error(Middleware::Lock, e));
+                            this.state.set(State::Reply { response: None });
+                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                        }
+                    }
+                }
+                StateProj::Calling {
+                    fut,
+                    lease,
+                    lost,
+                    head,
+                    shared,
+                } => {
+                    // The lease first: once it is lost, the handler must not
+                    // run another step.
+                    if let Some(l) = lost.as_mut() {
+                        if Pin::new(l).poll(cx).is_ready() {
+                            *lost = None;
+                            if lease.as_ref().is_some_and(Lease::is_lost) {
+                                count("lost");
+                                tracing::warn!(target: "tollgate_tower::lock", "lock lease lost mid-request; the handler is cancelled");
+                                let head = head.take().expect("kept when cancelling");
+                                let response = shared.reject(&head, Rejection::lease_lost());
+                                // Dropping the state drops the inner future.
+                                this.state.set(State::Reply { response: None });
+                                return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                            }
+                        }
+                    }
+                    let response = ready!(fut.poll(cx))?;
+                    let Some(lease) = lease.take() else {
+                        return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                    };
+                    match shared.hold {
+                        HoldUntil::BodyEnd => {
+                            let guard =
+                                LeaseGuard::new(lease, shared.on_lost == OnLeaseLost::Cancel);
+                            return Poll::Ready(Ok(
+                                response.map(|b| ResponseBody::new(b).with_guard(guard))
+                            ));
+                        }
+                        _ => {
+                            this.state.set(State::Releasing {
+                                release: release(lease),
+                                response: Some(response),
+                            });
+                        }
+                    }
+                }
+                StateProj::Releasing { release, response } => {
+                    ready!(release.as_mut().poll(cx));
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                }
+                StateProj::Reply { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            }
+        }
+    }
+}
+

@@ -1,0 +1,185 @@
+//! [`Lock`]: the service, and what all its clones share.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tollgate_core::{LockOptions, Locker, Subject};
+use tower_service::Service;
+
+use super::future::{ResponseFuture, State};
+use super::{HoldUntil, OnLeaseLost};
+use crate::body::ResponseBody;
+use crate::grpc::Protocol;
+use crate::key::KeyExtractor;
+use crate::rejection::{respond, Rejection, Responder};
+
+/// What every service made by one [`LockLayer`](super::LockLayer) shares.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    pub(crate) locker: Locker,
+    pub(crate) options: LockOptions,
+    pub(crate) hold: HoldUntil,
+    pub(crate) on_lost: OnLeaseLost,
+    pub(crate) namespace: Option<String>,
+    pub(crate) protocol: Protocol,
+    pub(crate) responder: Option<Responder>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("locker", &self.locker)
+            .field("options", &self.options)
+            .field("hold", &self.hold)
+            .field("on_lost", &self.on_lost)
+            .field("namespace", &self.namespace)
+            .field("protocol", &self.protocol)
+            .field("responder", &self.responder.is_some())
+            .finish()
+    }
+}
+
+impl Shared {
+    /// The response for `rejection` of the request `parts`.
+    pub(crate) fn reject(
+        &self,
+        parts: &http::request::Parts,
+        rejection: Rejection,
+    ) -> Response<bytes::Bytes> {
+        let rejection = rejection.for_protocol(self.protocol, &parts.headers);
+        respond(self.responder.as_ref(), &rejection, parts)
+    }
+}
+
+#[cfg(feature = "metrics")]
+pub(crate) fn count(outcome: &'static str) {
+    metrics::counter!("tollgate_lock_requests_total", "outcome" => outcome).increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn count(_outcome: &'static str) {}
+
+/// The locking service made by [`LockLayer`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::convert::Infallible;
+/// use http::{Request, Response, StatusCode};
+/// use tollgate_core::{FencingToken, Locker, MemoryBackend};
+/// use tollgate_tower::key::GlobalKey;
+/// use tollgate_tower::LockLayer;
+/// use tower::{service_fn, ServiceBuilder, ServiceExt};
+///
+/// let svc = ServiceBuilder::new()
+///     .layer(LockLayer::new(Locker::new(MemoryBackend::new()), GlobalKey))
+///     .service(service_fn(|req: Request<()>| async move {
+///         let fence = req.extensions().get::<FencingToken>().copied().unwrap();
+///         Ok::<_, Infallible>(Response::new(http_body_util::Full::new(bytes::Bytes::from(fence.to_string()))))
+///     }));
+/// let res = svc.oneshot(Request::new(())).await?;
+/// assert_eq!(res.status(), StatusCode::OK);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Lock<S, K> {
+    inner: S,
+    shared: Arc<Shared>,
+    key: K,
+}
+
+impl<S: Clone, K: Clone> Clone for Lock<S, K> {
+    fn clone(&self) -> Self {
+        Lock {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+            key: self.key.clone(),
+        }
+    }
+}
+
+impl<S, K> Lock<S, K> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>, key: K) -> Self {
+        Lock { inner, shared, key }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// The head of a request without its extensions (which need not be
+/// cloneable), kept for a rejection after the request was handed on.
+pub(crate) fn head_of<B>(req: &Request<B>) -> http::request::Parts {
+    let mut head = Request::new(());
+    *head.method_mut() = req.method().clone();
+    *head.uri_mut() = req.uri().clone();
+    *head.version_mut() = req.version();
+    *head.headers_mut() = req.headers().clone();
+    head.into_parts().0
+}
+
+impl<S, K, ReqB, ResB> Service<Request<ReqB>> for Lock<S, K>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    K: KeyExtractor,
+    ReqB: Send + 'static,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqB>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let (parts, body) = req.into_parts();
+        let subject = match self.key.extract(&parts) {
+            Ok(Some(subject)) => subject,
+            Ok(None) => {
+                return ResponseFuture::new(State::Calling {
+                    fut: inner.call(Request::from_parts(parts, body)),
+                    lease: None,
+                    lost: None,
+                    head: None,
+                    shared,
+                })
+            }
+            Err(e) => {
+                count("key_error");
+                tracing::debug!(target: "tollgate_tower::lock", status = e.status().as_u16(), error = %e, "request could not be keyed");
+                let response = shared.reject(&parts, Rejection::key(e));
+                return ResponseFuture::new(State::Reply {
+                    response: Some(response),
+                });
+            }
+        };
+        let req = Request::from_parts(parts, body);
+        let subject = match &shared.namespace {
+            Some(ns) => Subject::compound([ns.as_str(), subject.as_encoded()]),
+            None => subject,
+        };
+        // Kept for the trace; digested only if the event is enabled.
+        let resource = subject.clone();
+        let acquire = {
+            let locker = shared.locker.clone();
+            let options = shared.options.clone();
+            Box::pin(async move { locker.acquire(subject, &options).await })
+        };
+        ResponseFuture::new(State::Acquiring {
+            acquire,
+            inner: Some(inner),
+            req: Some(req),
+            shared,
+            resource,
+        })
+    }
+}
+

@@ -1,0 +1,202 @@
+//! [`ResponseFuture`]: checks the limit, then calls the inner service or
+//! answers with a rejection.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tollgate_core::{Decision, Error, Subject};
+use tower_service::Service;
+
+use super::service::Shared;
+use crate::body::ResponseBody;
+use crate::headers::DecisionHeaders;
+use crate::rejection::respond;
+
+pin_project! {
+    /// The response future of [`RateLimit`](super::RateLimit): checks the limit, then calls
+    /// the inner service or answers with a rejection.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::convert::Infallible;
+    /// use http::Request;
+    /// use tollgate_core::{MemoryBackend, Quota};
+    /// use tollgate_tower::RateLimitLayer;
+    /// use tower::{service_fn, Layer, Service, ServiceExt};
+    ///
+    /// let mut svc = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))
+    ///     .layer(service_fn(|_: Request<()>| async {
+    ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    ///     }));
+    /// let future = svc.ready().await?.call(Request::new(()));
+    /// // Nothing has been checked yet: the check runs when the future is polled.
+    /// let response = future.await?;
+    /// assert_eq!(response.headers()["ratelimit"].to_str()?.split(';').nth(1), Some("r=4"));
+    /// # Ok(()) }
+    /// ```
+    pub struct ResponseFuture<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        #[pin]
+        state: State<S, ReqB>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        Checking {
+            subject: Subject,
+            cost: u64,
+            // Only a check that needs a round trip is boxed.
+            pending: Option<BoxFuture<'static, Result<Decision, Error>>>,
+            inner: Option<S>,
+            req: Option<Request<ReqB>>,
+            shared: Arc<Shared>,
+        },
+        Calling {
+            #[pin]
+            fut: S::Future,
+            headers: Option<DecisionHeaders>,
+        },
+        Reply {
+            response: Option<Response<Bytes>>,
+        },
+    }
+}
+
+impl<S, ReqB> ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    pub(crate) fn checking(
+        subject: Subject,
+        cost: u64,
+        inner: S,
+        req: Request<ReqB>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        ResponseFuture {
+            state: State::Checking {
+                subject,
+                cost,
+                pending: None,
+                inner: Some(inner),
+                req: Some(req),
+                shared,
+            },
+        }
+    }
+
+    pub(crate) fn calling(fut: S::Future, headers: Option<DecisionHeaders>) -> Self {
+        ResponseFuture {
+            state: State::Calling { fut, headers },
+        }
+    }
+
+    pub(crate) fn reply(response: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Reply {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<S, ReqB> fmt::Debug for ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Checking { .. } => "checking",
+            State::Calling { .. } => "calling",
+            State::Reply { .. } => "reply",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking {
+                    subject,
+                    cost,
+                    pending,
+                    inner,
+                    req,
+                    shared,
+                } => {
+                    let result = match pending {
+                        Some(check) => ready!(check.as_mut().poll(cx)),
+                        None => match shared.limiter.try_check_now(subject, *cost) {
+                            Ok(decided) => decided,
+                            Err(round_trip) => {
+                                *pending = Some(Box::pin(round_trip.send()));
+                                continue;
+                            }
+                        },
+                    };
+                    shared.observe(subject, *cost, &result);
+                    let shadow = shared.options.shadow;
+                    let mut req = req.take().expect("polled after completion");
+                    let mut inner = inner.take().expect("polled after completion");
+                    let headers = match result {
+                        Ok(d) if d.allowed || shadow => {
+                            let headers = shared.admitted_headers(&d);
+                            req.extensions_mut().insert(d);
+                            Some(headers)
+                        }
+                        Err(_) if shadow => None,
+                        outcome => {
+                            let (parts, _body) = req.into_parts();
+                            let rejection = shared
+                                .rejection(outcome)
+                                .for_protocol(shared.options.protocol, &parts.headers);
+                            let response =
+                                respond(shared.options.responder.as_ref(), &rejection, &parts);
+                            this.state.set(State::Reply { response: None });
+                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                        }
+                    };
+                    let fut = inner.call(req);
+                    this.state.set(State::Calling { fut, headers });
+                }
+                StateProj::Calling { fut, headers } => {
+                    let mut response = ready!(fut.poll(cx))?;
+                    if let Some(extra) = headers.take() {
+                        extra.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                }
+                StateProj::Reply { response } => {
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
+            }
+        }
+    }
+}
+

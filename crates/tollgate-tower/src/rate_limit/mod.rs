@@ -1,0 +1,103 @@
+//! [`RateLimitLayer`]: rate limiting as tower middleware.
+//!
+//! ```
+//! use axum::{routing::get, Router};
+//! use tollgate_core::{MemoryBackend, Quota};
+//! use tollgate_tower::key::PeerIp;
+//! use tollgate_tower::RateLimitLayer;
+//!
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(10)).key(PeerIp::new()));
+//! # let _ = app;
+//! ```
+//!
+//! # What the middleware does
+//!
+//! For each request, in the response future (never in `poll_ready`, which
+//! only asks the inner service):
+//!
+//! 1. the [key extractor](crate::key) yields a key, "not limited" (the
+//!    request passes straight through) or an error (answered with the
+//!    error's status);
+//! 2. the [cost](RequestCost) is computed (default 1);
+//! 3. the limiter decides, in one round trip for all quotas;
+//! 4. admitted: the inner service is called with the [`Decision`] in the
+//!    request extensions, and the response gets the `RateLimit-Policy` and
+//!    `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers-10);
+//!    refused: a [`Rejection`](crate::rejection::Rejection) — 429 with
+//!    `Retry-After` (whole seconds, rounded up, never 0), the same headers
+//!    and a short text body, or, for gRPC requests, a trailers-only
+//!    response with `grpc-status: 8` (RESOURCE_EXHAUSTED) and the retry
+//!    information in metadata, never an HTTP 429.
+//!
+//! A cost larger than the limit can ever admit is answered **413** (no
+//! `Retry-After`: waiting cannot help) — gRPC RESOURCE_EXHAUSTED without
+//! retry information. When the backend fails, the limiter's
+//! [`FailurePolicy`](tollgate_core::FailurePolicy) applies: allow
+//! (default; no made-up rate-limit headers on such responses), deny (503,
+//! gRPC UNAVAILABLE), or a local fallback limiter. Each check is bounded by
+//! the limiter's timeout and a circuit breaker skips a dead backend.
+//!
+//! # The layer and the limiter
+//!
+//! The layer wraps a [`RateLimiter`](tollgate_core::RateLimiter) and holds
+//! only HTTP concerns: the key, the cost, the headers, shadow mode, the
+//! protocol and the responder. Everything about the limit itself — quotas,
+//! name, prefix, timeout, failure policy, circuit breaker, deny cache,
+//! clock — is set on [`RateLimiter::builder`](tollgate_core::RateLimiter::builder),
+//! and `RateLimitLayer::new(limiter)` takes the result. The algorithm
+//! constructors ([`RateLimitLayer::token_bucket`], …) are sugar for a
+//! limiter with one quota and the defaults.
+//!
+//! [`Decision`]: tollgate_core::Decision
+
+mod future;
+mod layer;
+mod service;
+
+use http::request::Parts;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::RateLimitLayer;
+pub use self::service::RateLimit;
+
+/// How much of the limit a request uses, from its head.
+///
+/// Implemented by `u64` (a constant cost; the default is `1`) and by
+/// closures `Fn(&Parts) -> u64`:
+///
+/// ```
+/// use http::{request::Parts, Request};
+/// use tollgate_tower::rate_limit::RequestCost;
+///
+/// // Bulk endpoints cost one unit per item.
+/// let cost = |req: &Parts| -> u64 {
+///     req.headers
+///         .get("x-batch-size")
+///         .and_then(|v| v.to_str().ok()?.parse().ok())
+///         .unwrap_or(1)
+/// };
+/// let (req, ()) = Request::post("/bulk").header("x-batch-size", "25").body(()).unwrap().into_parts();
+/// assert_eq!(cost.cost(&req), 25);
+/// assert_eq!(3u64.cost(&req), 3);
+/// ```
+pub trait RequestCost: Clone + Send + Sync + 'static {
+    /// The cost of the request with head `req`.
+    fn cost(&self, req: &Parts) -> u64;
+}
+
+impl RequestCost for u64 {
+    fn cost(&self, _req: &Parts) -> u64 {
+        *self
+    }
+}
+
+impl<F> RequestCost for F
+where
+    F: Fn(&Parts) -> u64 + Clone + Send + Sync + 'static,
+{
+    fn cost(&self, req: &Parts) -> u64 {
+        self(req)
+    }
+}

@@ -1,0 +1,540 @@
+//! [`Rejection`]: one model for every refused request, whether a tower layer
+//! or an axum extractor refused it.
+//!
+//! One table ([`RejectionReason::status`], [`RejectionReason::grpc_code`])
+//! decides the status; one function ([`Rejection::default_response`]) builds
+//! the response. A layer and an extractor refusing a request for the same
+//! reason therefore answer with the same status, headers and body:
+//!
+//! | reason | HTTP | gRPC | `Retry-After` |
+//! |---|---|---|---|
+//! | [`RateLimited`](RejectionReason::RateLimited) | 429 | RESOURCE_EXHAUSTED | the decision's wait, ≥ 1 s |
+//! | [`CostExceedsCapacity`](RejectionReason::CostExceedsCapacity) | 413 | RESOURCE_EXHAUSTED | none: waiting cannot help |
+//! | [`Unavailable`](RejectionReason::Unavailable) | 503 | UNAVAILABLE | 1 |
+//! | [`Busy`](RejectionReason::Busy) | 409 | ABORTED | the holder's remaining lease, or 1 when unknown |
+//! | [`LeaseLost`](RejectionReason::LeaseLost) | 503 | ABORTED | none |
+//! | [`Key`](RejectionReason::Key) | the extractor's status | matching code | none |
+//! | [`Internal`](RejectionReason::Internal) | 500 | INTERNAL | none |
+//!
+//! `Retry-After` is whole seconds, rounded up, never 0. HTTP bodies are the
+//! [message](Rejection::message) and a newline, as `text/plain`; gRPC
+//! requests get a trailers-only response (see [`crate::grpc`]).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use tollgate_core::{Decision, Error, RateLimiter};
+
+use crate::grpc::{trailers_only, GrpcCode, Protocol};
+use crate::headers::{retry_after_secs, DecisionHeaders, RateLimitHeaders, RATELIMIT_POLICY};
+use crate::key::KeyError;
+
+/// Why a request was refused. New reasons may be added: match with a
+/// wildcard arm.
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate_tower::grpc::GrpcCode;
+/// use tollgate_tower::rejection::RejectionReason;
+///
+/// assert_eq!(RejectionReason::Busy.status(), StatusCode::CONFLICT);
+/// assert_eq!(RejectionReason::RateLimited.grpc_code(), GrpcCode::ResourceExhausted);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectionReason {
+    /// The rate limit is exhausted.
+    RateLimited,
+    /// The request costs more than the limit can ever admit.
+    CostExceedsCapacity {
+        /// The request's cost.
+        cost: u64,
+        /// The most the limit admits at once.
+        capacity: u64,
+    },
+    /// The backend is unavailable (and the failure policy denies).
+    Unavailable,
+    /// The lock is held by someone else beyond the wait bound.
+    Busy,
+    /// The lock's lease was lost while the request was being handled.
+    LeaseLost,
+    /// The request could not be keyed (a missing header, …): the key
+    /// extractor's status.
+    Key {
+        /// The status the key extractor chose.
+        status: StatusCode,
+    },
+    /// The middleware is misconfigured or failed unexpectedly.
+    Internal,
+}
+
+impl RejectionReason {
+    /// The HTTP status for this reason.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RejectionReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            RejectionReason::Unavailable | RejectionReason::LeaseLost => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            RejectionReason::Busy => StatusCode::CONFLICT,
+            RejectionReason::Key { status } => *status,
+            RejectionReason::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The gRPC status code for this reason.
+    pub fn grpc_code(&self) -> GrpcCode {
+        match self {
+            RejectionReason::RateLimited | RejectionReason::CostExceedsCapacity { .. } => {
+                GrpcCode::ResourceExhausted
+            }
+            RejectionReason::Unavailable => GrpcCode::Unavailable,
+            RejectionReason::Busy | RejectionReason::LeaseLost => GrpcCode::Aborted,
+            RejectionReason::Key { status } => GrpcCode::from_http(*status),
+            RejectionReason::Internal => GrpcCode::Internal,
+        }
+    }
+}
+
+/// Which kind of middleware refused a request; it words the message of an
+/// unavailable backend.
+///
+/// ```
+/// use tollgate_tower::rejection::Middleware;
+/// assert_ne!(Middleware::RateLimit, Middleware::Lock);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Middleware {
+    /// A rate limit (layer or extractor).
+    RateLimit,
+    /// A lock (layer or extractor).
+    Lock,
+}
+
+/// A refused request: why ([`reason`](Rejection::reason)), the message,
+/// the wait to announce, the rate-limit headers, and the decision or error
+/// behind it. tower layers answer with [`default_response`](Self::default_response)
+/// (or a custom responder's answer); with the `axum` feature it is also
+/// axum's `IntoResponse`, so extractors return it as their rejection.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate_tower::rejection::{Rejection, RejectionReason};
+///
+/// let r = Rejection::busy(Some(Duration::from_millis(1200)));
+/// assert_eq!(r.reason(), RejectionReason::Busy);
+/// assert_eq!(r.retry_after(), Some(Duration::from_secs(2)));
+/// let res = r.default_response();
+/// assert_eq!(res.status(), 409);
+/// assert_eq!(res.headers()["retry-after"], "2");
+/// assert_eq!(res.body().as_ref(), b"resource is busy; retry in 2 s\n");
+/// ```
+pub struct Rejection {
+    reason: RejectionReason,
+    middleware: Option<Middleware>,
+    message: Cow<'static, str>,
+    retry_after: Option<Duration>,
+    headers: HeaderMap,
+    decision: Option<Box<Decision>>,
+    error: Option<Error>,
+    grpc: bool,
+}
+
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejection")
+            .field("reason", &self.reason)
+            .field("middleware", &self.middleware)
+            .field("message", &self.message)
+            .field("retry_after", &self.retry_after)
+            .field("error", &self.error)
+            .field("grpc", &self.grpc)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Rejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A wait announced in whole seconds: rounded up, at least one.
+fn whole_secs(wait: Duration) -> Duration {
+    Duration::from_secs(retry_after_secs(wait))
+}
+
+impl Rejection {
+    fn new(
+        reason: RejectionReason,
+        middleware: Option<Middleware>,
+        message: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        Rejection {
+            reason,
+            middleware,
+            message: message.into(),
+            retry_after: None,
+            headers: HeaderMap::new(),
+            decision: None,
+            error: None,
+            grpc: false,
+        }
+    }
+
+    /// The rate limit is reached, as `decision` of `limiter` says: 429 with
+    /// `Retry-After` and the `RateLimit-Policy` / `RateLimit` headers.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+    /// use tollgate_tower::rejection::{Rejection, RejectionReason};
+    ///
+    /// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1))?;
+    /// limiter.check("k").await?;
+    /// let r = Rejection::rate_limited(&limiter, limiter.check("k").await?);
+    /// assert_eq!(r.reason(), RejectionReason::RateLimited);
+    /// assert_eq!(r.default_response().status(), 429);
+    /// # Ok(()) }
+    /// ```
+    pub fn rate_limited(limiter: &RateLimiter, decision: Decision) -> Self {
+        let headers = DecisionHeaders::new(&RateLimitHeaders::new(limiter), &decision, true, false);
+        Self::limited(decision, headers)
+    }
+
+    /// A denial with the headers a layer already formatted.
+    pub(crate) fn limited(decision: Decision, headers: DecisionHeaders) -> Self {
+        let wait = whole_secs(decision.retry_after.unwrap_or_default());
+        let mut r = Self::new(
+            RejectionReason::RateLimited,
+            Some(Middleware::RateLimit),
+            format!("rate limit exceeded; retry in {} s", wait.as_secs()),
+        );
+        r.retry_after = Some(wait);
+        r.headers = headers.into_map();
+        r.decision = Some(Box::new(decision));
+        r
+    }
+
+    /// The request costs `cost`, more than the limit can ever admit
+    /// (`capacity`): 413, without `Retry-After`.
+    ///
+    /// ```
+    /// use tollgate_tower::rejection::Rejection;
+    ///
+    /// let r = Rejection::cost_exceeds_capacity(50, 10);
+    /// assert_eq!(r.default_response().status(), 413);
+    /// assert_eq!(r.message(), "request cost 50 exceeds the rate limit's capacity 10; it can never be admitted");
+    /// ```
+    pub fn cost_exceeds_capacity(cost: u64, capacity: u64) -> Self {
+        Self::new(
+            RejectionReason::CostExceedsCapacity { cost, capacity },
+            Some(Middleware::RateLimit),
+            format!(
+                "request cost {cost} exceeds the rate limit's capacity {capacity}; it can never be admitted"
+            ),
+        )
+    }
+
+    /// The lock is held by someone else whose lease runs `retry_after`
+    /// more, when known: 409 with `Retry-After` (1 when the wait is unknown:
+    /// the lock may be free any moment).
+    pub fn busy(retry_after: Option<Duration>) -> Self {
+        let wait = whole_secs(retry_after.unwrap_or_default());
+        let mut r = Self::new(
+            RejectionReason::Busy,
+            Some(Middleware::Lock),
+            format!("resource is busy; retry in {} s", wait.as_secs()),
+        );
+        r.retry_after = Some(wait);
+        r
+    }
+
+    /// The backend of `middleware` is unavailable: 503 with `Retry-After: 1`.
+    ///
+    /// ```
+    /// use tollgate_core::Error;
+    /// use tollgate_tower::rejection::{Middleware, Rejection};
+    ///
+    /// let r = Rejection::unavailable(Middleware::Lock, Some(Error::CircuitOpen));
+    /// assert_eq!(r.message(), "lock service unavailable");
+    /// assert_eq!(r.default_response().headers()["retry-after"], "1");
+    /// ```
+    pub fn unavailable(middleware: Middleware, error: Option<Error>) -> Self {
+        let message = match middleware {
+            Middleware::RateLimit => "rate limiter unavailable",
+            Middleware::Lock => "lock service unavailable",
+        };
+        let mut r = Self::new(RejectionReason::Unavailable, Some(middleware), message);
+        r.retry_after = Some(Duration::from_secs(1));
+        r.error = error;
+        r
+    }
+
+    /// The lease was lost while the request was handled; the handler was
+    /// cancelled: 503 (gRPC ABORTED).
+    pub fn lease_lost() -> Self {
+        Self::new(
+            RejectionReason::LeaseLost,
+            Some(Middleware::Lock),
+            "lock lost while handling the request; the request was cancelled",
+        )
+    }
+
+    /// The request could not be keyed: the key error's status and message.
+    pub fn key(error: KeyError) -> Self {
+        let status = error.status();
+        Self::new(RejectionReason::Key { status }, None, error.message().to_owned())
+    }
+
+    /// The request lacks what its key is made of: 400 with `message`.
+    ///
+    /// ```
+    /// use tollgate_tower::rejection::Rejection;
+    /// assert_eq!(Rejection::bad_request("missing x-api-key").default_response().status(), 400);
+    /// ```
+    pub fn bad_request(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::key(KeyError::bad_request(message))
+    }
+
+    /// The server is misconfigured: 500 with `message` (say what to add).
+    ///
+    /// ```
+    /// use tollgate_tower::rejection::Rejection;
+    /// assert_eq!(Rejection::misconfigured("add the layer").default_response().status(), 500);
+    /// ```
+    pub fn misconfigured(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(RejectionReason::Internal, None, message)
+    }
+
+    /// The rejection for `error`, raised by `middleware`: busy, unavailable,
+    /// a cost beyond capacity, or internal for anything else.
+    pub fn from_error(middleware: Middleware, error: Error) -> Self {
+        let mut r = match &error {
+            Error::Busy { retry_after, .. } => Rejection::busy(*retry_after),
+            e if e.is_unavailable() => return Rejection::unavailable(middleware, Some(error)),
+            Error::CostExceedsCapacity { cost, capacity } => {
+                Rejection::cost_exceeds_capacity(*cost, *capacity)
+            }
+            e => Self::new(
+                RejectionReason::Internal,
+                Some(middleware),
+                format!("tollgate is misconfigured: {e}"),
+            ),
+        };
+        r.error = Some(error);
+        r
+    }
+
+    /// The rejection for an error of `limiter`'s check: as
+    /// [`from_error`](Self::from_error), plus the `RateLimit-Policy` header
+    /// on a 413, as a `RateLimitLayer` sends it.
+    pub fn limiter_error(limiter: &RateLimiter, error: Error) -> Self {
+        Self::from_limiter_error(&RateLimitHeaders::new(limiter), error)
+    }
+
+    /// The error of `limiter`'s check as a rejection, with the
+    /// `RateLimit-Policy` header on a 413 (as the layer sends it).
+    pub(crate) fn from_limiter_error(formatter: &RateLimitHeaders, error: Error) -> Self {
+        let mut r = Rejection::from_error(Middleware::RateLimit, error);
+        if let RejectionReason::CostExceedsCapacity { .. } = r.reason {
+            if let Some(policy) = formatter.policy() {
+                r.headers.insert(RATELIMIT_POLICY, policy.clone());
+            }
+        }
+        r
+    }
+
+    /// The same rejection without rate-limit headers (a layer with headers
+    /// off).
+    pub(crate) fn without_headers(mut self) -> Self {
+        self.headers.clear();
+        self
+    }
+
+    /// Shapes the response for gRPC (a trailers-only response) when
+    /// `protocol` says so for a request with `headers`.
+    pub fn for_protocol(mut self, protocol: Protocol, headers: &HeaderMap) -> Self {
+        self.grpc = protocol.is_grpc(headers);
+        self
+    }
+
+    /// Why the request was refused.
+    pub fn reason(&self) -> RejectionReason {
+        self.reason
+    }
+
+    /// Which kind of middleware refused it, when known.
+    pub fn middleware(&self) -> Option<Middleware> {
+        self.middleware
+    }
+
+    /// The message sent in the body (HTTP) or `grpc-message` (gRPC).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The wait announced in `Retry-After`, in whole seconds.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The rate-limit headers the response carries besides `Retry-After`
+    /// and `content-type`.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The rate-limit decision behind a [`RejectionReason::RateLimited`].
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_deref()
+    }
+
+    /// The backend error behind this rejection, if any.
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    /// Whether the response is shaped for gRPC.
+    pub fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// The response tollgate sends for this rejection.
+    pub fn default_response(&self) -> Response<Bytes> {
+        if self.grpc {
+            return trailers_only(
+                self.reason.grpc_code(),
+                &self.message,
+                self.retry_after,
+                &self.headers,
+            );
+        }
+        let mut res = Response::new(Bytes::from(format!("{}\n", self.message)));
+        *res.status_mut() = self.reason.status();
+        let h = res.headers_mut();
+        if let Some(wait) = self.retry_after {
+            h.insert(RETRY_AFTER, HeaderValue::from(wait.as_secs()));
+        }
+        h.extend(self.headers.clone());
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        res
+    }
+}
+
+/// A custom rejection responder: the rejection and the refused request's
+/// head in, the response out.
+pub(crate) type Responder = Arc<dyn Fn(&Rejection, &Parts) -> Response<Bytes> + Send + Sync>;
+
+/// The response for `rejection` of the request `parts`.
+pub(crate) fn respond(
+    responder: Option<&Responder>,
+    rejection: &Rejection,
+    parts: &Parts,
+) -> Response<Bytes> {
+    match responder {
+        Some(r) => r(rejection, parts),
+        None => rejection.default_response(),
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for Rejection {
+    fn into_response(self) -> axum_core::response::Response {
+        // Like axum's own rejections, each one is traced.
+        tracing::event!(
+            target: "tollgate::rejection",
+            tracing::Level::TRACE,
+            status = self.reason.status().as_u16(),
+            reason = ?self.reason,
+            "rejecting request",
+        );
+        self.default_response().map(axum_core::body::Body::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A busy lock's wait is whole seconds, rounded up, never 0, and 1 when
+    /// unknown — the same answer from every constructor.
+    #[test]
+    fn busy_rounds_up_and_is_never_zero() {
+        let ms = Duration::from_millis;
+        for (wait, secs) in [
+            (None, "1"),
+            (Some(Duration::ZERO), "1"),
+            (Some(ms(1)), "1"),
+            (Some(ms(1000)), "1"),
+            (Some(ms(1001)), "2"),
+        ] {
+            let error = Error::Busy {
+                name: "job".into(),
+                retry_after: wait,
+            };
+            for r in [
+                Rejection::busy(wait),
+                Rejection::from_error(Middleware::Lock, error),
+            ] {
+                let res = r.default_response();
+                assert_eq!(res.status(), StatusCode::CONFLICT);
+                assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_cost_beyond_capacity_is_413_without_retry_after() {
+        let res = Rejection::from_error(
+            Middleware::RateLimit,
+            Error::CostExceedsCapacity {
+                cost: 5,
+                capacity: 2,
+            },
+        )
+        .default_response();
+        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(!res.headers().contains_key(RETRY_AFTER));
+        assert_eq!(res.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
+    }
+
+    /// The table: every reason's HTTP status and gRPC code.
+    #[test]
+    fn one_table_for_every_reason() {
+        use RejectionReason as R;
+        let cases = [
+            (R::RateLimited, 429, 8),
+            (R::CostExceedsCapacity { cost: 2, capacity: 1 }, 413, 8),
+            (R::Unavailable, 503, 14),
+            (R::Busy, 409, 10),
+            (R::LeaseLost, 503, 10),
+            (R::Key { status: StatusCode::UNAUTHORIZED }, 401, 16),
+            (R::Internal, 500, 13),
+        ];
+        for (reason, status, code) in cases {
+            assert_eq!(reason.status(), status, "{reason:?}");
+            assert_eq!(reason.grpc_code().code(), code, "{reason:?}");
+        }
+    }
+}
