@@ -1,99 +1,33 @@
-//! Shared helpers of the end-to-end tests: a real HTTP client over loopback,
-//! and the quickstart router served on a free port.
+//! Shared helpers of the end-to-end tests: the quickstart's contract checked
+//! over a real HTTP client on loopback (`tollgate_testkit::http::loopback`),
+//! and the example binaries.
 
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http::{Method, StatusCode};
 
-/// A response, read whole.
-#[derive(Debug)]
-pub(crate) struct Reply {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: String,
-    /// From sending the request to the end of the body.
-    pub(crate) elapsed: Duration,
+pub(crate) use tollgate_testkit::eventually;
+pub(crate) use tollgate_testkit::http::loopback::{get, post, send_from};
+pub(crate) use tollgate_testkit::http::Reply;
+
+/// What these tests read off a [`Reply`] beyond plain HTTP.
+pub(crate) trait RateLimitReply {
+    /// The `r=` of the `RateLimit` header.
+    fn remaining(&self) -> u64;
 }
 
-impl Reply {
-    /// `Retry-After` as whole seconds; panics if missing or not an integer.
-    pub(crate) fn retry_after(&self) -> u64 {
-        let v = self
-            .headers
-            .get("retry-after")
-            .unwrap_or_else(|| panic!("no Retry-After on {self:?}"));
-        v.to_str()
-            .unwrap()
-            .parse()
-            .unwrap_or_else(|_| panic!("Retry-After {v:?} is not whole seconds"))
-    }
-
-    /// A header as a string, or panics.
-    pub(crate) fn header(&self, name: &str) -> &str {
-        self.headers
-            .get(name)
-            .unwrap_or_else(|| panic!("no {name} header on {self:?}"))
-            .to_str()
-            .unwrap()
-    }
-
-    /// The `r=` of the `RateLimit` header.
-    pub(crate) fn remaining(&self) -> u64 {
-        let v = self.header("ratelimit");
+impl RateLimitReply for Reply {
+    fn remaining(&self) -> u64 {
+        let v = self.expect_header("ratelimit");
         let r = v
             .split(';')
             .find_map(|p| p.trim().strip_prefix("r="))
             .unwrap_or_else(|| panic!("no r= in RateLimit {v:?}"));
         r.parse().unwrap()
     }
-}
-
-/// Sends one request from `local` (a loopback address such as 127.0.0.2, so
-/// that the server sees another client IP) or from the default address.
-pub(crate) async fn send_from(
-    local: Option<IpAddr>,
-    addr: SocketAddr,
-    method: Method,
-    path: &str,
-) -> Reply {
-    let mut connector = HttpConnector::new();
-    connector.set_local_address(local);
-    let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
-    let req = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let start = Instant::now();
-    let res = tokio::time::timeout(Duration::from_secs(30), client.request(req))
-        .await
-        .unwrap_or_else(|_| panic!("no answer to {path} within 30 s"))
-        .unwrap_or_else(|e| panic!("request to {addr}{path} failed: {e}"));
-    let status = res.status();
-    let headers = res.headers().clone();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-        elapsed: start.elapsed(),
-    }
-}
-
-pub(crate) async fn get(addr: SocketAddr, path: &str) -> Reply {
-    send_from(None, addr, Method::GET, path).await
-}
-
-pub(crate) async fn post(addr: SocketAddr, path: &str) -> Reply {
-    send_from(None, addr, Method::POST, path).await
 }
 
 /// The `fence` of a `POST /jobs/{id}` answer, after checking the JSON is
@@ -110,22 +44,6 @@ pub(crate) fn job_fence(reply: &Reply, id: &str) -> u64 {
         .unwrap_or_else(|| panic!("fence is not an integer: {v}"))
 }
 
-/// Retries `f` every 100 ms until it returns `Some`, for at most `within`.
-pub(crate) async fn eventually<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(start.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 // ------------------------------------------------------------------------
 // The quickstart's contract, checked against running instances (the router
 // in-process, or the example binary).
@@ -135,13 +53,13 @@ pub(crate) const POLICY: &str = r#""quickstart";q=5;w=10"#;
 pub(crate) fn assert_hello(r: &Reply, remaining: u64) {
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
     assert_eq!(r.body, "hello");
-    assert_eq!(r.header("ratelimit-policy"), POLICY);
+    assert_eq!(r.expect_header("ratelimit-policy"), POLICY);
     assert_eq!(r.remaining(), remaining, "{r:?}");
 }
 
 pub(crate) fn assert_limited(r: &Reply) -> u64 {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
-    assert_eq!(r.header("ratelimit-policy"), POLICY);
+    assert_eq!(r.expect_header("ratelimit-policy"), POLICY);
     assert_eq!(r.remaining(), 0);
     let wait = r.retry_after();
     // The next token comes within 2 s; rounded up to whole seconds, never 0.
@@ -222,7 +140,7 @@ pub(crate) async fn check_down(a: SocketAddr) {
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
         assert_eq!(r.body, "hello");
         // Fail-open answers name the policy but make up no remaining counts.
-        assert_eq!(r.header("ratelimit-policy"), POLICY);
+        assert_eq!(r.expect_header("ratelimit-policy"), POLICY);
         assert!(!r.headers.contains_key("ratelimit"), "{r:?}");
         assert!(
             r.elapsed < Duration::from_secs(1),

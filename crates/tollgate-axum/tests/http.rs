@@ -11,12 +11,9 @@ use std::time::{Duration, Instant};
 use axum::extract::{FromRef, FromRequestParts, Path, State};
 use axum::routing::{get, post};
 use axum::Router;
-use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tollgate_axum::{
@@ -26,6 +23,8 @@ use tollgate_axum::{
 use tollgate_core::{
     FailurePolicy, LockOptions, Locker, MemoryBackend, Quota, RateLimiter, RedisBackend, Subject,
 };
+use tollgate_testkit::http::loopback::{post as post_, send};
+use tollgate_testkit::http::retry_after;
 use tollgate_testkit::{RedisCluster, RedisServer};
 use tollgate_tower::RateLimitLayer;
 
@@ -250,48 +249,6 @@ async fn serve(locker: Locker, limiter: RateLimiter) -> Running {
 
 fn memory_limiter() -> RateLimiter {
     RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2).unwrap()).unwrap()
-}
-
-// ------------------------------------------------------------------ client
-
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-async fn send(addr: SocketAddr, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let res = client
-        .request(req.body(Full::new(Bytes::new())).unwrap())
-        .await
-        .unwrap();
-    let status = res.status();
-    let headers = res.headers().clone();
-    let body = res.into_body().collect().await.unwrap().to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8(body.to_vec()).unwrap(),
-    }
-}
-
-async fn post_(addr: SocketAddr, path: &str) -> Reply {
-    send(addr, Method::POST, path, &[]).await
-}
-
-fn retry_after(r: &Reply) -> u64 {
-    r.headers["retry-after"]
-        .to_str()
-        .unwrap()
-        .parse()
-        .expect("Retry-After is whole seconds")
 }
 
 // ------------------------------------------------------------------ checks

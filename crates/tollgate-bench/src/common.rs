@@ -52,6 +52,27 @@ pub(crate) async fn connect(url: &str) -> BenchResult<MultiplexedConnection> {
     Ok(client.get_multiplexed_async_connection().await?)
 }
 
+/// Runs `rounds` interleaved rounds over `k` variants: `start(round)` as a
+/// round begins (progress), then `measure(round, variant)` once for every
+/// variant, in [`rotation`](crate::stats::rotation) order. `measure` pushes
+/// its figures per variant (`figures[variant].push(x)`, one entry a round),
+/// so that [`median`](crate::stats::median) gives a variant's cell and
+/// [`ratios`](crate::stats::ratios) its per-round ratios to a baseline.
+pub(crate) async fn interleaved(
+    rounds: usize,
+    k: usize,
+    mut start: impl FnMut(usize),
+    mut measure: impl AsyncFnMut(usize, usize) -> BenchResult<()>,
+) -> BenchResult<()> {
+    for round in 0..rounds {
+        start(round);
+        for c in crate::stats::rotation(round, k) {
+            measure(round, c).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Every algorithm, in the order tables list them.
 pub(crate) const ALGORITHMS: [Algorithm; 5] = [
     Algorithm::Gcra,

@@ -4,10 +4,11 @@ use std::time::Duration;
 
 use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter, RedisBackend, Subject};
 
+use crate::common::interleaved;
 use crate::common::{connect, progress, BenchResult, Opts, Section, Target, Verdict};
 use crate::ops::{run_for, Op, RunStats};
 use crate::redisinfo::{Accounting, Admin};
-use crate::stats::{median, per_sec, ratio_cell};
+use crate::stats::{median, per_sec, ratio_cell, ratios};
 
 const CONCURRENCY: usize = 16;
 
@@ -71,10 +72,11 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     let mut rates = vec![Vec::new(); k];
     let mut calls_per_rejected = vec![Vec::new(); k];
     let mut totals = vec![RunStats::default(); k];
-    for round in 0..opts.rounds {
-        progress!("flood: round {}/{}", round + 1, opts.rounds);
-        for j in 0..k {
-            let c = (round + j) % k;
+    interleaved(
+        opts.rounds,
+        k,
+        |round| progress!("flood: round {}/{}", round + 1, opts.rounds),
+        async |_, c| {
             let (_, op, on_redis) = &contenders[c];
             let Op::Check { limiter, .. } = op else {
                 unreachable!()
@@ -94,8 +96,10 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             t.allowed += s.allowed;
             t.denied += s.denied;
             t.denied_locally += s.denied_locally;
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
     let mut section = Section::default();
     section.heading("5. Flood from a blocked subject");
     section.line(format!(
@@ -110,12 +114,11 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     ));
     let mut rows = Vec::new();
     for c in 0..k {
-        let ratios: Vec<f64> = rates[c].iter().zip(&rates[1]).map(|(a, b)| a / b).collect();
         let t = &totals[c];
         rows.push(vec![
             contenders[c].0.to_owned(),
             per_sec(median(&rates[c])),
-            ratio_cell(&ratios),
+            ratio_cell(&ratios(&rates[c], &rates[1])),
             if contenders[c].2 {
                 format!("{:.5}", median(&calls_per_rejected[c]))
             } else {
@@ -145,13 +148,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         format!("{calls:.5}"),
         calls <= 0.01,
     ));
-    let ratio = median(
-        &rates[0]
-            .iter()
-            .zip(&rates[1])
-            .map(|(a, b)| a / b)
-            .collect::<Vec<_>>(),
-    );
+    let ratio = median(&ratios(&rates[0], &rates[1]));
     section.targets.push(Target::new(
         "5",
         "flood throughput, Redis (deny cache) ÷ memory",

@@ -16,7 +16,7 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
 use crate::common::{progress, BenchResult, Opts, Section, Target, Verdict};
-use crate::stats::{median, per_sec, ratio_cell};
+use crate::stats::{median, per_sec, ratio_cell, ratios, rotation};
 
 /// What the served app runs in front of its handler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -264,8 +264,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
             opts.rounds,
             http.connections
         );
-        for j in 0..k {
-            let i = (round + j) % k;
+        for i in rotation(round, k) {
             let (r, e) = wrk(http, &servers[i].addr, seconds)?;
             rps[i].push(r);
             errors[i] += e;
@@ -299,9 +298,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         at(Variant::TollgateRedis),
         at(Variant::Governor),
     );
-    let ratio = |a: usize, b: usize| -> Vec<f64> {
-        rps[a].iter().zip(&rps[b]).map(|(x, y)| x / y).collect()
-    };
+    let ratio = |a: usize, b: usize| ratios(&rps[a], &rps[b]);
     let mut rows = Vec::new();
     for i in 0..k {
         rows.push(vec![

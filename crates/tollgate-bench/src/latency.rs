@@ -9,7 +9,7 @@ use crate::common::{
     workload_quota, BenchResult, Opts, Section, Target, SUBJECTS,
 };
 use crate::ops::{Contender, Op};
-use crate::stats::{median, percentile, ratio_cell, us};
+use crate::stats::{median, percentile, ratio_cell, ratios, rotation, us};
 
 /// Runs item 1.
 pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
@@ -90,8 +90,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         for i in 0..n {
             // Interleaved call by call, in a rotating order, so that noise
             // from other processes falls on every contender alike.
-            for j in 0..k {
-                let c = (i + j) % k;
+            for c in rotation(i, k) {
                 let t0 = Instant::now();
                 let o = contenders[c].op.call(i).await?;
                 samples[c].push(t0.elapsed().as_nanos() as u64);
@@ -116,9 +115,6 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
          the median of rounds and (min–max).\n",
         opts.rounds
     ));
-    let ratios = |v: &Vec<Vec<f64>>, c: usize| -> Vec<f64> {
-        v[c].iter().zip(&v[0]).map(|(a, b)| a / b).collect()
-    };
     let mut rows = Vec::new();
     for (c, cont) in contenders.iter().enumerate() {
         rows.push(vec![
@@ -128,12 +124,12 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             if c == 0 {
                 "1×".into()
             } else {
-                ratio_cell(&ratios(&p50, c))
+                ratio_cell(&ratios(&p50[c], &p50[0]))
             },
             if c == 0 {
                 "1×".into()
             } else {
-                ratio_cell(&ratios(&p99, c))
+                ratio_cell(&ratios(&p99[c], &p99[0]))
             },
         ]);
     }
@@ -142,7 +138,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         &rows,
     );
     for (c, label) in [(2, "GCRA"), (4, "token bucket")] {
-        let r = median(&ratios(&p50, c));
+        let r = median(&ratios(&p50[c], &p50[0]));
         section.targets.push(Target::check(
             "1",
             format!("{label} check p50 ÷ raw no-op EVALSHA p50"),

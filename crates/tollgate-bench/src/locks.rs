@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use tollgate_core::{LockOptions, Locker, RedisBackend};
 
 use crate::common::{connect, progress, BenchResult, Opts, Section, Target};
-use crate::stats::{median, percentile, ratio_cell, us};
+use crate::stats::{median, percentile, ratio_cell, ratios, rotation, us};
 
 /// The naive poller's sleep between attempts.
 const POLL: Duration = Duration::from_millis(50);
@@ -90,8 +90,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         progress!("locks: uncontended, round {}/{}", round + 1, opts.rounds);
         let mut s: Vec<Vec<u64>> = (0..3).map(|_| Vec::with_capacity(n)).collect();
         for i in 0..n {
-            for j in 0..3 {
-                let c = (i + j) % 3;
+            for c in rotation(i, 3) {
                 let t0 = Instant::now();
                 match c {
                     0 => ping(&conn_a).await?,
@@ -165,8 +164,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         let mut s: Vec<Vec<u64>> = (0..4).map(|_| Vec::with_capacity(m)).collect();
         let mut pings = Vec::with_capacity(m);
         for i in 0..m {
-            for j in 0..4 {
-                let c = (i + j) % 4;
+            for c in rotation(i, 4) {
                 let hold = Duration::from_millis(jitter.next_ms(5, 55));
                 let t_release;
                 let t_held;
@@ -276,8 +274,8 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     ];
     let mut rows = Vec::new();
     for c in 0..3 {
-        let r50: Vec<f64> = p50[c].iter().zip(&p50[1]).map(|(a, b)| a / b).collect();
-        let r99: Vec<f64> = p99[c].iter().zip(&p99[1]).map(|(a, b)| a / b).collect();
+        let r50 = ratios(&p50[c], &p50[1]);
+        let r99 = ratios(&p99[c], &p99[1]);
         rows.push(vec![
             names[c].to_owned(),
             us(median(&p50[c])),
@@ -290,13 +288,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         &["contender", "p50", "p99", "p50 ÷ 2 raw", "p99 ÷ 2 raw"],
         &rows,
     );
-    let unc = median(
-        &p50[2]
-            .iter()
-            .zip(&p50[1])
-            .map(|(a, b)| a / b)
-            .collect::<Vec<_>>(),
-    );
+    let unc = median(&ratios(&p50[2], &p50[1]));
     section.targets.push(Target::new(
         "6",
         "uncontended acquire + release p50 ÷ two raw round trips",
@@ -332,21 +324,25 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     for v in sorted.iter_mut().flatten() {
         v.sort_unstable();
     }
+    // Per round, the p50 of variant `c`'s hand-offs.
+    let p50_of = |c: usize| -> Vec<f64> {
+        sorted[c]
+            .iter()
+            .map(|v| percentile(v, 50.0) as f64)
+            .collect()
+    };
     for v in &sorted[3] {
         cold_rtt.push(percentile(v, 50.0) as f64);
     }
     let mut in_cold = Vec::new();
     for (c, name) in hnames.iter().enumerate() {
-        let h50: Vec<f64> = sorted[c]
-            .iter()
-            .map(|v| percentile(v, 50.0) as f64)
-            .collect();
+        let h50 = p50_of(c);
         let h99: Vec<f64> = sorted[c]
             .iter()
             .map(|v| percentile(v, 99.0) as f64)
             .collect();
-        let cold: Vec<f64> = h50.iter().zip(&cold_rtt).map(|(a, b)| a / b).collect();
-        let warm: Vec<f64> = h50.iter().zip(&warm_rtt).map(|(a, b)| a / b).collect();
+        let cold = ratios(&h50, &cold_rtt);
+        let warm = ratios(&h50, &warm_rtt);
         rows.push(vec![
             (*name).to_owned(),
             us(median(&h50)),
@@ -376,16 +372,8 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         ),
         cold <= 3.0,
     ));
-    let vs_ideal: Vec<f64> = sorted[0]
-        .iter()
-        .zip(&sorted[1])
-        .map(|(a, b)| percentile(a, 50.0) as f64 / percentile(b, 50.0) as f64)
-        .collect();
-    let vs_poll: Vec<f64> = sorted[0]
-        .iter()
-        .zip(&sorted[2])
-        .map(|(a, b)| percentile(a, 50.0) as f64 / percentile(b, 50.0) as f64)
-        .collect();
+    let vs_ideal = ratios(&p50_of(0), &p50_of(1));
+    let vs_poll = ratios(&p50_of(0), &p50_of(2));
     section.targets.push(Target::new(
         "6",
         "contended hand-off p50, tollgate ÷ ideal raw hand-off; ÷ 50 ms poller",

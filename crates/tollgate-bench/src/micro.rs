@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use governor::{Quota as GQuota, RateLimiter as GLimiter};
 use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter, Subject};
 
+use crate::common::interleaved;
 use crate::common::{progress, BenchResult, Opts, Section};
 use crate::stats::median;
 
@@ -42,14 +43,17 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     ];
     let k = names.len();
     let mut ns = vec![Vec::new(); k];
-    for round in 0..opts.rounds {
-        progress!(
-            "micro: round {}/{} ({n} calls each)",
-            round + 1,
-            opts.rounds
-        );
-        for j in 0..k {
-            let c = (round + j) % k;
+    interleaved(
+        opts.rounds,
+        k,
+        |round| {
+            progress!(
+                "micro: round {}/{} ({n} calls each)",
+                round + 1,
+                opts.rounds
+            )
+        },
+        async |_, c| {
             let t0 = Instant::now();
             match c {
                 0 => {
@@ -89,8 +93,10 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
                 }
             }
             ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
     let stack = stack(opts).await?;
     let mut section = Section::default();
     section.heading("Micro: in-process costs (one thread, no network)");
@@ -145,10 +151,11 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
     }
     let k = variants.len();
     let mut ns = vec![Vec::new(); k];
-    for round in 0..opts.rounds {
-        progress!("micro: router round {}/{}", round + 1, opts.rounds);
-        for j in 0..k {
-            let c = (round + j) % k;
+    interleaved(
+        opts.rounds,
+        k,
+        |round| progress!("micro: router round {}/{}", round + 1, opts.rounds),
+        async |_, c| {
             let router = &mut routers[c];
             let t0 = Instant::now();
             for _ in 0..n {
@@ -157,8 +164,10 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
                     .map_err(|e| format!("{}: {e}", variants[c].label()))?;
             }
             ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
     let base = median(&ns[0]);
     let gov = median(&ns[k - 1]);
     Ok((0..k)

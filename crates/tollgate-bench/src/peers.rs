@@ -8,10 +8,11 @@ use std::process::{Command, Stdio};
 
 use tollgate_core::Algorithm;
 
+use crate::common::interleaved;
 use crate::common::{connect, progress, subjects, BenchResult, Opts, Section, Target, SUBJECTS};
 use crate::ops::{run as run_op, Op};
 use crate::redisinfo::{Accounting, Admin, Spent};
-use crate::stats::{median, per_sec, ratio_cell};
+use crate::stats::{median, per_sec, ratio_cell, ratios};
 
 /// Where the peers' interpreters and packages are (set up by scripts/bench.sh).
 #[derive(Debug, Clone, clap::Args)]
@@ -200,14 +201,17 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
             run_op(op, 0, opts.scale(2_000), c).await?;
         }
     }
-    for round in 0..opts.rounds {
-        progress!(
-            "peers: round {}/{} ({n} decisions each)",
-            round + 1,
-            opts.rounds
-        );
-        for j in 0..k {
-            let i = (round + j) % k;
+    interleaved(
+        opts.rounds,
+        k,
+        |round| {
+            progress!(
+                "peers: round {}/{} ({n} decisions each)",
+                round + 1,
+                opts.rounds
+            )
+        },
+        async |_, i| {
             progress!("peers: {}", peers[i].name);
             let (decisions, seconds, d, client_cpu, spent) = match &peers[i].runner {
                 Runner::Tollgate(op) => {
@@ -232,8 +236,10 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
             client_us[i].push(client_cpu * 1e6 / decisions.max(1) as f64);
             cmds[i] = spent.stats.per_decision(decisions);
             denied[i] += d;
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
 
     let mut section = Section::default();
     section.heading("7. Peers on the same Redis and workload");
@@ -253,9 +259,7 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
         opts.rounds
     ));
     let gcra = 0;
-    let ratio_vs = |t: usize, i: usize| -> Vec<f64> {
-        rates[t].iter().zip(&rates[i]).map(|(a, b)| a / b).collect()
-    };
+    let ratio_vs = |t: usize, i: usize| ratios(&rates[t], &rates[i]);
     let mut rows = Vec::new();
     for i in 0..k {
         let like = peers

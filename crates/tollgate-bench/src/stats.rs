@@ -24,6 +24,21 @@ pub(crate) fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// The order in which `k` variants run in round (or call) `start`: every
+/// index of `0..k` once, beginning at `start % k` and wrapping, so that over
+/// successive rounds each variant takes each place in turn and noise from
+/// other processes falls on every variant alike.
+pub(crate) fn rotation(start: usize, k: usize) -> impl Iterator<Item = usize> {
+    (0..k).map(move |j| (start + j) % k)
+}
+
+/// Per-round ratios of a variant to a baseline: `xs[r] / base[r]` for every
+/// round `r` (the baseline measured in the same round, so that drift over
+/// the run cancels out).
+pub(crate) fn ratios(xs: &[f64], base: &[f64]) -> Vec<f64> {
+    xs.iter().zip(base).map(|(a, b)| a / b).collect()
+}
+
 /// Smallest and largest of `xs`.
 pub(crate) fn range(xs: &[f64]) -> (f64, f64) {
     xs.iter()
@@ -70,5 +85,12 @@ mod tests {
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
         assert_eq!(per_sec(1234567.0), "1\u{202f}234\u{202f}567/s");
+    }
+
+    #[test]
+    fn rotations_and_ratios() {
+        assert_eq!(rotation(0, 3).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(rotation(4, 3).collect::<Vec<_>>(), [1, 2, 0]);
+        assert_eq!(ratios(&[2.0, 9.0], &[1.0, 3.0]), [2.0, 3.0]);
     }
 }

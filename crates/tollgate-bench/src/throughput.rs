@@ -3,13 +3,14 @@
 
 use tollgate_core::Algorithm;
 
+use crate::common::interleaved;
 use crate::common::{
     connect, core_args, core_script, noop, progress, redis_limiter, subjects, verify_core_script,
     workload_quota, BenchResult, Opts, RawScript, Section, Target, ALGORITHMS, SUBJECTS,
 };
 use crate::ops::{run as run_op, Contender, Op};
 use crate::redisinfo::{Accounting, Admin};
-use crate::stats::{median, per_sec, ratio_cell};
+use crate::stats::{median, per_sec, ratio_cell, ratios};
 
 fn limiter_contenders(
     conn: &redis::aio::MultiplexedConnection,
@@ -99,14 +100,17 @@ pub(crate) async fn throughput(opts: &Opts) -> BenchResult<Section> {
     }
     for (l, &conc) in levels.iter().enumerate() {
         let n = opts.scale(if conc == 1 { 10_000 } else { 40_000 });
-        for round in 0..opts.rounds {
-            progress!(
-                "throughput: {conc} in flight, round {}/{} ({n} decisions per contender)",
-                round + 1,
-                opts.rounds
-            );
-            for j in 0..k {
-                let c = (round + j) % k;
+        interleaved(
+            opts.rounds,
+            k,
+            |round| {
+                progress!(
+                    "throughput: {conc} in flight, round {}/{} ({n} decisions per contender)",
+                    round + 1,
+                    opts.rounds
+                )
+            },
+            async |_, c| {
                 let acct = Accounting::start(&admin).await?;
                 let s = run_op(&contenders[c].op, offset, n, conc).await?;
                 let spent = acct.finish(&admin).await?;
@@ -115,8 +119,10 @@ pub(crate) async fn throughput(opts: &Opts) -> BenchResult<Section> {
                 server_us[l][c].push(spent.cpu_micros / s.calls as f64);
                 denied += s.denied + s.denied_locally;
                 rates[l][c].push(s.per_sec());
-            }
-        }
+                Ok(())
+            },
+        )
+        .await?;
     }
     let mut section = Section::default();
     section.heading("2a. Throughput over one multiplexed connection (deny cache off)");
@@ -133,12 +139,11 @@ pub(crate) async fn throughput(opts: &Opts) -> BenchResult<Section> {
     for (c, cont) in contenders.iter().enumerate() {
         let mut row = vec![cont.name.clone()];
         for level in &rates {
-            let ratios: Vec<f64> = level[c].iter().zip(&level[0]).map(|(a, b)| a / b).collect();
             row.push(per_sec(median(&level[c])));
             row.push(if c == 0 {
                 "1×".into()
             } else {
-                ratio_cell(&ratios)
+                ratio_cell(&ratios(&level[c], &level[0]))
             });
         }
         rows.push(row);
@@ -185,16 +190,11 @@ pub(crate) async fn throughput(opts: &Opts) -> BenchResult<Section> {
     );
     for (c, cont) in contenders.iter().enumerate().skip(3).take(2) {
         for (l, conc) in levels.iter().enumerate() {
-            let ratios: Vec<f64> = rates[l][c]
-                .iter()
-                .zip(&rates[l][0])
-                .map(|(a, b)| a / b)
-                .collect();
             section.targets.push(Target::new(
                 "2",
                 format!("{} throughput ÷ no-op, {conc} in flight", cont.name),
                 "(no target)",
-                format!("{:.2}×", median(&ratios)),
+                format!("{:.2}×", median(&ratios(&rates[l][c], &rates[l][0]))),
                 crate::common::Verdict::Info,
             ));
         }
@@ -309,14 +309,17 @@ pub(crate) async fn cpu(opts: &Opts) -> BenchResult<Section> {
     for s in &subjects_ {
         run_op(&s.op, 0, opts.scale(2_000), 16).await?;
     }
-    for round in 0..opts.rounds {
-        progress!(
-            "redis cpu: round {}/{} ({n} decisions per script, 16 in flight)",
-            round + 1,
-            opts.rounds
-        );
-        for j in 0..k {
-            let c = (round + j) % k;
+    interleaved(
+        opts.rounds,
+        k,
+        |round| {
+            progress!(
+                "redis cpu: round {}/{} ({n} decisions per script, 16 in flight)",
+                round + 1,
+                opts.rounds
+            )
+        },
+        async |_, c| {
             let acct = Accounting::start(&admin).await?;
             let r = run_op(&subjects_[c].op, offset, n, 16).await?;
             let spent = acct.finish(&admin).await?;
@@ -332,8 +335,10 @@ pub(crate) async fn cpu(opts: &Opts) -> BenchResult<Section> {
             script_us[c].push(scripts.usec as f64 / scripts.calls as f64);
             cpu_us[c].push(spent.cpu_micros / r.calls as f64);
             per_decision[c] = spent.stats.per_decision(r.calls);
-        }
-    }
+            Ok(())
+        },
+    )
+    .await?;
     let mut section = Section::default();
     section.heading("2b. Redis CPU per decision");
     section.line(format!(

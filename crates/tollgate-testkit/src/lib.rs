@@ -9,6 +9,11 @@
 //! * [`RedisCluster`] starts a three-master Redis Cluster.
 //! * [`require_binaries`] checks that `redis-server` and `redis-cli` are
 //!   installed.
+//! * [`unique`] names keys apart; [`eventually`] polls until a condition
+//!   holds.
+//! * `http` (feature `http`): sending HTTP requests over loopback or
+//!   through a tower service in process, and reading the `http::Reply`
+//!   whole.
 //!
 //! ```no_run
 //! # async fn example() -> tollgate_testkit::Result<()> {
@@ -26,6 +31,9 @@
 
 mod cluster;
 mod error;
+mod helpers;
+#[cfg(feature = "http")]
+pub mod http;
 mod ports;
 mod resp;
 mod server;
@@ -33,4 +41,5 @@ mod watchdog;
 
 pub use cluster::RedisCluster;
 pub use error::{require_binaries, Result, TestkitError};
+pub use helpers::{eventually, unique};
 pub use server::RedisServer;

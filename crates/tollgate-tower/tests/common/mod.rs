@@ -4,70 +4,15 @@
 pub mod lock_suite;
 pub mod suite;
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::Router;
 use futures::FutureExt;
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::BodyExt;
 use tollgate_core::{Locker, MemoryBackend, RateBackend, RedisBackend};
 use tollgate_testkit::{RedisCluster, RedisServer};
-use tower::ServiceExt;
 
-/// A name no other test uses (keys on a shared Redis stay apart).
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    format!(
-        "{prefix}-{}-{}-{nanos:x}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// One response, read whole.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).map(|v| v.to_str().unwrap())
-    }
-}
-
-pub async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let res = app.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
-}
-
-/// `GET uri` from `peer`, as axum's `ConnectInfo` would record it.
-pub fn get_from(uri: &str, peer: &str) -> Request<Body> {
-    let mut req = Request::get(uri).body(Body::empty()).unwrap();
-    req.extensions_mut()
-        .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
-    req
-}
-
-pub fn get(uri: &str) -> Request<Body> {
-    Request::get(uri).body(Body::empty()).unwrap()
-}
+pub use tollgate_testkit::http::in_process::{get, get_from, send};
+pub use tollgate_testkit::http::Reply;
+pub use tollgate_testkit::unique;
 
 /// A standalone Redis shared by the tests of one binary (each test opens its
 /// own connection on its own runtime).
