@@ -171,7 +171,7 @@ impl Rejection {
     /// use tollgate_axum::{Rejection, RejectionReason};
     /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
     ///
-    /// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1)?)?;
+    /// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1))?;
     /// limiter.check("k").await?;
     /// let denied = limiter.check("k").await?;
     /// let r = Rejection::rate_limited(&limiter, denied);

@@ -206,7 +206,7 @@ fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
         limiter,
     };
     let layered = Router::new().route("/status", get(status)).layer(
-        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3).unwrap())
+        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3))
             .name("layered"),
     );
     let router = Router::new()
@@ -249,7 +249,7 @@ async fn serve(locker: Locker, limiter: RateLimiter) -> Running {
 }
 
 fn memory_limiter() -> RateLimiter {
-    RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2).unwrap()).unwrap()
+    RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2)).unwrap()
 }
 
 // ------------------------------------------------------------------ client
@@ -684,7 +684,7 @@ async fn memory_handler_rate_limit() {
 async fn redis_handler_rate_limit() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2).unwrap()).unwrap())
+    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2)).unwrap())
         .await;
 }
 
@@ -694,7 +694,7 @@ async fn redis_handler_rate_limit_deny_policy_is_503() {
     let mut server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let limiter = RateLimiter::builder(backend, tollgate_core::Algorithm::TokenBucket)
-        .quota(Quota::per_minute(2).unwrap())
+        .quota(Quota::per_minute(2))
         .failure_policy(FailurePolicy::Deny)
         .timeout(Duration::from_millis(100))
         .build()

@@ -39,7 +39,7 @@ async fn exhaust(l: &RateLimiter, s: &Subject) -> BenchResult<()> {
 pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     let conn = connect(&opts.redis_url).await?;
     let admin = Admin::connect(&opts.redis_url).await?;
-    let quota = Quota::per_second(10)?;
+    let quota = Quota::per_second(10);
     let subject = Subject::from("flooder");
     let redis = limiter(RedisBackend::new(conn.clone()), quota, true)?;
     let memory = limiter(MemoryBackend::new(), quota, true)?;

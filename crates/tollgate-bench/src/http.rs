@@ -88,7 +88,7 @@ fn tollgate_layer(limiter: RateLimiter) -> RateLimitLayer<PeerIp> {
 
 pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
     let router = Router::new().route("/", get(hello));
-    let quota = Quota::per_second(RATE)?.with_burst(RATE)?;
+    let quota = Quota::per_second(RATE).with_burst(RATE)?;
     Ok(match opts.variant {
         Variant::None => router,
         Variant::TollgateMemory | Variant::TollgateMemoryNoHeaders => {

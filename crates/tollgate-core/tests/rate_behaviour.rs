@@ -295,7 +295,7 @@ async fn burst_then_sustained_rate() {
             let clock = ManualClock::starting_now();
             let t = Target::new(kind, &clock).await;
             let p = prefix();
-            let quota = Quota::per_second(1).unwrap().with_burst(5).unwrap();
+            let quota = Quota::per_second(1).with_burst(5).unwrap();
             let l = t.limiter(alg, &[quota], &p, &clock);
             let mut admitted = 0;
             for _ in 0..20 {
@@ -560,14 +560,14 @@ async fn concurrent_limiters_on_server_time() {
 #[tokio::test]
 async fn configuration_errors() {
     let m = MemoryBackend::new();
-    let burst = Quota::per_second(1).unwrap().with_burst(3).unwrap();
+    let burst = Quota::per_second(1).with_burst(3).unwrap();
     assert!(matches!(
         RateLimiter::fixed_window(m.clone(), burst),
         Err(Error::InvalidQuota(_))
     ));
     assert!(RateLimiter::token_bucket(m.clone(), burst).is_ok());
     assert!(matches!(
-        RateLimiter::sliding_window_log(m.clone(), Quota::per_hour(1_000_000).unwrap()),
+        RateLimiter::sliding_window_log(m.clone(), Quota::per_hour(1_000_000)),
         Err(Error::InvalidQuota(_))
     ));
     assert!(matches!(
@@ -576,7 +576,7 @@ async fn configuration_errors() {
     ));
     assert!(matches!(
         RateLimiter::builder(m.clone(), Algorithm::Gcra)
-            .quota(Quota::per_second(1).unwrap())
+            .quota(Quota::per_second(1))
             .prefix("a{b}")
             .build(),
         Err(Error::InvalidConfig(_))
@@ -587,13 +587,13 @@ async fn configuration_errors() {
 #[tokio::test]
 async fn different_policies_do_not_share_counters() {
     let m = MemoryBackend::new();
-    let a = RateLimiter::gcra(m.clone(), Quota::per_minute(1).unwrap()).unwrap();
-    let b = RateLimiter::gcra(m.clone(), Quota::per_minute(2).unwrap()).unwrap();
+    let a = RateLimiter::gcra(m.clone(), Quota::per_minute(1)).unwrap();
+    let b = RateLimiter::gcra(m.clone(), Quota::per_minute(2)).unwrap();
     assert!(a.check("k").await.unwrap().allowed);
     assert!(b.check("k").await.unwrap().allowed);
     let named = |n: u64| {
         RateLimiter::builder(m.clone(), Algorithm::Gcra)
-            .quota(Quota::per_minute(n).unwrap())
+            .quota(Quota::per_minute(n))
             .name("shared")
             .build()
             .unwrap()
@@ -696,7 +696,7 @@ async fn deny_cache_saves_round_trips_and_never_over_denies() {
         RedisBackend::new(server.connection_manager().await),
         Algorithm::Gcra,
     )
-    .quota(Quota::per_second(1).unwrap().with_burst(2).unwrap())
+    .quota(Quota::per_second(1).with_burst(2).unwrap())
     .clock(clock.clone())
     .build()
     .unwrap();

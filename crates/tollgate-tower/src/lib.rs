@@ -31,7 +31,7 @@
 //!
 //! let app = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(1)?).name("demo"));
+//!     .layer(RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(1)).name("demo"));
 //!
 //! let res = app.clone().oneshot(Request::new(Body::empty())).await?;
 //! assert_eq!(res.status(), StatusCode::OK);

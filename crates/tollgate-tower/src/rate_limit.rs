@@ -10,7 +10,7 @@
 //!
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
-//!     .layer(RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(10)?).key(PeerIp::new()));
+//!     .layer(RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(10)).key(PeerIp::new()));
 //! # let _ = app;
 //! # Ok(()) }
 //! ```
@@ -390,8 +390,8 @@ fn source_label(source: DecisionSource) -> &'static str {
 /// use tower::ServiceExt;
 ///
 /// // 2 per second and 100 per hour, checked together in one round trip.
-/// let layer = RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_second(2)?)
-///     .quota(Quota::per_hour(100)?)
+/// let layer = RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_second(2))
+///     .quota(Quota::per_hour(100))
 ///     .name("api")
 ///     .clock(ManualClock::new(1_800_000_000_000_000)) // a fixed instant, on an hour boundary
 ///     .key(HeaderKey::new("x-api-key"))
@@ -439,7 +439,7 @@ fn source_label(source: DecisionSource) -> &'static str {
 /// // One store for the whole app, as one Redis would be.
 /// let backend = MemoryBackend::new();
 /// let per_ip = || {
-///     RateLimitLayer::token_bucket(backend.clone(), Quota::per_minute(1).unwrap()).key(PeerIp::new())
+///     RateLimitLayer::token_bucket(backend.clone(), Quota::per_minute(1)).key(PeerIp::new())
 /// };
 /// let from = |path: &str, peer: &str| {
 ///     let mut req = Request::post(path).body(Body::empty()).unwrap();
@@ -516,7 +516,7 @@ impl RateLimitLayer {
     /// use tollgate_tower::RateLimitLayer;
     ///
     /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
-    ///     .quota(Quota::per_minute(600)?)
+    ///     .quota(Quota::per_minute(600))
     ///     .failure_policy(FailurePolicy::Deny)
     ///     .build()?;
     /// let layer = RateLimitLayer::new(limiter.clone());
@@ -554,7 +554,7 @@ impl RateLimitLayer {
         ///
         /// let layer = RateLimitLayer::token_bucket(
         ///     MemoryBackend::new(),
-        ///     Quota::per_second(10).unwrap().with_burst(50).unwrap(),
+        ///     Quota::per_second(10).with_burst(50).unwrap(),
         /// );
         /// # let _ = layer;
         /// ```
@@ -566,7 +566,7 @@ impl RateLimitLayer {
         /// use tollgate_core::{MemoryBackend, Quota};
         /// use tollgate_tower::RateLimitLayer;
         ///
-        /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(10).unwrap());
+        /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(10));
         /// # let _ = layer;
         /// ```
         gcra, Algorithm::Gcra);
@@ -577,7 +577,7 @@ impl RateLimitLayer {
         /// use tollgate_core::{MemoryBackend, Quota};
         /// use tollgate_tower::RateLimitLayer;
         ///
-        /// let layer = RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_minute(100).unwrap());
+        /// let layer = RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_minute(100));
         /// # let _ = layer;
         /// ```
         fixed_window, Algorithm::FixedWindow);
@@ -588,7 +588,7 @@ impl RateLimitLayer {
         /// use tollgate_core::{MemoryBackend, Quota};
         /// use tollgate_tower::RateLimitLayer;
         ///
-        /// let layer = RateLimitLayer::sliding_window_log(MemoryBackend::new(), Quota::per_minute(100).unwrap());
+        /// let layer = RateLimitLayer::sliding_window_log(MemoryBackend::new(), Quota::per_minute(100));
         /// # let _ = layer;
         /// ```
         sliding_window_log, Algorithm::SlidingWindowLog);
@@ -599,7 +599,7 @@ impl RateLimitLayer {
         /// use tollgate_core::{MemoryBackend, Quota};
         /// use tollgate_tower::RateLimitLayer;
         ///
-        /// let layer = RateLimitLayer::sliding_window_counter(MemoryBackend::new(), Quota::per_hour(1000).unwrap());
+        /// let layer = RateLimitLayer::sliding_window_counter(MemoryBackend::new(), Quota::per_hour(1000));
         /// # let _ = layer;
         /// ```
         sliding_window_counter, Algorithm::SlidingWindowCounter);
@@ -827,7 +827,7 @@ impl<S, K: Clone, C: Clone> Layer<S> for RateLimitLayer<K, C> {
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 ///
 /// let svc = ServiceBuilder::new()
-///     .layer(RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_minute(1)?))
+///     .layer(RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_minute(1)))
 ///     .service(service_fn(|_req: Request<String>| async {
 ///         Ok::<_, Infallible>(Response::new(http_body_util::Full::new(bytes::Bytes::from("hi"))))
 ///     }));
@@ -919,7 +919,7 @@ pin_project! {
     /// use tollgate_tower::RateLimitLayer;
     /// use tower::{service_fn, Layer, Service, ServiceExt};
     ///
-    /// let mut svc = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5)?)
+    /// let mut svc = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))
     ///     .layer(service_fn(|_: Request<()>| async {
     ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
     ///     }));
@@ -1126,7 +1126,7 @@ mod tests {
 
         let layer = |name: &str, limit: u64| {
             let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
-                .quota(Quota::per_minute(limit).unwrap())
+                .quota(Quota::per_minute(limit))
                 .name(name)
                 .build()
                 .unwrap();
@@ -1169,7 +1169,7 @@ mod tests {
     #[tokio::test]
     async fn a_denial_never_announces_retry_after_zero() {
         let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
-            .quota(Quota::per_second(10).unwrap())
+            .quota(Quota::per_second(10))
             .build()
             .unwrap();
         let mut decision = limiter.check("k").await.unwrap();

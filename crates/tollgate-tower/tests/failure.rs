@@ -62,7 +62,7 @@ async fn wait_for_backend(app: &Router) {
 async fn allow_is_the_default_and_answers_within_the_timeout_while_redis_is_paused() {
     let server = RedisServer::start().unwrap();
     let app = app(
-        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000).unwrap())
+        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000))
             .name(unique("allow"))
             .timeout(Duration::from_millis(200))
             .circuit_breaker(3, Duration::from_millis(300)),
@@ -88,7 +88,7 @@ async fn deny_answers_503_while_redis_is_down_and_recovers_after_restart() {
     let mut server = RedisServer::start().unwrap();
     let app = app(RateLimitLayer::fixed_window(
         backend(&server).await,
-        Quota::per_hour(1000).unwrap(),
+        Quota::per_hour(1000),
     )
     .name(unique("deny"))
     .failure_policy(FailurePolicy::Deny)
@@ -111,7 +111,7 @@ async fn deny_answers_503_while_redis_is_paused() {
     let server = RedisServer::start().unwrap();
     let app = app(RateLimitLayer::token_bucket(
         backend(&server).await,
-        Quota::per_hour(1000).unwrap(),
+        Quota::per_hour(1000),
     )
     .name(unique("deny-pause"))
     .failure_policy(FailurePolicy::Deny)
@@ -129,7 +129,7 @@ async fn fallback_uses_the_local_limiter_with_a_share_of_the_limit() {
     let mut server = RedisServer::start().unwrap();
     let app = app(RateLimitLayer::fixed_window(
         backend(&server).await,
-        Quota::per_hour(4).unwrap(),
+        Quota::per_hour(4),
     )
     .name(unique("fallback"))
     .failure_policy(FailurePolicy::Fallback {
@@ -158,7 +158,7 @@ async fn the_circuit_breaker_stops_waiting_on_a_dead_redis() {
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let record = Arc::clone(&seen);
     let app = app(
-        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000).unwrap())
+        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000))
             .name(unique("breaker"))
             .failure_policy(FailurePolicy::Deny)
             .timeout(Duration::from_millis(300))
@@ -209,7 +209,7 @@ async fn traffic_keeps_flowing_while_redis_is_killed_and_restarted() {
     let mut server = RedisServer::start().unwrap();
     let app = app(RateLimitLayer::sliding_window_counter(
         backend(&server).await,
-        Quota::per_hour(100_000).unwrap(),
+        Quota::per_hour(100_000),
     )
     .name(unique("restart"))
     .circuit_breaker(3, Duration::from_millis(200)));

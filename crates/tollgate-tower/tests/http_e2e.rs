@@ -20,7 +20,7 @@ use common::{suite::clock, unique};
 
 async fn serve(backend: impl RateBackend, name: &str) -> SocketAddr {
     let app = Router::new().route("/", get(|| async { "hello" })).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(5).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_hour(5))
             .name(name)
             .clock(clock())
             .key(PeerIp::new()),

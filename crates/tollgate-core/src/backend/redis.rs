@@ -73,7 +73,7 @@ fn script_for(algorithm: Algorithm) -> &'static LuaScript {
 /// use tollgate_core::{Quota, RateLimiter, RedisBackend};
 ///
 /// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
-/// let limiter = RateLimiter::gcra(backend, Quota::per_second(10)?)?;
+/// let limiter = RateLimiter::gcra(backend, Quota::per_second(10))?;
 /// let decision = limiter.check("alice").await?;
 /// println!("allowed: {}", decision.allowed);
 /// # Ok(()) }

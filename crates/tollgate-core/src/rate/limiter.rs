@@ -63,8 +63,8 @@ pub enum DecisionSource {
 ///
 /// // 10 per second AND 100 per hour, checked together.
 /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::SlidingWindowCounter)
-///     .quota(Quota::per_second(10)?)
-///     .quota(Quota::per_hour(100)?)
+///     .quota(Quota::per_second(10))
+///     .quota(Quota::per_hour(100))
 ///     .name("api")
 ///     .build()?;
 /// let d = limiter.check_n("alice", 3).await?;
@@ -214,7 +214,7 @@ impl RateLimiter {
     /// # async fn main() -> Result<(), tollgate_core::Error> {
     /// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
     ///
-    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1)?)?;
+    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1))?;
     /// let alice = Subject::new("alice");
     /// let decision = match limiter.try_check_now(&alice, 1) {
     ///     Ok(decided) => decided?,
