@@ -10,7 +10,7 @@ use futures_util::stream::BoxStream;
 
 use super::FencingToken;
 use crate::error::Result;
-use crate::key::{Keyspace, Subject};
+use crate::keyspace::{Keyspace, Subject};
 
 /// The keys and channel of one lock name: `<prefix>:lock:{<name>}`, its fence
 /// key `<prefix>:lock:{<name>}:fence` (same hash tag, so the same cluster

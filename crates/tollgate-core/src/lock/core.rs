@@ -17,7 +17,7 @@ use super::lease::Lease;
 use super::waiters::Waiters;
 use super::{FencingToken, LockOptions, MAX_LOCK_DURATION};
 use crate::error::{Error, Result};
-use crate::key::{hex, Keyspace, Subject, DEFAULT_PREFIX};
+use crate::keyspace::{hex, Keyspace, Subject, DEFAULT_PREFIX};
 
 /// Default bound on one lock round trip.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(500);

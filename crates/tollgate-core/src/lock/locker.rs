@@ -11,7 +11,7 @@ use super::core::{Core, Settings};
 use super::lease::Lease;
 use super::LockOptions;
 use crate::error::{Error, Result};
-use crate::key::{Keyspace, Subject};
+use crate::keyspace::{Keyspace, Subject};
 
 macro_rules! settings_setters {
     () => {

@@ -14,7 +14,7 @@ use super::{Algorithm, Decision, Outcome, Quota, MAX_LOG_LIMIT};
 use crate::backend::{MemoryBackend, RateBackend, RateReply, RateRequest};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::key::{hex, Keyspace, Subject, DEFAULT_PREFIX};
+use crate::keyspace::{hex, Keyspace, Subject, DEFAULT_PREFIX};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
