@@ -25,7 +25,7 @@ pub mod rate;
 pub use backend::SentinelConnection;
 pub use backend::{MemoryBackend, RateBackend, RedisBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{Error, Result};
+pub use error::{BackendError, Error, Result};
 pub use keyspace::{Keyspace, Subject};
 pub use lock::{
     FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder, Redlock,

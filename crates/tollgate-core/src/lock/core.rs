@@ -16,7 +16,7 @@ use super::backend::{AcquireReply, AcquireRequest, LockBackend, LockKeys};
 use super::lease::Lease;
 use super::waiters::Waiters;
 use super::{FencingToken, LockOptions, MAX_LOCK_DURATION};
-use crate::error::{Error, Result};
+use crate::error::{BackendError, Error, Result};
 use crate::keyspace::{hex, Keyspace, Subject, DEFAULT_PREFIX};
 
 /// Default bound on one lock round trip.
@@ -66,9 +66,9 @@ pub(crate) fn instant_after(at: Instant, d: Duration) -> Instant {
 
 /// The error of a lock task that the runtime dropped (it is shutting down).
 fn runtime_gone() -> Error {
-    Error::Backend(redis::RedisError::from(std::io::Error::other(
+    Error::Backend(BackendError::outage(
         "the tokio runtime shut down during a lock operation",
-    )))
+    ))
 }
 
 /// Awaits a lock task: its result, its panic, or [`runtime_gone`].
@@ -84,9 +84,10 @@ async fn join<T>(task: tokio::task::JoinHandle<Result<T>>) -> Result<T> {
 fn new_token() -> Result<String> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).map_err(|e| {
-        Error::Backend(redis::RedisError::from(std::io::Error::other(format!(
+        // An outage, as before the error was opaque: it was an I/O error.
+        Error::Backend(BackendError::outage(format!(
             "the OS random source failed: {e}"
-        ))))
+        )))
     })?;
     Ok(hex(&b))
 }

@@ -629,26 +629,9 @@ fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
 /// Whether an error means the backend is unreachable or overloaded (what the
 /// circuit breaker is for), as opposed to an error about one request's data.
 fn is_outage(e: &Error) -> bool {
-    use redis::{ErrorKind, ServerErrorKind as S};
     match e {
         Error::Timeout(_) | Error::CircuitOpen => true,
-        Error::Backend(r) => {
-            r.is_io_error()
-                || r.is_connection_dropped()
-                || r.is_connection_refusal()
-                || r.is_timeout()
-                || matches!(
-                    r.kind(),
-                    ErrorKind::ClusterConnectionNotFound
-                        | ErrorKind::Server(
-                            S::BusyLoading
-                                | S::TryAgain
-                                | S::ClusterDown
-                                | S::MasterDown
-                                | S::ReadOnly
-                        )
-                )
-        }
+        Error::Backend(b) => b.is_outage(),
         _ => false,
     }
 }
