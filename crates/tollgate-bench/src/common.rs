@@ -85,7 +85,7 @@ pub(crate) fn redis_limiter(
     name: &str,
 ) -> BenchResult<RateLimiter> {
     Ok(
-        RateLimiter::builder(RedisBackend::new(conn.clone()), algorithm)
+        RateLimiter::builder(RedisBackend::from_connection(conn.clone()), algorithm)
             .quota(quota)
             .prefix("tgbench")
             .name(name)

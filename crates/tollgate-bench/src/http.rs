@@ -106,7 +106,7 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
             // look fast by failing open; a 5 s bound instead of the default
             // 100 ms, so that CPU starvation on a shared machine is measured
             // as slowness, not as failures.
-            let limiter = RateLimiter::builder(RedisBackend::new(conn), Algorithm::Gcra)
+            let limiter = RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::Gcra)
                 .quota(quota)
                 .prefix("tgbench")
                 .name("http")

@@ -124,13 +124,13 @@ async fn denial_is_resource_exhausted_on_memory() {
 #[tokio::test]
 async fn denial_is_resource_exhausted_on_redis() {
     let server = common::shared_redis();
-    denial_is_resource_exhausted(RedisBackend::new(server.connection_manager().await)).await;
+    denial_is_resource_exhausted(RedisBackend::from_connection(server.connection_manager().await)).await;
 }
 
 #[tokio::test]
 async fn denial_is_resource_exhausted_on_cluster() {
     let cluster = common::shared_cluster();
-    denial_is_resource_exhausted(RedisBackend::new(cluster.connection().await)).await;
+    denial_is_resource_exhausted(RedisBackend::from_connection(cluster.connection().await)).await;
 }
 
 #[tokio::test]

@@ -9,7 +9,6 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
-use super::RedisBackend;
 use crate::error::Result;
 
 /// A connection to the master that Sentinel currently names.
@@ -145,14 +144,5 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-impl RedisBackend<SentinelConnection> {
-    /// A backend on the master `service` behind Redis Sentinel; follows
-    /// failovers (see [`SentinelConnection`]). Lock waiters poll instead of
-    /// subscribing, so a failover never strands them on a stale subscription.
-    pub fn sentinel<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
-        Ok(RedisBackend::new(SentinelConnection::new(sentinels, service)?).with_kind("sentinel"))
     }
 }

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
-use redis::aio::ConnectionLike;
 use redis::Value;
 
 use super::backend::{
@@ -80,10 +79,7 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-impl<C> LockBackend for RedisBackend<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl LockBackend for RedisBackend {
     fn acquire_lock<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<AcquireReply>> {
         async move {
             let value = self
