@@ -7,8 +7,8 @@
 //! - [`Quota`] says how much per how long; [`Decision`] is the answer.
 //! - [`Locker`] hands out fenced [`Lease`]s over a [`LockBackend`] (Redis or
 //!   memory), with renewal, loss detection and pub/sub hand-off;
-//!   [`Redlock`] does the same over several independent masters. See
-//!   [`lock`].
+//!   [`Locker::redlock`] does the same over several independent masters.
+//!   See [`lock`].
 //! - Keys follow [`keyspace`]'s rules, so they are safe on Redis Cluster.
 //!
 //! See the `tollgate` crate for the tower middleware and axum extractors.
@@ -27,10 +27,7 @@ pub use backend::{MemoryBackend, RateBackend, RedisBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{BackendError, Error, Result};
 pub use keyspace::{Keyspace, Subject};
-pub use lock::{
-    FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder, Redlock,
-    RedlockBuilder,
-};
+pub use lock::{FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder};
 pub use rate::{
     Algorithm, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
     RateLimiter, RateLimiterBuilder,
