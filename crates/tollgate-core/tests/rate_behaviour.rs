@@ -70,7 +70,9 @@ impl Target {
             }
             Kind::Standalone => Target {
                 kind,
-                backend: Arc::new(RedisBackend::from_connection(server().connection_manager().await)),
+                backend: Arc::new(RedisBackend::from_connection(
+                    server().connection_manager().await,
+                )),
                 memory: None,
             },
             Kind::Cluster => Target {

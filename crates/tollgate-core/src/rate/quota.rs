@@ -233,10 +233,7 @@ mod tests {
         assert_eq!(q.period(), Duration::from_secs(1));
         assert_eq!(q.interval_micros(), 100_000);
         assert_eq!(Quota::per_minute(60).interval_micros(), 1_000_000);
-        assert_eq!(
-            Quota::per_hour(1).period(),
-            Duration::from_secs(3600)
-        );
+        assert_eq!(Quota::per_hour(1).period(), Duration::from_secs(3600));
     }
 
     #[test]
