@@ -21,9 +21,9 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::Router;
 use http::StatusCode;
 use tokio::net::TcpListener;
-use axum::Router;
 use tollgate::{MemoryBackend, RedisBackend};
 use tollgate_testkit::{RedisCluster, RedisServer};
 

@@ -14,7 +14,9 @@ use tokio::net::TcpListener;
 use tollgate::axum::{HeldLock, LockResource, Rejection};
 use tollgate::tower::key::PeerIp;
 use tollgate::tower::RateLimitLayer;
-use tollgate::{Error, LockBackend, LockOptions, Locker, Quota, RateBackend, RedisBackend, Subject};
+use tollgate::{
+    Error, LockBackend, LockOptions, Locker, Quota, RateBackend, RedisBackend, Subject,
+};
 
 /// The Redis backend the environment names, if any: `REDIS_CLUSTER`
 /// (comma-separated `host:port` seeds) selects a cluster, else `REDIS_URL` a

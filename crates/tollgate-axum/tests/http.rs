@@ -206,8 +206,7 @@ fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
         limiter,
     };
     let layered = Router::new().route("/status", get(status)).layer(
-        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3))
-            .name("layered"),
+        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3)).name("layered"),
     );
     let router = Router::new()
         .route("/wait/{id}/{ms}", post(guarded::<Waiting>))
@@ -684,8 +683,7 @@ async fn memory_handler_rate_limit() {
 async fn redis_handler_rate_limit() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2)).unwrap())
-        .await;
+    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2)).unwrap()).await;
 }
 
 /// Under `FailurePolicy::Deny`, a dead backend is a 503.

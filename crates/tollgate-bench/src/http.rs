@@ -106,13 +106,14 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
             // look fast by failing open; a 5 s bound instead of the default
             // 100 ms, so that CPU starvation on a shared machine is measured
             // as slowness, not as failures.
-            let limiter = RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::Gcra)
-                .quota(quota)
-                .prefix("tgbench")
-                .name("http")
-                .failure_policy(FailurePolicy::Deny)
-                .timeout(std::time::Duration::from_secs(5))
-                .build()?;
+            let limiter =
+                RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::Gcra)
+                    .quota(quota)
+                    .prefix("tgbench")
+                    .name("http")
+                    .failure_policy(FailurePolicy::Deny)
+                    .timeout(std::time::Duration::from_secs(5))
+                    .build()?;
             router.layer(tollgate_layer(limiter))
         }
         Variant::Governor => {

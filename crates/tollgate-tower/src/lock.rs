@@ -78,9 +78,7 @@ use futures_util::future::BoxFuture;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
-use tollgate_core::{
-    Error, Lease, LeaseLost, LockOptions, Locker, MemoryBackend, Redlock, Subject,
-};
+use tollgate_core::{Error, Lease, LeaseLost, LockOptions, Locker, MemoryBackend, Subject};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -95,7 +93,7 @@ use crate::response::{
 pub use tollgate_core::FencingToken;
 
 /// Something that hands out leases: [`Locker`] (one Redis, a cluster, or
-/// memory) or [`Redlock`] (several independent masters).
+/// memory, or a Redlock over several independent masters).
 ///
 /// ```
 /// use tollgate_core::{Locker, MemoryBackend};
@@ -167,25 +165,6 @@ impl Acquirer for Locker {
 
     fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
         Locker::check_options(self, options)
-    }
-}
-
-impl Acquirer for Redlock {
-    fn acquire_lease(
-        &self,
-        name: Subject,
-        options: LockOptions,
-    ) -> BoxFuture<'static, Result<Lease, Error>> {
-        let redlock = self.clone();
-        Box::pin(async move { redlock.acquire(name, &options).await })
-    }
-
-    fn default_options(&self) -> LockOptions {
-        Redlock::default_options(self).clone()
-    }
-
-    fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
-        Redlock::check_options(self, options)
     }
 }
 

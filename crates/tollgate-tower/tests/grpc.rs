@@ -124,7 +124,10 @@ async fn denial_is_resource_exhausted_on_memory() {
 #[tokio::test]
 async fn denial_is_resource_exhausted_on_redis() {
     let server = common::shared_redis();
-    denial_is_resource_exhausted(RedisBackend::from_connection(server.connection_manager().await)).await;
+    denial_is_resource_exhausted(RedisBackend::from_connection(
+        server.connection_manager().await,
+    ))
+    .await;
 }
 
 #[tokio::test]
@@ -136,11 +139,7 @@ async fn denial_is_resource_exhausted_on_cluster() {
 #[tokio::test]
 async fn a_cost_that_never_fits_is_resource_exhausted_without_retry_info() {
     let addr = serve(
-        RateLimitLayer::gcra(
-            tollgate_core::MemoryBackend::new(),
-            Quota::per_hour(2),
-        )
-        .cost(5),
+        RateLimitLayer::gcra(tollgate_core::MemoryBackend::new(), Quota::per_hour(2)).cost(5),
     )
     .await;
     let status = client(addr).await.check(check()).await.unwrap_err();
@@ -178,11 +177,8 @@ async fn redis_down_under_deny_is_unavailable() {
 #[tokio::test]
 async fn key_errors_map_to_grpc_codes() {
     let addr = serve(
-        RateLimitLayer::gcra(
-            tollgate_core::MemoryBackend::new(),
-            Quota::per_hour(2),
-        )
-        .key(tollgate_tower::key::HeaderKey::new("x-api-key")),
+        RateLimitLayer::gcra(tollgate_core::MemoryBackend::new(), Quota::per_hour(2))
+            .key(tollgate_tower::key::HeaderKey::new("x-api-key")),
     )
     .await;
     let status = client(addr).await.check(check()).await.unwrap_err();

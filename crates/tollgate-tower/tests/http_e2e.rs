@@ -97,7 +97,10 @@ async fn limit_holds_over_the_network_on_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_holds_over_the_network_on_redis() {
     let server = common::shared_redis();
-    limit_holds_over_the_network(RedisBackend::from_connection(server.connection_manager().await)).await;
+    limit_holds_over_the_network(RedisBackend::from_connection(
+        server.connection_manager().await,
+    ))
+    .await;
 }
 
 /// `HoldUntil::BodyEnd` over a real connection: the lock is held while the

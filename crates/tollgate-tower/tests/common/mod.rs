@@ -88,7 +88,9 @@ pub async fn memory() -> Arc<dyn RateBackend> {
 
 pub async fn redis() -> Arc<dyn RateBackend> {
     let server = shared_redis();
-    Arc::new(RedisBackend::from_connection(server.connection_manager().await))
+    Arc::new(RedisBackend::from_connection(
+        server.connection_manager().await,
+    ))
 }
 
 pub async fn cluster() -> Arc<dyn RateBackend> {
