@@ -125,11 +125,13 @@ impl std::error::Error for BackendError {
     }
 }
 
-/// The one place a redis-rs error becomes a tollgate error: the outage
-/// classification is made here, from redis-rs's kinds, so nothing outside
-/// the Redis backend looks at them.
-impl From<redis::RedisError> for BackendError {
-    fn from(e: redis::RedisError) -> Self {
+impl BackendError {
+    /// The one place a redis-rs error becomes a tollgate error. The outage
+    /// classification is made here, from redis-rs's kinds, so nothing outside
+    /// the Redis backend looks at them. Deliberately not a `From` impl: a
+    /// public `From<redis::RedisError>` would put redis-rs's type (and its
+    /// version) in tollgate's API.
+    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind as S};
         let outage = e.is_io_error()
             || e.is_connection_dropped()
@@ -149,10 +151,9 @@ impl From<redis::RedisError> for BackendError {
     }
 }
 
-impl From<redis::RedisError> for Error {
-    fn from(e: redis::RedisError) -> Self {
-        Error::Backend(e.into())
-    }
+/// `Error::Backend` from a redis-rs error, for `map_err` in the Redis code.
+pub(crate) fn redis_error(e: redis::RedisError) -> Error {
+    Error::Backend(BackendError::from_redis(e))
 }
 
 /// `Result` with [`Error`].
@@ -165,11 +166,11 @@ mod tests {
     #[test]
     fn redis_errors_are_classified_before_they_become_opaque() {
         let io = redis::RedisError::from(std::io::Error::other("connection reset"));
-        let e = Error::from(io);
+        let e = redis_error(io);
         assert!(e.is_unavailable());
         assert!(matches!(&e, Error::Backend(b) if b.is_outage()));
         let script = redis::RedisError::from((redis::ErrorKind::Client, "WRONGTYPE of key"));
-        let e = Error::from(script);
+        let e = redis_error(script);
         assert!(matches!(&e, Error::Backend(b) if !b.is_outage()));
         // Still unavailable for the failure policy, as before.
         assert!(e.is_unavailable());

@@ -11,7 +11,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
 use super::{RateBackend, RateReply, RateRequest};
-use crate::error::{Error, Result};
+use crate::error::{redis_error, Error, Result};
 use crate::rate::{Algorithm, Outcome};
 
 /// A Lua script and its SHA1, computed once.
@@ -189,8 +189,10 @@ impl RedisBackend {
     /// Connects to a standalone Redis with a connection manager (which
     /// reconnects by itself after failures) and uses the same URL for pub/sub.
     pub async fn connect(url: &str) -> Result<Self> {
-        let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new(client.clone()).await?;
+        let client = redis::Client::open(url).map_err(redis_error)?;
+        let conn = ConnectionManager::new(client.clone())
+            .await
+            .map_err(redis_error)?;
         Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
     }
 
@@ -198,11 +200,12 @@ impl RedisBackend {
     /// the background: the backend works once Redis is reachable, and a
     /// service can start while Redis is down.
     pub fn connect_lazy(url: &str) -> Result<Self> {
-        let client = redis::Client::open(url)?;
+        let client = redis::Client::open(url).map_err(redis_error)?;
         let conn = ConnectionManager::new_lazy_with_config(
             client.clone(),
             redis::aio::ConnectionManagerConfig::new(),
-        )?;
+        )
+        .map_err(redis_error)?;
         Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
     }
 
@@ -228,10 +231,12 @@ impl RedisBackend {
         let first = seeds
             .first()
             .ok_or_else(|| Error::InvalidConfig("a cluster needs at least one seed".into()))?;
-        let pubsub = redis::Client::open(first.as_str())?;
-        let conn = redis::cluster::ClusterClient::new(seeds.clone())?
+        let pubsub = redis::Client::open(first.as_str()).map_err(redis_error)?;
+        let conn = redis::cluster::ClusterClient::new(seeds.clone())
+            .map_err(redis_error)?
             .get_async_connection()
-            .await?;
+            .await
+            .map_err(redis_error)?;
         Ok(Self::with_conn(Conn::Cluster(conn), "cluster").with_pubsub(pubsub))
     }
 
@@ -317,9 +322,12 @@ impl RedisBackend {
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.body);
                 fill(&mut cmd);
-                Ok(cmd.query_async::<Value>(&mut conn).await?)
+                Ok(cmd
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(redis_error)?)
             }
-            other => Ok(other?),
+            other => other.map_err(redis_error),
         }
     }
 }

@@ -12,7 +12,7 @@ use super::backend::{
 use super::FencingToken;
 use crate::backend::redis::lua;
 use crate::backend::RedisBackend;
-use crate::error::{Error, Result};
+use crate::error::{redis_error, Error, Result};
 
 lua!(LOCK_ACQUIRE, include_str!("../../lua/lock_acquire.lua"));
 lua!(LOCK_RELEASE, include_str!("../../lua/lock_release.lua"));
@@ -167,8 +167,11 @@ impl LockBackend for RedisBackend {
         let pattern = format!("{}*", glob_escape(channel_prefix));
         Some(
             async move {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.psubscribe(pattern.as_str()).await?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(redis_error)?;
+                pubsub
+                    .psubscribe(pattern.as_str())
+                    .await
+                    .map_err(redis_error)?;
                 let events: ReleaseEvents = pubsub
                     .into_on_message()
                     .map(|msg| ReleaseEvent::Released {
