@@ -259,7 +259,7 @@ impl RedisBackend {
     /// lock waiters poll instead of waking on release notifications.
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tollgate_core::Error> {
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use tollgate_core::RedisBackend;
     ///
     /// let client = redis::Client::open("redis://127.0.0.1:6379")?;

@@ -269,6 +269,16 @@ impl Locker {
 
     /// How many instances must grant a lock: N/2 + 1 (1 of 1 for a single
     /// backend).
+    ///
+    /// ```
+    /// use tollgate_core::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert_eq!((locker.instances(), locker.quorum()), (1, 1));
+    /// let redlock = Locker::redlock((0..3).map(|_| MemoryBackend::new()))?;
+    /// assert_eq!((redlock.instances(), redlock.quorum()), (3, 2));
+    /// # Ok::<(), tollgate_core::Error>(())
+    /// ```
     pub fn quorum(&self) -> usize {
         self.core.instances.quorum()
     }
