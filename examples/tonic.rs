@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     println!("backend: {}", backend.kind());
 
     // The server: the layer sits in front of every service of the server.
-    let quota = Quota::per_second(2)?.with_burst(3)?;
+    let quota = Quota::per_second(2).with_burst(3)?;
     let layer = RateLimitLayer::token_bucket(backend, quota)
         .name("tonic-example")
         .key(PeerIp::new());

@@ -16,7 +16,7 @@
 //! # async fn main() -> Result<(), tollgate::Error> {
 //! use tollgate::{MemoryBackend, Quota, RateLimiter};
 //!
-//! let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(10)?)?;
+//! let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(10))?;
 //! let decision = limiter.check("user-42").await?;
 //! assert!(decision.allowed);
 //! # Ok(()) }

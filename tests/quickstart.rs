@@ -21,12 +21,12 @@ mod common;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use axum::Router;
 use http::StatusCode;
 use tokio::net::TcpListener;
 use tollgate::{MemoryBackend, RedisBackend};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
-use app::Backend;
 use common::{
     assert_hello, check_down, check_jobs, check_rate_limit, check_recovered, eventually, get,
     job_fence, post,
@@ -44,10 +44,9 @@ impl Drop for Instance {
     }
 }
 
-async fn start(backend: &Backend) -> Instance {
+async fn start(router: Router) -> Instance {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let router = backend.router();
     let task = tokio::spawn(async move {
         app::serve(listener, router).await.unwrap();
     });
@@ -58,15 +57,21 @@ async fn start(backend: &Backend) -> Instance {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_rate_limit_per_ip_shared_by_instances() {
-    let backend = Backend::Memory(MemoryBackend::new());
-    let (a, b) = (start(&backend).await, start(&backend).await);
+    let backend = MemoryBackend::new();
+    let (a, b) = (
+        start(app::router(backend.clone())).await,
+        start(app::router(backend)).await,
+    );
     check_rate_limit(a.addr, b.addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_jobs_are_locked_and_fenced() {
-    let backend = Backend::Memory(MemoryBackend::new());
-    let (a, b) = (start(&backend).await, start(&backend).await);
+    let backend = MemoryBackend::new();
+    let (a, b) = (
+        start(app::router(backend.clone())).await,
+        start(app::router(backend)).await,
+    );
     check_jobs(a.addr, b.addr).await;
 }
 
@@ -74,23 +79,23 @@ async fn memory_jobs_are_locked_and_fenced() {
 
 /// An instance as the example makes it for `REDIS_URL`: its own lazily
 /// connected backend.
-fn redis_backend(server: &RedisServer) -> Backend {
-    Backend::Redis(RedisBackend::connect_lazy(&server.url()).unwrap())
+fn redis_backend(server: &RedisServer) -> Router {
+    app::router(RedisBackend::connect_lazy(&server.url()).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_rate_limit_per_ip_shared_by_instances() {
     let server = RedisServer::start().unwrap();
-    let a = start(&redis_backend(&server)).await;
-    let b = start(&redis_backend(&server)).await;
+    let a = start(redis_backend(&server)).await;
+    let b = start(redis_backend(&server)).await;
     check_rate_limit(a.addr, b.addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_jobs_are_locked_and_fenced() {
     let server = RedisServer::start().unwrap();
-    let a = start(&redis_backend(&server)).await;
-    let b = start(&redis_backend(&server)).await;
+    let a = start(redis_backend(&server)).await;
+    let b = start(redis_backend(&server)).await;
     check_jobs(a.addr, b.addr).await;
 }
 
@@ -99,8 +104,8 @@ async fn redis_jobs_are_locked_and_fenced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_fences_increase_across_restart() {
     let mut server = RedisServer::start().unwrap();
-    let a = start(&redis_backend(&server)).await;
-    let b = start(&redis_backend(&server)).await;
+    let a = start(redis_backend(&server)).await;
+    let b = start(redis_backend(&server)).await;
     let f1 = job_fence(&post(a.addr, "/jobs/r").await, "r");
     let f2 = job_fence(&post(b.addr, "/jobs/r").await, "r");
     assert!(f1 < f2);
@@ -126,7 +131,7 @@ async fn redis_fences_increase_across_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_get_answers_post_503_then_recovers() {
     let server = RedisServer::start().unwrap();
-    let a = start(&redis_backend(&server)).await;
+    let a = start(redis_backend(&server)).await;
     assert_hello(&get(a.addr, "/").await, 4);
     job_fence(&post(a.addr, "/jobs/warm").await, "warm");
 
@@ -139,7 +144,7 @@ async fn redis_paused_get_answers_post_503_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_get_answers_post_503_then_recovers() {
     let mut server = RedisServer::start().unwrap();
-    let a = start(&redis_backend(&server)).await;
+    let a = start(redis_backend(&server)).await;
     assert_hello(&get(a.addr, "/").await, 4);
     job_fence(&post(a.addr, "/jobs/warm").await, "warm");
 
@@ -155,7 +160,7 @@ async fn redis_stopped_get_answers_post_503_then_recovers() {
 async fn redis_starts_while_redis_is_down() {
     let mut server = RedisServer::start().unwrap();
     server.stop();
-    let a = start(&redis_backend(&server)).await;
+    let a = start(redis_backend(&server)).await;
     check_down(a.addr).await;
     server.restart().unwrap();
     check_recovered(a.addr, "late").await;
@@ -167,14 +172,14 @@ async fn redis_starts_while_redis_is_down() {
 async fn cluster_contract() {
     let cluster = RedisCluster::start().unwrap();
     let backend = || async {
-        Backend::Cluster(
+        app::router(
             RedisBackend::connect_cluster(cluster.seeds())
                 .await
                 .unwrap(),
         )
     };
-    let a = start(&backend().await).await;
-    let b = start(&backend().await).await;
+    let a = start(backend().await).await;
+    let b = start(backend().await).await;
     check_rate_limit(a.addr, b.addr).await;
     check_jobs(a.addr, b.addr).await;
 }

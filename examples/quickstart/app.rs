@@ -15,65 +15,26 @@ use tollgate::axum::{HeldLock, LockResource, Rejection};
 use tollgate::tower::key::PeerIp;
 use tollgate::tower::RateLimitLayer;
 use tollgate::{
-    Error, LockBackend, LockOptions, Locker, MemoryBackend, Quota, RateBackend, RedisBackend,
-    Subject,
+    Error, LockBackend, LockOptions, Locker, Quota, RateBackend, RedisBackend, Subject,
 };
 
-/// Where limits and locks live.
-#[derive(Clone, Debug)]
-pub(crate) enum Backend {
-    /// This process's memory (no Redis configured).
-    Memory(MemoryBackend),
-    /// A standalone Redis (`REDIS_URL`).
-    Redis(RedisBackend),
-    /// A Redis Cluster (`REDIS_CLUSTER`).
-    Cluster(RedisBackend<redis::cluster_async::ClusterConnection>),
-}
-
-impl Backend {
-    /// From the environment: `REDIS_CLUSTER` (comma-separated `host:port`
-    /// seeds) selects a cluster, else `REDIS_URL` a standalone Redis, else
-    /// memory.
-    ///
-    /// A standalone Redis is connected lazily: the server starts (and its
-    /// limits fail open, its locks answer 503) while Redis is down, and
-    /// recovers on its own when Redis is back. A cluster must be reachable
-    /// at start, to learn its slots.
-    pub(crate) async fn from_env() -> Result<Backend, Error> {
-        let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        if let Some(seeds) = var("REDIS_CLUSTER") {
-            let seeds: Vec<&str> = seeds
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .collect();
-            return Ok(Backend::Cluster(
-                RedisBackend::connect_cluster(seeds).await?,
-            ));
-        }
-        if let Some(url) = var("REDIS_URL") {
-            return Ok(Backend::Redis(RedisBackend::connect_lazy(&url)?));
-        }
-        Ok(Backend::Memory(MemoryBackend::new()))
+/// The Redis backend the environment names, if any: `REDIS_CLUSTER`
+/// (comma-separated `host:port` seeds) selects a cluster, else `REDIS_URL` a
+/// standalone Redis; `None` means this process's memory.
+///
+/// A standalone Redis is connected lazily: the server starts (and its limits
+/// fail open, its locks answer 503) while Redis is down, and recovers on its
+/// own when Redis is back. A cluster must be reachable at start, to learn its
+/// slots.
+pub(crate) async fn redis_from_env() -> Result<Option<RedisBackend>, Error> {
+    let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(seeds) = var("REDIS_CLUSTER") {
+        let seeds = seeds.split(',').map(str::trim).filter(|s| !s.is_empty());
+        return Ok(Some(RedisBackend::connect_cluster(seeds).await?));
     }
-
-    /// `memory`, `redis` or `cluster`.
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            Backend::Memory(_) => "memory",
-            Backend::Redis(_) => "redis",
-            Backend::Cluster(_) => "cluster",
-        }
-    }
-
-    /// The application on this backend.
-    pub(crate) fn router(&self) -> Router {
-        match self {
-            Backend::Memory(b) => router(b.clone()),
-            Backend::Redis(b) => router(b.clone()),
-            Backend::Cluster(b) => router(b.clone()),
-        }
-    }
+    var("REDIS_URL")
+        .map(|url| RedisBackend::connect_lazy(&url))
+        .transpose()
 }
 
 /// `POST /jobs/{id}` locks the job `{id}`.

@@ -20,14 +20,15 @@
 use std::process::ExitCode;
 
 use tokio::net::TcpListener;
+use tollgate::{MemoryBackend, RateBackend};
 
 mod app;
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let backend = match app::Backend::from_env().await {
-        Ok(backend) => backend,
+    let redis = match app::redis_from_env().await {
+        Ok(redis) => redis,
         Err(e) => {
             eprintln!("quickstart: cannot set up the backend: {e}");
             return ExitCode::FAILURE;
@@ -43,8 +44,12 @@ async fn main() -> ExitCode {
     let local = listener
         .local_addr()
         .expect("a bound listener has an address");
-    println!("listening on http://{local} (backend: {})", backend.kind());
-    match app::serve(listener, backend.router()).await {
+    let (kind, router) = match redis {
+        Some(redis) => (redis.kind(), app::router(redis)),
+        None => ("memory", app::router(MemoryBackend::new())),
+    };
+    println!("listening on http://{local} (backend: {kind})");
+    match app::serve(listener, router).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("quickstart: server error: {e}");

@@ -105,7 +105,7 @@ pub trait RateLimitPolicy<S>: 'static {
 ///     (limited, "welcome")
 /// }
 ///
-/// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1)?)?;
+/// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1))?;
 /// let app = Router::new().route("/signup", post(signup)).with_state(limiter);
 /// let req = || Request::post("/signup").body(Body::empty()).unwrap();
 ///

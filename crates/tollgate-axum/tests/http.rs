@@ -205,8 +205,7 @@ fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
         limiter,
     };
     let layered = Router::new().route("/status", get(status)).layer(
-        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3).unwrap())
-            .name("layered"),
+        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3)).name("layered"),
     );
     let router = Router::new()
         .route("/wait/{id}/{ms}", post(guarded::<Waiting>))
@@ -248,7 +247,7 @@ async fn serve(locker: Locker, limiter: RateLimiter) -> Running {
 }
 
 fn memory_limiter() -> RateLimiter {
-    RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2).unwrap()).unwrap()
+    RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2)).unwrap()
 }
 
 // ------------------------------------------------------------------ checks
@@ -641,8 +640,7 @@ async fn memory_handler_rate_limit() {
 async fn redis_handler_rate_limit() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2).unwrap()).unwrap())
-        .await;
+    handler_rate_limit(RateLimiter::token_bucket(backend, Quota::per_minute(2)).unwrap()).await;
 }
 
 /// Under `FailurePolicy::Deny`, a dead backend is a 503.
@@ -651,7 +649,7 @@ async fn redis_handler_rate_limit_deny_policy_is_503() {
     let mut server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let limiter = RateLimiter::builder(backend, tollgate_core::Algorithm::TokenBucket)
-        .quota(Quota::per_minute(2).unwrap())
+        .quota(Quota::per_minute(2))
         .failure_policy(FailurePolicy::Deny)
         .timeout(Duration::from_millis(100))
         .build()

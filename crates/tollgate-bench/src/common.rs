@@ -86,7 +86,7 @@ pub(crate) const ALGORITHMS: [Algorithm; 5] = [
 /// subject, spread over [`SUBJECTS`] subjects, so nobody is ever denied at the
 /// rates one client reaches here (a denial is counted and reported).
 pub(crate) fn workload_quota() -> Quota {
-    Quota::per_second(1000).expect("a valid quota")
+    Quota::per_second(1000)
 }
 
 /// Subjects the workloads rotate over.
@@ -106,7 +106,7 @@ pub(crate) fn redis_limiter(
     name: &str,
 ) -> BenchResult<RateLimiter> {
     Ok(
-        RateLimiter::builder(RedisBackend::new(conn.clone()), algorithm)
+        RateLimiter::builder(RedisBackend::from_connection(conn.clone()), algorithm)
             .quota(quota)
             .prefix("tgbench")
             .name(name)

@@ -40,11 +40,11 @@ async fn exhaust(l: &RateLimiter, s: &Subject) -> BenchResult<()> {
 pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     let conn = connect(&opts.redis_url).await?;
     let admin = Admin::connect(&opts.redis_url).await?;
-    let quota = Quota::per_second(10)?;
+    let quota = Quota::per_second(10);
     let subject = Subject::from("flooder");
-    let redis = limiter(RedisBackend::new(conn.clone()), quota, true)?;
+    let redis = limiter(RedisBackend::from_connection(conn.clone()), quota, true)?;
     let memory = limiter(MemoryBackend::new(), quota, true)?;
-    let redis_nocache = limiter(RedisBackend::new(conn.clone()), quota, false)?;
+    let redis_nocache = limiter(RedisBackend::from_connection(conn.clone()), quota, false)?;
     let secs = if opts.quick { 0.3 } else { 2.0 };
     let dur = Duration::from_secs_f64(secs);
     let op = |l: &RateLimiter| Op::Check {

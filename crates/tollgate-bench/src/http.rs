@@ -88,7 +88,7 @@ fn tollgate_layer(limiter: RateLimiter) -> RateLimitLayer<PeerIp> {
 
 pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
     let router = Router::new().route("/", get(hello));
-    let quota = Quota::per_second(RATE)?.with_burst(RATE)?;
+    let quota = Quota::per_second(RATE).with_burst(RATE)?;
     Ok(match opts.variant {
         Variant::None => router,
         Variant::TollgateMemory | Variant::TollgateMemoryNoHeaders => {
@@ -106,13 +106,14 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
             // look fast by failing open; a 5 s bound instead of the default
             // 100 ms, so that CPU starvation on a shared machine is measured
             // as slowness, not as failures.
-            let limiter = RateLimiter::builder(RedisBackend::new(conn), Algorithm::Gcra)
-                .quota(quota)
-                .prefix("tgbench")
-                .name("http")
-                .failure_policy(FailurePolicy::Deny)
-                .timeout(std::time::Duration::from_secs(5))
-                .build()?;
+            let limiter =
+                RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::Gcra)
+                    .quota(quota)
+                    .prefix("tgbench")
+                    .name("http")
+                    .failure_policy(FailurePolicy::Deny)
+                    .timeout(std::time::Duration::from_secs(5))
+                    .build()?;
             router.layer(tollgate_layer(limiter))
         }
         Variant::Governor => {

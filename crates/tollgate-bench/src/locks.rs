@@ -14,7 +14,8 @@ use crate::stats::{median, percentile, ratio_cell, ratios, rotation, us};
 const POLL: Duration = Duration::from_millis(50);
 
 fn locker(conn: &MultiplexedConnection, url: &str) -> BenchResult<Locker> {
-    let backend = RedisBackend::new(conn.clone()).with_pubsub(redis::Client::open(url)?);
+    let backend =
+        RedisBackend::from_connection(conn.clone()).with_pubsub(redis::Client::open(url)?);
     Ok(Locker::builder(backend).prefix("tgbench").build()?)
 }
 

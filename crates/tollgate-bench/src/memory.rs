@@ -18,7 +18,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     admin.delete_matching("tgbench*").await?;
     // Long-lived keys (a GCRA key lives one emission interval, 36 s here),
     // so none expires while it is measured.
-    let quota = Quota::per_hour(100)?;
+    let quota = Quota::per_hour(100);
     let mut section = Section::default();
     section.heading("3. Redis memory per key");
     section.line(format!(

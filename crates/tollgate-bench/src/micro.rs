@@ -18,7 +18,7 @@ const RATE: u64 = 1_000_000;
 /// Runs the micro-benchmarks.
 pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     let n = opts.scale(200_000);
-    let quota = Quota::per_second(RATE)?.with_burst(RATE)?;
+    let quota = Quota::per_second(RATE).with_burst(RATE)?;
     let tg = |cache: usize| {
         RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
             .quota(quota)

@@ -9,7 +9,15 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Microseconds on this process's monotonic clock (since its first use):
+/// for local deadlines (the breaker, the deny cache), never for decisions.
+pub(crate) fn monotonic_micros() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
 
 /// A source of wall-clock time in whole microseconds since the Unix epoch.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {

@@ -1,5 +1,6 @@
 //! The one error type of tollgate-core.
 
+use std::fmt;
 use std::time::Duration;
 
 /// Everything that can go wrong in a check, an acquire or a construction.
@@ -26,9 +27,11 @@ pub enum Error {
         /// The most the quota can ever admit at once.
         capacity: u64,
     },
-    /// The backend answered with an error or the connection failed.
+    /// The backend answered with an error or the connection failed. The
+    /// cause is opaque (no Redis client type in the API); it is reachable
+    /// through [`std::error::Error::source`].
     #[error("backend error: {0}")]
-    Backend(#[from] redis::RedisError),
+    Backend(#[from] BackendError),
     /// The backend answered something the script cannot have returned.
     #[error("unexpected reply from the backend: {0}")]
     Protocol(String),
@@ -60,5 +63,119 @@ impl Error {
     }
 }
 
+/// What a backend reported: a message, whether it means the backend is down
+/// or overloaded, and the underlying error as [`source`](std::error::Error::source).
+///
+/// Custom [`RateBackend`](crate::RateBackend) and
+/// [`LockBackend`](crate::LockBackend) implementations build one from their
+/// own errors:
+///
+/// ```
+/// use tollgate_core::{BackendError, Error};
+///
+/// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+/// let e = Error::from(BackendError::outage(io));
+/// assert!(e.is_unavailable());
+/// assert!(std::error::Error::source(&e).is_some());
+/// ```
+#[derive(Debug)]
+pub struct BackendError {
+    outage: bool,
+    source: Box<dyn std::error::Error + Send + Sync + 'static>,
+}
+
+impl BackendError {
+    /// An error about one request (a wrong key type, a script error): the
+    /// backend itself works, so a circuit breaker does not count it.
+    pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        BackendError {
+            outage: false,
+            source: source.into(),
+        }
+    }
+
+    /// An error that means the backend is unreachable or overloaded (a
+    /// connection refused or dropped, a timeout, a loading or failing-over
+    /// server): what a limiter's circuit breaker counts.
+    pub fn outage(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        BackendError {
+            outage: true,
+            source: source.into(),
+        }
+    }
+
+    /// Whether the backend is unreachable or overloaded, rather than
+    /// refusing one request.
+    pub fn is_outage(&self) -> bool {
+        self.outage
+    }
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The cause's own text: callers match on it (`WRONGTYPE`, …) and it
+        // is the only detail there is.
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+impl BackendError {
+    /// The one place a redis-rs error becomes a tollgate error. The outage
+    /// classification is made here, from redis-rs's kinds, so nothing outside
+    /// the Redis backend looks at them. Deliberately not a `From` impl: a
+    /// public `From<redis::RedisError>` would put redis-rs's type (and its
+    /// version) in tollgate's API.
+    pub(crate) fn from_redis(e: redis::RedisError) -> Self {
+        use redis::{ErrorKind, ServerErrorKind as S};
+        let outage = e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || matches!(
+                e.kind(),
+                ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::Server(
+                        S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
+                    )
+            );
+        BackendError {
+            outage,
+            source: Box::new(e),
+        }
+    }
+}
+
+/// `Error::Backend` from a redis-rs error, for `map_err` in the Redis code.
+pub(crate) fn redis_error(e: redis::RedisError) -> Error {
+    Error::Backend(BackendError::from_redis(e))
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_errors_are_classified_before_they_become_opaque() {
+        let io = redis::RedisError::from(std::io::Error::other("connection reset"));
+        let e = redis_error(io);
+        assert!(e.is_unavailable());
+        assert!(matches!(&e, Error::Backend(b) if b.is_outage()));
+        let script = redis::RedisError::from((redis::ErrorKind::Client, "WRONGTYPE of key"));
+        let e = redis_error(script);
+        assert!(matches!(&e, Error::Backend(b) if !b.is_outage()));
+        // Still unavailable for the failure policy, as before.
+        assert!(e.is_unavailable());
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        let source = std::error::Error::source(&e).and_then(std::error::Error::source);
+        assert!(source.is_some_and(|s| s.is::<redis::RedisError>()));
+    }
+}

@@ -7,9 +7,9 @@
 //! - [`Quota`] says how much per how long; [`Decision`] is the answer.
 //! - [`Locker`] hands out fenced [`Lease`]s over a [`LockBackend`] (Redis or
 //!   memory), with renewal, loss detection and pub/sub hand-off;
-//!   [`Redlock`] does the same over several independent masters. See
-//!   [`lock`].
-//! - Keys follow [`key`]'s rules, so they are safe on Redis Cluster.
+//!   [`Locker::redlock`] does the same over several independent masters.
+//!   See [`lock`].
+//! - Keys follow [`keyspace`]'s rules, so they are safe on Redis Cluster.
 //!
 //! See the `tollgate` crate for the tower middleware and axum extractors.
 #![forbid(unsafe_code)]
@@ -17,7 +17,7 @@
 pub mod backend;
 mod clock;
 mod error;
-pub mod key;
+pub mod keyspace;
 pub mod lock;
 pub mod rate;
 
@@ -25,12 +25,9 @@ pub mod rate;
 pub use backend::SentinelConnection;
 pub use backend::{MemoryBackend, RateBackend, RedisBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::{Error, Result};
-pub use key::{Keyspace, Subject};
-pub use lock::{
-    FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder, Redlock,
-    RedlockBuilder,
-};
+pub use error::{BackendError, Error, Result};
+pub use keyspace::{Keyspace, Subject};
+pub use lock::{FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder};
 pub use rate::{
     Algorithm, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
     RateLimiter, RateLimiterBuilder,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
-    Error, FencingToken, LockBackend, LockOptions, MemoryBackend, RedisBackend, Redlock,
-    RedlockBuilder,
+    Error, FencingToken, LockBackend, LockOptions, Locker, LockerBuilder, MemoryBackend,
+    RedisBackend,
 };
 use tollgate_testkit::RedisServer;
 
@@ -18,12 +18,12 @@ fn servers(n: usize) -> Vec<RedisServer> {
 }
 
 /// A Redlock over fresh connections to every server.
-async fn builder(servers: &[RedisServer]) -> RedlockBuilder {
+async fn builder(servers: &[RedisServer]) -> LockerBuilder {
     let mut backends = Vec::new();
     for s in servers {
         backends.push(RedisBackend::connect(&s.url()).await.unwrap());
     }
-    Redlock::builder(backends)
+    Locker::redlock_builder(backends)
 }
 
 fn assert_no_immortal_keys(servers: &[RedisServer]) {
@@ -43,7 +43,7 @@ fn assert_no_immortal_keys(servers: &[RedisServer]) {
 
 /// `redlocks` × `tasks_each` tasks, `total` acquisitions of one name with a
 /// read-modify-write inside: no overlap, no lost update, increasing fences.
-async fn contended(redlocks: &[Redlock], tasks_each: usize, total: usize) {
+async fn contended(redlocks: &[Locker], tasks_each: usize, total: usize) {
     lock_common::run_contended(redlocks, redlocks.len() * tasks_each, total).await;
 }
 
@@ -291,8 +291,8 @@ async fn redlock_over_memory_instances() {
     let instances: Vec<Arc<dyn LockBackend>> = (0..3)
         .map(|_| Arc::new(MemoryBackend::new()) as Arc<dyn LockBackend>)
         .collect();
-    let redlock = Redlock::new(instances.clone()).unwrap();
-    let other = Redlock::new(instances).unwrap();
+    let redlock = Locker::redlock(instances.clone()).unwrap();
+    let other = Locker::redlock(instances).unwrap();
     let lease = redlock.try_acquire("x", &LockOptions::new()).await.unwrap();
     assert!(matches!(
         other.try_acquire("x", &LockOptions::new()).await,
@@ -328,7 +328,7 @@ async fn dropped_acquire_and_release_leave_no_lock() {
                     release_send,
                 });
             }
-            Redlock::new(instances).unwrap()
+            Locker::redlock(instances).unwrap()
         }
     };
     let slow_acquire = delayed(Duration::from_millis(200), Duration::ZERO).await;

@@ -199,11 +199,11 @@ async fn one_subscription_per_locker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_without_pubsub_polls() {
     let conn = server().connection_manager().await;
-    let a = Locker::builder(RedisBackend::new(conn.clone()))
+    let a = Locker::builder(RedisBackend::from_connection(conn.clone()))
         .prefix("nopubsub")
         .build()
         .unwrap();
-    let b = Locker::builder(RedisBackend::new(conn))
+    let b = Locker::builder(RedisBackend::from_connection(conn))
         .prefix("nopubsub")
         .build()
         .unwrap();

@@ -70,12 +70,14 @@ impl Target {
             }
             Kind::Standalone => Target {
                 kind,
-                backend: Arc::new(RedisBackend::new(server().connection_manager().await)),
+                backend: Arc::new(RedisBackend::from_connection(
+                    server().connection_manager().await,
+                )),
                 memory: None,
             },
             Kind::Cluster => Target {
                 kind,
-                backend: Arc::new(RedisBackend::new(cluster().connection().await)),
+                backend: Arc::new(RedisBackend::from_connection(cluster().connection().await)),
                 memory: None,
             },
         }
@@ -295,7 +297,7 @@ async fn burst_then_sustained_rate() {
             let clock = ManualClock::starting_now();
             let t = Target::new(kind, &clock).await;
             let p = prefix();
-            let quota = Quota::per_second(1).unwrap().with_burst(5).unwrap();
+            let quota = Quota::per_second(1).with_burst(5).unwrap();
             let l = t.limiter(alg, &[quota], &p, &clock);
             let mut admitted = 0;
             for _ in 0..20 {
@@ -404,7 +406,7 @@ async fn one_round_trip_noscript_recovery_and_no_blind_retry() {
     let server = RedisServer::start().unwrap();
     let conn = server.connection_manager().await;
     let clock = ManualClock::starting_now();
-    let backend = RedisBackend::new(conn.clone());
+    let backend = RedisBackend::from_connection(conn.clone());
     let l = RateLimiter::builder(backend, Algorithm::Gcra)
         .quota(q(100, 60))
         .clock(clock.clone())
@@ -560,14 +562,14 @@ async fn concurrent_limiters_on_server_time() {
 #[tokio::test]
 async fn configuration_errors() {
     let m = MemoryBackend::new();
-    let burst = Quota::per_second(1).unwrap().with_burst(3).unwrap();
+    let burst = Quota::per_second(1).with_burst(3).unwrap();
     assert!(matches!(
         RateLimiter::fixed_window(m.clone(), burst),
         Err(Error::InvalidQuota(_))
     ));
     assert!(RateLimiter::token_bucket(m.clone(), burst).is_ok());
     assert!(matches!(
-        RateLimiter::sliding_window_log(m.clone(), Quota::per_hour(1_000_000).unwrap()),
+        RateLimiter::sliding_window_log(m.clone(), Quota::per_hour(1_000_000)),
         Err(Error::InvalidQuota(_))
     ));
     assert!(matches!(
@@ -576,7 +578,7 @@ async fn configuration_errors() {
     ));
     assert!(matches!(
         RateLimiter::builder(m.clone(), Algorithm::Gcra)
-            .quota(Quota::per_second(1).unwrap())
+            .quota(Quota::per_second(1))
             .prefix("a{b}")
             .build(),
         Err(Error::InvalidConfig(_))
@@ -587,13 +589,13 @@ async fn configuration_errors() {
 #[tokio::test]
 async fn different_policies_do_not_share_counters() {
     let m = MemoryBackend::new();
-    let a = RateLimiter::gcra(m.clone(), Quota::per_minute(1).unwrap()).unwrap();
-    let b = RateLimiter::gcra(m.clone(), Quota::per_minute(2).unwrap()).unwrap();
+    let a = RateLimiter::gcra(m.clone(), Quota::per_minute(1)).unwrap();
+    let b = RateLimiter::gcra(m.clone(), Quota::per_minute(2)).unwrap();
     assert!(a.check("k").await.unwrap().allowed);
     assert!(b.check("k").await.unwrap().allowed);
     let named = |n: u64| {
         RateLimiter::builder(m.clone(), Algorithm::Gcra)
-            .quota(Quota::per_minute(n).unwrap())
+            .quota(Quota::per_minute(n))
             .name("shared")
             .build()
             .unwrap()
@@ -609,7 +611,7 @@ async fn different_policies_do_not_share_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_policy_timeout_breaker_and_recovery() {
     let mut server = RedisServer::start().unwrap();
-    let backend = RedisBackend::new(server.connection_manager().await);
+    let backend = RedisBackend::from_connection(server.connection_manager().await);
     let open = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
         .quota(q(2, 3600))
         .timeout(Duration::from_millis(100))
@@ -693,10 +695,10 @@ async fn deny_cache_saves_round_trips_and_never_over_denies() {
     let server = RedisServer::start().unwrap();
     let clock = ManualClock::starting_now();
     let l = RateLimiter::builder(
-        RedisBackend::new(server.connection_manager().await),
+        RedisBackend::from_connection(server.connection_manager().await),
         Algorithm::Gcra,
     )
-    .quota(Quota::per_second(1).unwrap().with_burst(2).unwrap())
+    .quota(Quota::per_second(1).with_burst(2).unwrap())
     .clock(clock.clone())
     .build()
     .unwrap();
@@ -731,7 +733,7 @@ async fn try_check_now_answers_at_once_only_without_a_round_trip() {
     let server = RedisServer::start().unwrap();
     let clock = ManualClock::starting_now();
     let build = |name: &str, conn| {
-        RateLimiter::builder(RedisBackend::new(conn), Algorithm::TokenBucket)
+        RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::TokenBucket)
             .quota(q(1, 3600))
             .clock(clock.clone())
             .failure_policy(FailurePolicy::Deny)
@@ -874,7 +876,7 @@ async fn cost_zero_is_a_harmless_peek() {
 async fn data_errors_do_not_trip_the_breaker() {
     let server = RedisServer::start().unwrap();
     let conn = server.connection_manager().await;
-    let l = RateLimiter::builder(RedisBackend::new(conn.clone()), Algorithm::Gcra)
+    let l = RateLimiter::builder(RedisBackend::from_connection(conn.clone()), Algorithm::Gcra)
         .quota(q(100, 60))
         .circuit_breaker(2, Duration::from_secs(60))
         .failure_policy(FailurePolicy::Deny)
@@ -897,7 +899,7 @@ async fn data_errors_do_not_trip_the_breaker() {
 async fn fallback_accepts_every_cost_the_global_quota_accepts() {
     let mut server = RedisServer::start().unwrap();
     let l = RateLimiter::builder(
-        RedisBackend::new(server.connection_manager().await),
+        RedisBackend::from_connection(server.connection_manager().await),
         Algorithm::TokenBucket,
     )
     .quota(q(40, 3600))

@@ -23,7 +23,7 @@ async fn topology(timeout: Duration) -> Topology {
     let sentinel = RedisServer::start_sentinel(&master, "main").unwrap();
     let backend = RedisBackend::sentinel(&[sentinel.url()], "main").unwrap();
     let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
-        .quota(Quota::per_hour(1000).unwrap())
+        .quota(Quota::per_hour(1000))
         .failure_policy(FailurePolicy::Deny)
         .timeout(timeout)
         .circuit_breaker(u32::MAX, Duration::from_millis(1))

@@ -19,7 +19,7 @@ fn services_are_clone_send_sync_and_futures_send() {
     let inner = service_fn(|_req: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::empty()))
     });
-    let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1).unwrap())
+    let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1))
         .key((PeerIp::new(), RouteKey::new()))
         .cost(|_: &Request<Body>| 2);
     clone_send_sync(&layer);
@@ -54,7 +54,7 @@ where
 
 #[test]
 fn a_burst_on_a_window_algorithm_is_a_configuration_error() {
-    let q = Quota::per_second(1).unwrap().with_burst(5).unwrap();
+    let q = Quota::per_second(1).with_burst(5).unwrap();
     let err = RateLimitLayer::fixed_window(MemoryBackend::new(), q)
         .validate()
         .unwrap_err();
@@ -64,11 +64,11 @@ fn a_burst_on_a_window_algorithm_is_a_configuration_error() {
 #[test]
 fn settings_of_a_prepared_limiter_cannot_be_changed_by_the_layer() {
     let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
-        .quota(Quota::per_second(1).unwrap())
+        .quota(Quota::per_second(1))
         .build()
         .unwrap();
     let err = RateLimitLayer::new(limiter.clone())
-        .quota(Quota::per_hour(5).unwrap())
+        .quota(Quota::per_hour(5))
         .validate()
         .unwrap_err();
     assert!(err.to_string().contains("prepared RateLimiter"), "{err}");
@@ -83,7 +83,7 @@ fn an_invalid_layer_panics_when_applied() {
     let inner = service_fn(|_req: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::empty()))
     });
-    let _ = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1).unwrap())
+    let _ = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1))
         .prefix("bad{prefix")
         .layer(inner);
 }

@@ -62,7 +62,7 @@ async fn wait_for_backend(app: &Router) {
 async fn allow_is_the_default_and_answers_within_the_timeout_while_redis_is_paused() {
     let server = RedisServer::start().unwrap();
     let app = app(
-        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000).unwrap())
+        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000))
             .name(unique("allow"))
             .timeout(Duration::from_millis(200))
             .circuit_breaker(3, Duration::from_millis(300)),
@@ -86,14 +86,13 @@ async fn allow_is_the_default_and_answers_within_the_timeout_while_redis_is_paus
 #[tokio::test]
 async fn deny_answers_503_while_redis_is_down_and_recovers_after_restart() {
     let mut server = RedisServer::start().unwrap();
-    let app = app(RateLimitLayer::fixed_window(
-        backend(&server).await,
-        Quota::per_hour(1000).unwrap(),
-    )
-    .name(unique("deny"))
-    .failure_policy(FailurePolicy::Deny)
-    .timeout(Duration::from_millis(200))
-    .circuit_breaker(3, Duration::from_millis(200)));
+    let app = app(
+        RateLimitLayer::fixed_window(backend(&server).await, Quota::per_hour(1000))
+            .name(unique("deny"))
+            .failure_policy(FailurePolicy::Deny)
+            .timeout(Duration::from_millis(200))
+            .circuit_breaker(3, Duration::from_millis(200)),
+    );
     assert_eq!(bounded_send(&app).await.body, "Backend");
 
     server.stop();
@@ -109,13 +108,12 @@ async fn deny_answers_503_while_redis_is_down_and_recovers_after_restart() {
 #[tokio::test]
 async fn deny_answers_503_while_redis_is_paused() {
     let server = RedisServer::start().unwrap();
-    let app = app(RateLimitLayer::token_bucket(
-        backend(&server).await,
-        Quota::per_hour(1000).unwrap(),
-    )
-    .name(unique("deny-pause"))
-    .failure_policy(FailurePolicy::Deny)
-    .timeout(Duration::from_millis(150)));
+    let app = app(
+        RateLimitLayer::token_bucket(backend(&server).await, Quota::per_hour(1000))
+            .name(unique("deny-pause"))
+            .failure_policy(FailurePolicy::Deny)
+            .timeout(Duration::from_millis(150)),
+    );
     assert_eq!(bounded_send(&app).await.body, "Backend");
     server.pause();
     let r = bounded_send(&app).await;
@@ -127,15 +125,14 @@ async fn deny_answers_503_while_redis_is_paused() {
 #[tokio::test]
 async fn fallback_uses_the_local_limiter_with_a_share_of_the_limit() {
     let mut server = RedisServer::start().unwrap();
-    let app = app(RateLimitLayer::fixed_window(
-        backend(&server).await,
-        Quota::per_hour(4).unwrap(),
-    )
-    .name(unique("fallback"))
-    .failure_policy(FailurePolicy::Fallback {
-        instances: NonZeroU32::new(2).unwrap(),
-    })
-    .timeout(Duration::from_millis(200)));
+    let app = app(
+        RateLimitLayer::fixed_window(backend(&server).await, Quota::per_hour(4))
+            .name(unique("fallback"))
+            .failure_policy(FailurePolicy::Fallback {
+                instances: NonZeroU32::new(2).unwrap(),
+            })
+            .timeout(Duration::from_millis(200)),
+    );
     assert_eq!(bounded_send(&app).await.body, "Backend");
     server.stop();
     // Two instances share the limit of 4: this one admits 2 on its own.
@@ -158,7 +155,7 @@ async fn the_circuit_breaker_stops_waiting_on_a_dead_redis() {
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let record = Arc::clone(&seen);
     let app = app(
-        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000).unwrap())
+        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000))
             .name(unique("breaker"))
             .failure_policy(FailurePolicy::Deny)
             .timeout(Duration::from_millis(300))
@@ -209,7 +206,7 @@ async fn traffic_keeps_flowing_while_redis_is_killed_and_restarted() {
     let mut server = RedisServer::start().unwrap();
     let app = app(RateLimitLayer::sliding_window_counter(
         backend(&server).await,
-        Quota::per_hour(100_000).unwrap(),
+        Quota::per_hour(100_000),
     )
     .name(unique("restart"))
     .circuit_breaker(3, Duration::from_millis(200)));

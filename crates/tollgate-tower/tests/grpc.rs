@@ -70,7 +70,7 @@ fn has_retry_info(details: &[u8]) -> bool {
 async fn denial_is_resource_exhausted(backend: impl RateBackend) {
     let name = unique("grpc");
     let addr = serve(
-        RateLimitLayer::gcra(backend, Quota::per_hour(2).unwrap())
+        RateLimitLayer::gcra(backend, Quota::per_hour(2))
             .name(&name)
             .key(PeerIp::new()),
     )
@@ -124,23 +124,22 @@ async fn denial_is_resource_exhausted_on_memory() {
 #[tokio::test]
 async fn denial_is_resource_exhausted_on_redis() {
     let server = common::shared_redis();
-    denial_is_resource_exhausted(RedisBackend::new(server.connection_manager().await)).await;
+    denial_is_resource_exhausted(RedisBackend::from_connection(
+        server.connection_manager().await,
+    ))
+    .await;
 }
 
 #[tokio::test]
 async fn denial_is_resource_exhausted_on_cluster() {
     let cluster = common::shared_cluster();
-    denial_is_resource_exhausted(RedisBackend::new(cluster.connection().await)).await;
+    denial_is_resource_exhausted(RedisBackend::from_connection(cluster.connection().await)).await;
 }
 
 #[tokio::test]
 async fn a_cost_that_never_fits_is_resource_exhausted_without_retry_info() {
     let addr = serve(
-        RateLimitLayer::gcra(
-            tollgate_core::MemoryBackend::new(),
-            Quota::per_hour(2).unwrap(),
-        )
-        .cost(5),
+        RateLimitLayer::gcra(tollgate_core::MemoryBackend::new(), Quota::per_hour(2)).cost(5),
     )
     .await;
     let status = client(addr).await.check(check()).await.unwrap_err();
@@ -158,7 +157,7 @@ async fn redis_down_under_deny_is_unavailable() {
     let mut server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
     let addr = serve(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(100).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_hour(100))
             .name(unique("grpc-deny"))
             .failure_policy(FailurePolicy::Deny)
             .timeout(Duration::from_millis(200)),
@@ -178,11 +177,8 @@ async fn redis_down_under_deny_is_unavailable() {
 #[tokio::test]
 async fn key_errors_map_to_grpc_codes() {
     let addr = serve(
-        RateLimitLayer::gcra(
-            tollgate_core::MemoryBackend::new(),
-            Quota::per_hour(2).unwrap(),
-        )
-        .key(tollgate_tower::key::HeaderKey::new("x-api-key")),
+        RateLimitLayer::gcra(tollgate_core::MemoryBackend::new(), Quota::per_hour(2))
+            .key(tollgate_tower::key::HeaderKey::new("x-api-key")),
     )
     .await;
     let status = client(addr).await.check(check()).await.unwrap_err();
@@ -237,7 +233,7 @@ async fn a_grpc_denial_is_trailers_only_http_200() {
         )
         .layer(RateLimitLayer::gcra(
             tollgate_core::MemoryBackend::new(),
-            Quota::per_hour(1).unwrap(),
+            Quota::per_hour(1),
         ));
     let req = || {
         http::Request::post("/grpc.health.v1.Health/Check")

@@ -20,7 +20,7 @@ use common::{suite::clock, unique};
 
 async fn serve(backend: impl RateBackend, name: &str) -> SocketAddr {
     let app = Router::new().route("/", get(|| async { "hello" })).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(5).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_hour(5))
             .name(name)
             .clock(clock())
             .key(PeerIp::new()),
@@ -97,7 +97,10 @@ async fn limit_holds_over_the_network_on_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_holds_over_the_network_on_redis() {
     let server = common::shared_redis();
-    limit_holds_over_the_network(RedisBackend::new(server.connection_manager().await)).await;
+    limit_holds_over_the_network(RedisBackend::from_connection(
+        server.connection_manager().await,
+    ))
+    .await;
 }
 
 /// `HoldUntil::BodyEnd` over a real connection: the lock is held while the

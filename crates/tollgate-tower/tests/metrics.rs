@@ -76,7 +76,7 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
     recorder();
     let policy = unique("m");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
             .name(&policy)
             .deny_cache(0),
     );
@@ -88,7 +88,7 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
 
     let shadow = unique("m-shadow");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
             .name(&shadow)
             .shadow(true),
     );
@@ -99,7 +99,7 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
 
     let keyed = unique("m-key");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
             .name(&keyed)
             .key(HeaderKey::new("x-api-key")),
     );
@@ -108,7 +108,7 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
 
     let costly = unique("m-cost");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
             .name(&costly)
             .cost(2),
     );

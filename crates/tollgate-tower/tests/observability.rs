@@ -69,7 +69,7 @@ fn one_event_per_decision_with_the_subject_digested() {
     tracing::subscriber::with_default(capture.clone(), || {
         rt.block_on(async {
             let app = Router::new().route("/", get(|| async { "ok" })).layer(
-                RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1).unwrap())
+                RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
                     .name("obs")
                     .key(HeaderKey::new("x-api-key").plain()),
             );

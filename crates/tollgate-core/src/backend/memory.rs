@@ -29,7 +29,7 @@ const SHARDS: usize = 16;
 /// # async fn main() -> Result<(), tollgate_core::Error> {
 /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
 ///
-/// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_second(2)?)?;
+/// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_second(2))?;
 /// assert!(limiter.check("alice").await?.allowed);
 /// assert!(limiter.check("alice").await?.allowed);
 /// assert!(!limiter.check("alice").await?.allowed);
@@ -318,7 +318,7 @@ mod tests {
             Algorithm::Gcra,
         ] {
             let l = RateLimiter::builder(backend.clone(), alg)
-                .quota(Quota::per_second(5).unwrap())
+                .quota(Quota::per_second(5))
                 .build()
                 .unwrap();
             for round in 0..10u64 {
@@ -344,7 +344,7 @@ mod tests {
     #[test]
     fn concurrent_threads_never_over_admit() {
         let backend = MemoryBackend::with_clock(ManualClock::starting_now());
-        let l = RateLimiter::token_bucket(backend, Quota::per_hour(1000).unwrap()).unwrap();
+        let l = RateLimiter::token_bucket(backend, Quota::per_hour(1000)).unwrap();
         let admitted = std::sync::atomic::AtomicU64::new(0);
         std::thread::scope(|s| {
             for _ in 0..8 {

@@ -1,5 +1,6 @@
 //! [`RedisBackend`]: scripts over any redis-rs async connection.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -7,10 +8,10 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
 use super::{RateBackend, RateReply, RateRequest};
-use crate::error::{Error, Result};
+use crate::error::{redis_error, Error, Result};
 use crate::rate::{Algorithm, Outcome};
 
 /// A Lua script and its SHA1, computed once.
@@ -58,34 +59,105 @@ fn script_for(algorithm: Algorithm) -> &'static LuaScript {
     }
 }
 
-/// Rate limits and locks on Redis.
+/// Rate limits and locks on Redis: standalone, Cluster, Sentinel, or any
+/// redis-rs async connection.
 ///
-/// Takes any redis-rs async connection that is `ConnectionLike + Clone + Send
-/// + Sync` — a [`ConnectionManager`] (reconnects on its own), a
-/// [`ClusterConnection`], a Sentinel-backed manager, a
-/// `MultiplexedConnection` — and clones it per call (they are handles to one
-/// multiplexed connection). Lock waiters also need a pub/sub connection, made
-/// from the client given to [`RedisBackend::with_pubsub`] (set by
-/// [`RedisBackend::connect`] and [`RedisBackend::connect_cluster`]).
+/// One type whatever the deployment: the connection is chosen by the
+/// constructor and kept inside. [`connect`](Self::connect) and
+/// [`connect_lazy`](Self::connect_lazy) use a connection manager (it
+/// reconnects on its own), [`connect_cluster`](Self::connect_cluster) a
+/// cluster connection, `sentinel` (feature `sentinel`) a connection that
+/// follows failovers, and [`from_connection`](Self::from_connection) any
+/// `ConnectionLike + Clone + Send + Sync` you already have. The connection is
+/// cloned per call (they are handles to one multiplexed connection). Lock
+/// waiters also need a pub/sub connection, made from the client given to
+/// [`with_pubsub`](Self::with_pubsub) (set by `connect*`).
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), tollgate_core::Error> {
 /// use tollgate_core::{Quota, RateLimiter, RedisBackend};
 ///
 /// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
-/// let limiter = RateLimiter::gcra(backend, Quota::per_second(10)?)?;
+/// let limiter = RateLimiter::gcra(backend, Quota::per_second(10))?;
 /// let decision = limiter.check("alice").await?;
 /// println!("allowed: {}", decision.allowed);
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct RedisBackend<C = ConnectionManager> {
-    conn: C,
+pub struct RedisBackend {
+    conn: Conn,
     pubsub: Option<Arc<redis::Client>>,
     kind: &'static str,
 }
 
-impl<C> fmt::Debug for RedisBackend<C> {
+/// The connection behind a [`RedisBackend`]. The usual kinds are variants,
+/// so a call clones a handle and dispatches with a `match` — no allocation
+/// and no virtual call per command; only a connection brought by the user
+/// is boxed.
+#[derive(Clone)]
+enum Conn {
+    Manager(ConnectionManager),
+    Cluster(ClusterConnection),
+    #[cfg(feature = "sentinel")]
+    Sentinel(super::SentinelConnection),
+    Other(Box<dyn DynConnection>),
+}
+
+/// A user's connection, boxed: `ConnectionLike` plus a clone into a box.
+trait DynConnection: ConnectionLike + Send + Sync {
+    fn clone_box(&self) -> Box<dyn DynConnection>;
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> DynConnection for C {
+    fn clone_box(&self) -> Box<dyn DynConnection> {
+        Box::new(self.clone())
+    }
+}
+
+impl Clone for Box<dyn DynConnection> {
+    fn clone(&self) -> Self {
+        (**self).clone_box()
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Manager(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+            Conn::Other(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Manager(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Other(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Manager(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(c) => c.get_db(),
+            Conn::Other(c) => c.get_db(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("kind", &self.kind)
@@ -94,29 +166,49 @@ impl<C> fmt::Debug for RedisBackend<C> {
     }
 }
 
-impl RedisBackend<ConnectionManager> {
-    /// Connects to a standalone Redis with a [`ConnectionManager`] (which
+/// Takes `conn` out as a `T` if that is its type (a connection handed to
+/// [`RedisBackend::from_connection`] that is one of the usual kinds gets
+/// its own variant, unboxed).
+fn downcast<C: 'static, T: 'static>(conn: C) -> Result<T, C> {
+    let mut slot = Some(conn);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
+        Some(t) => Ok(t.take().expect("just filled")),
+        None => Err(slot.expect("not taken")),
+    }
+}
+
+impl RedisBackend {
+    fn with_conn(conn: Conn, kind: &'static str) -> Self {
+        RedisBackend {
+            conn,
+            pubsub: None,
+            kind,
+        }
+    }
+
+    /// Connects to a standalone Redis with a connection manager (which
     /// reconnects by itself after failures) and uses the same URL for pub/sub.
     pub async fn connect(url: &str) -> Result<Self> {
-        let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new(client.clone()).await?;
-        Ok(RedisBackend::new(conn).with_pubsub(client))
+        let client = redis::Client::open(url).map_err(redis_error)?;
+        let conn = ConnectionManager::new(client.clone())
+            .await
+            .map_err(redis_error)?;
+        Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
     }
 
     /// Like [`RedisBackend::connect`], but returns at once and connects in
     /// the background: the backend works once Redis is reachable, and a
     /// service can start while Redis is down.
     pub fn connect_lazy(url: &str) -> Result<Self> {
-        let client = redis::Client::open(url)?;
+        let client = redis::Client::open(url).map_err(redis_error)?;
         let conn = ConnectionManager::new_lazy_with_config(
             client.clone(),
             redis::aio::ConnectionManagerConfig::new(),
-        )?;
-        Ok(RedisBackend::new(conn).with_pubsub(client))
+        )
+        .map_err(redis_error)?;
+        Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
     }
-}
 
-impl RedisBackend<ClusterConnection> {
     /// Connects to a Redis Cluster through its seed nodes (`redis://host:port`
     /// or `host:port`). Pub/sub for lock waiters goes to the first seed
     /// (cluster-wide `PUBLISH` reaches every node).
@@ -139,28 +231,61 @@ impl RedisBackend<ClusterConnection> {
         let first = seeds
             .first()
             .ok_or_else(|| Error::InvalidConfig("a cluster needs at least one seed".into()))?;
-        let pubsub = redis::Client::open(first.as_str())?;
-        let conn = redis::cluster::ClusterClient::new(seeds.clone())?
+        let pubsub = redis::Client::open(first.as_str()).map_err(redis_error)?;
+        let conn = redis::cluster::ClusterClient::new(seeds.clone())
+            .map_err(redis_error)?
             .get_async_connection()
-            .await?;
-        Ok(RedisBackend::new(conn)
-            .with_pubsub(pubsub)
-            .with_kind("cluster"))
+            .await
+            .map_err(redis_error)?;
+        Ok(Self::with_conn(Conn::Cluster(conn), "cluster").with_pubsub(pubsub))
     }
-}
 
-impl<C> RedisBackend<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// A backend over `conn`. Without [`RedisBackend::with_pubsub`], lock
-    /// waiters poll instead of waking on release notifications.
-    pub fn new(conn: C) -> Self {
-        RedisBackend {
-            conn,
-            pubsub: None,
-            kind: "redis",
-        }
+    /// A backend on the master `service` behind Redis Sentinel; follows
+    /// failovers (see [`SentinelConnection`](super::SentinelConnection)).
+    /// Lock waiters poll instead of subscribing, so a failover never strands
+    /// them on a stale subscription.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
+        let conn = super::SentinelConnection::new(sentinels, service)?;
+        Ok(Self::with_conn(Conn::Sentinel(conn), "sentinel"))
+    }
+
+    /// A backend over a connection you already have: any redis-rs async
+    /// connection that is `ConnectionLike + Clone + Send + Sync` (a
+    /// connection manager, a cluster connection, a `MultiplexedConnection`,
+    /// your own wrapper). Its kind is `"cluster"` for a cluster connection,
+    /// `"sentinel"` for a [`SentinelConnection`](super::SentinelConnection)
+    /// and `"redis"` otherwise. Without [`with_pubsub`](Self::with_pubsub),
+    /// lock waiters poll instead of waking on release notifications.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tollgate_core::RedisBackend;
+    ///
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let backend = RedisBackend::from_connection(conn).with_pubsub(client);
+    /// assert_eq!(tollgate_core::RateBackend::kind(&backend), "redis");
+    /// # Ok(()) }
+    /// ```
+    pub fn from_connection<C>(conn: C) -> Self
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let conn = match downcast::<C, ConnectionManager>(conn) {
+            Ok(c) => return Self::with_conn(Conn::Manager(c), "redis"),
+            Err(c) => c,
+        };
+        let conn = match downcast::<C, ClusterConnection>(conn) {
+            Ok(c) => return Self::with_conn(Conn::Cluster(c), "cluster"),
+            Err(c) => c,
+        };
+        #[cfg(feature = "sentinel")]
+        let conn = match downcast::<C, super::SentinelConnection>(conn) {
+            Ok(c) => return Self::with_conn(Conn::Sentinel(c), "sentinel"),
+            Err(c) => c,
+        };
+        Self::with_conn(Conn::Other(Box::new(conn)), "redis")
     }
 
     /// The client used for the one pub/sub subscription per `Locker`.
@@ -173,11 +298,6 @@ where
     pub fn with_kind(mut self, kind: &'static str) -> Self {
         self.kind = kind;
         self
-    }
-
-    /// A clone of the connection handle.
-    pub fn connection(&self) -> C {
-        self.conn.clone()
     }
 
     /// The pub/sub client, if any.
@@ -202,9 +322,12 @@ where
                 let mut cmd = redis::cmd("EVAL");
                 cmd.arg(script.body);
                 fill(&mut cmd);
-                Ok(cmd.query_async::<Value>(&mut conn).await?)
+                Ok(cmd
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(redis_error)?)
             }
-            other => Ok(other?),
+            other => other.map_err(redis_error),
         }
     }
 }
@@ -236,10 +359,7 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
     Ok(RateReply::new(nums[0] == 1, outcomes))
 }
 
-impl<C> RateBackend for RedisBackend<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl RateBackend for RedisBackend {
     fn check_rate<'a>(&'a self, req: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         async move {
             let value = self
@@ -272,5 +392,16 @@ where
 
     fn kind(&self) -> &'static str {
         self.kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downcast_takes_only_its_own_type() {
+        assert_eq!(downcast::<u32, u32>(7), Ok(7));
+        assert_eq!(downcast::<u32, u64>(7), Err(7));
     }
 }

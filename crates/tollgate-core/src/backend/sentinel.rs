@@ -9,8 +9,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
-use super::RedisBackend;
-use crate::error::Result;
+use crate::error::{redis_error, Result};
 
 /// A connection to the master that Sentinel currently names.
 ///
@@ -43,7 +42,8 @@ impl SentinelConnection {
     pub fn new<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
         let urls: Vec<String> = sentinels.iter().map(|s| s.as_ref().to_owned()).collect();
         let client =
-            SentinelClient::build(urls, service.to_owned(), None, SentinelServerType::Master)?;
+            SentinelClient::build(urls, service.to_owned(), None, SentinelServerType::Master)
+                .map_err(redis_error)?;
         Ok(SentinelConnection {
             inner: Arc::new(Inner {
                 sentinel: tokio::sync::Mutex::new(client),
@@ -145,14 +145,5 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-impl RedisBackend<SentinelConnection> {
-    /// A backend on the master `service` behind Redis Sentinel; follows
-    /// failovers (see [`SentinelConnection`]). Lock waiters poll instead of
-    /// subscribing, so a failover never strands them on a stale subscription.
-    pub fn sentinel<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
-        Ok(RedisBackend::new(SentinelConnection::new(sentinels, service)?).with_kind("sentinel"))
     }
 }

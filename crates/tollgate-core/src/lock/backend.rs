@@ -10,7 +10,7 @@ use futures_util::stream::BoxStream;
 
 use super::FencingToken;
 use crate::error::Result;
-use crate::key::{Keyspace, Subject};
+use crate::keyspace::{Keyspace, Subject};
 
 /// The keys and channel of one lock name: `<prefix>:lock:{<name>}`, its fence
 /// key `<prefix>:lock:{<name>}:fence` (same hash tag, so the same cluster
@@ -126,7 +126,7 @@ pub type ReleaseEvents = BoxStream<'static, ReleaseEvent>;
 /// (one Lua script per operation, any `ConnectionLike + Clone + Send + Sync`
 /// connection: standalone, Sentinel, Cluster) and
 /// [`MemoryBackend`](crate::MemoryBackend); a [`Locker`](crate::Locker) runs
-/// over one, a [`Redlock`](crate::Redlock) over several.
+/// over one, a Redlock ([`Locker::redlock`](crate::Locker::redlock)) over several.
 ///
 /// Every operation is atomic on the backend. Callers bound each call with a
 /// timeout; implementations need not.

@@ -13,8 +13,9 @@ use tokio::runtime::Handle;
 use tokio::sync::{oneshot, Notify};
 
 use super::backend::LockKeys;
-use super::core::{instant_after, Core, Granted};
-use super::{FencingToken, LockOptions};
+use super::instances::{Granted, Instances};
+use super::options::{FencingToken, LockOptions};
+use super::util::instant_after;
 use crate::error::Result;
 
 const HELD: u8 = 0;
@@ -125,7 +126,7 @@ struct Timing {
 }
 
 pub(crate) struct LeaseShared {
-    core: Arc<Core>,
+    instances: Arc<Instances>,
     name: String,
     keys: LockKeys,
     token: String,
@@ -194,7 +195,7 @@ impl LeaseShared {
             Some(cap) => ttl.min(cap.saturating_duration_since(at)),
             None => ttl,
         };
-        (ttl >= Duration::from_millis(1) && !self.core.validity(ttl).is_zero()).then_some(ttl)
+        (ttl >= Duration::from_millis(1) && !self.instances.validity(ttl).is_zero()).then_some(ttl)
     }
 
     async fn renew(&self) -> Renewal {
@@ -215,17 +216,17 @@ impl LeaseShared {
             return Renewal::CapReached;
         };
         let bound = self
-            .core
+            .instances
             .timeout
             .min(deadline.saturating_duration_since(sent));
         match self
-            .core
+            .instances
             .extend(&self.keys, &self.token, applied, bound)
             .await
         {
             Ok(true) => {
                 let mut t = self.timing();
-                t.deadline = instant_after(sent, self.core.validity(applied));
+                t.deadline = instant_after(sent, self.instances.validity(applied));
                 t.renewed_at = sent;
                 Renewal::Renewed
             }
@@ -245,7 +246,9 @@ impl LeaseShared {
     /// leave the lock held, no longer renewed, until its TTL.
     async fn release_remote(&self) -> Result<bool> {
         let handle = Handle::try_current().unwrap_or_else(|_| self.handle.clone());
-        self.core.release(&self.keys, &self.token, &handle).await
+        self.instances
+            .release(&self.keys, &self.token, &handle)
+            .await
     }
 }
 
@@ -305,7 +308,7 @@ async fn watchdog(s: Arc<LeaseShared>, renew: bool) {
 
 impl Lease {
     pub(crate) fn start(
-        core: Arc<Core>,
+        instances: Arc<Instances>,
         name: String,
         keys: LockKeys,
         granted: Granted,
@@ -314,7 +317,7 @@ impl Lease {
         handle: Handle,
     ) -> Lease {
         let (tx, rx) = oneshot::channel();
-        let deadline = instant_after(granted.start, core.validity(first_ttl));
+        let deadline = instant_after(granted.start, instances.validity(first_ttl));
         let shared = Arc::new(LeaseShared {
             name,
             keys,
@@ -334,7 +337,7 @@ impl Lease {
             signal: Mutex::new(Some(tx)),
             lost: rx.shared(),
             handle: handle.clone(),
-            core,
+            instances,
         });
         handle.spawn(watchdog(shared.clone(), options.renews()));
         tracing::debug!(lock = %shared.keys.lock, fence = shared.fence.get(), "lock acquired");
@@ -413,7 +416,7 @@ impl Lease {
     /// ```
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         let s = &self.shared;
-        s.core.check_ttl(ttl)?;
+        s.instances.check_ttl(ttl)?;
         let _op = s.op.lock().await;
         if s.status() != HELD {
             return Ok(false);
@@ -427,11 +430,14 @@ impl Lease {
         let Some(applied) = s.capped(ttl, sent) else {
             return Ok(false);
         };
-        let bound = s.core.timeout.min(deadline - sent);
-        if s.core.extend(&s.keys, &s.token, applied, bound).await? {
+        let bound = s.instances.timeout.min(deadline - sent);
+        if s.instances
+            .extend(&s.keys, &s.token, applied, bound)
+            .await?
+        {
             {
                 let mut t = s.timing();
-                t.deadline = instant_after(sent, s.core.validity(applied));
+                t.deadline = instant_after(sent, s.instances.validity(applied));
                 t.ttl = ttl;
                 t.renewed_at = sent;
             }
@@ -472,7 +478,7 @@ impl Drop for Lease {
         // If that runtime is gone, the task is dropped and the lock expires at
         // its TTL.
         self.shared.handle.spawn(async move {
-            if let Err(e) = shared.core.release_here(&shared.keys, &shared.token).await {
+            if let Err(e) = shared.instances.release_here(&shared.keys, &shared.token).await {
                 tracing::debug!(lock = %shared.keys.lock, error = %e, "release on drop failed; the lock expires by its TTL");
             }
         });

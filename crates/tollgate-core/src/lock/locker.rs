@@ -1,5 +1,5 @@
-//! [`Locker`] (one backend) and [`Redlock`] (a quorum of independent
-//! instances), with their builders.
+//! [`Locker`], over one backend or a Redlock's quorum of independent
+//! instances, and its builder.
 
 use std::fmt;
 use std::future::Future;
@@ -7,117 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::backend::{LockBackend, LockKeys};
-use super::core::{Core, Settings};
+use super::core::Core;
 use super::lease::Lease;
-use super::LockOptions;
+use super::options::LockOptions;
+use super::settings::Settings;
 use crate::error::{Error, Result};
-use crate::key::{Keyspace, Subject};
+use crate::keyspace::{Keyspace, Subject};
 
-macro_rules! settings_setters {
-    () => {
-        /// The key prefix (default `tollgate`); keys are
-        /// `<prefix>:lock:{<name>}`.
-        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.settings.prefix = prefix.into();
-            self
-        }
-
-        /// The options returned by `default_options()` (for middleware and
-        /// callers that do not bring their own). Checked by `build`.
-        pub fn default_options(mut self, options: LockOptions) -> Self {
-            self.settings.defaults = options;
-            self
-        }
-
-        /// The clock-drift allowance subtracted from every TTL when computing
-        /// a lease's safe deadline: `ratio × ttl + fixed` (default 1 % + 2 ms).
-        /// It absorbs clock-rate differences between this process and the
-        /// backend and the lateness of timers; the subtraction saturates, and
-        /// TTLs that leave nothing are refused.
-        pub fn drift(mut self, ratio: f64, fixed: Duration) -> Self {
-            self.settings.drift_ratio = ratio;
-            self.settings.drift_fixed = fixed;
-            self
-        }
-
-        /// Bounds every round trip to a backend instance (default 500 ms):
-        /// a paused or unreachable Redis costs at most this, never a hang.
-        pub fn timeout(mut self, timeout: Duration) -> Self {
-            self.settings.timeout = timeout;
-            self
-        }
-
-        /// The upper bound of a waiter's fallback poll (default 500 ms), used
-        /// when no release notification arrives; the poll is also bounded by
-        /// the lock's remaining TTL, and jittered.
-        pub fn poll_interval(mut self, interval: Duration) -> Self {
-            self.settings.poll_interval = interval;
-            self
-        }
-
-        /// How long a fence key outlives the last acquire of its lock
-        /// (default 1 hour; between 1 s and one year). Each acquire keeps it
-        /// at least 10 × the lock's TTL. After it expires, fences restart
-        /// from the server time, which is still above every earlier fence as
-        /// long as the server clock does not step back (see the
-        /// [module docs](crate::lock)).
-        pub fn fence_ttl(mut self, ttl: Duration) -> Self {
-            self.settings.fence_ttl = ttl;
-            self
-        }
-    };
-}
-
-/// `acquire`, `try_acquire` and `fill_once`, which [`Locker`] and
-/// [`Redlock`] both forward to their `Core`; each type brings its own docs.
-macro_rules! lock_ops {
-    (
-        $(#[$acquire:meta])* acquire;
-        $(#[$try_acquire:meta])* try_acquire;
-        $(#[$fill_once:meta])* fill_once;
-    ) => {
-        $(#[$acquire])*
-        pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
-            self.core.acquire(name.into(), options, true).await
-        }
-
-        $(#[$try_acquire])*
-        pub async fn try_acquire(
-            &self,
-            name: impl Into<Subject>,
-            options: &LockOptions,
-        ) -> Result<Lease> {
-            self.core.acquire(name.into(), options, false).await
-        }
-
-        $(#[$fill_once])*
-        pub async fn fill_once<T, E, R, RF, C, CF, S, SF>(
-            &self,
-            name: impl Into<Subject>,
-            options: &LockOptions,
-            read: R,
-            compute: C,
-            store: S,
-        ) -> Result<T, E>
-        where
-            T: Clone,
-            E: From<Error>,
-            R: Fn() -> RF,
-            RF: Future<Output = Result<Option<T>, E>>,
-            C: FnOnce() -> CF,
-            CF: Future<Output = Result<T, E>>,
-            S: FnOnce(T) -> SF,
-            SF: Future<Output = Result<(), E>>,
-        {
-            self.core
-                .fill_once(name.into(), options, read, compute, store)
-                .await
-        }
-    };
-}
-
-/// Fenced locks over one backend: Redis (standalone, Sentinel, Cluster) or
-/// memory. Cheap to clone; clones share one release subscription.
+/// Fenced locks over one backend — Redis (standalone, Sentinel, Cluster) or
+/// memory — or, built with [`Locker::redlock`], over a quorum of
+/// independent masters. Cheap to clone; clones share one release
+/// subscription (per instance).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -180,73 +80,207 @@ impl Locker {
     /// A builder for a locker over `backend`.
     pub fn builder(backend: impl LockBackend) -> LockerBuilder {
         LockerBuilder {
-            backend: Arc::new(backend),
+            backends: vec![Arc::new(backend)],
+            redlock: false,
             settings: Settings::default(),
         }
     }
 
-    lock_ops! {
-        /// Acquires the lock `name`, waiting up to `options`' wait bound (no
-        /// waiting when it has none). Waiters wake when the holder releases
-        /// (through the locker's one release subscription), or poll, at most
-        /// every poll interval and when the holder's TTL runs out.
-        ///
-        /// Errors: [`Error::Busy`] when the bound passes (with the holder's
-        /// remaining TTL as `retry_after`); [`Error::Backend`] /
-        /// [`Error::Timeout`] when the backend fails or is slow (also when an
-        /// acquire took so long that the lease would be worthless);
-        /// [`Error::InvalidConfig`] for a TTL the drift allowance leaves nothing
-        /// of, or a TTL or `max_hold` above
-        /// [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION).
-        ///
-        /// Cancel-safe: dropping the future mid-flight never leaves a lock
-        /// behind — an attempt already sent completes in its own task, and a
-        /// lock it got is released at once.
-        acquire;
-        /// Acquires the lock `name` only if it is free now: never waits, whatever
-        /// `options`' wait bound.
-        try_acquire;
-        /// A double-checked cache fill: returns the cached value if `read` finds
-        /// one; otherwise takes the lock `name`, reads again (whoever held the
-        /// lock may have filled it), and only then computes the value once,
-        /// stores it and releases the lock. Concurrent callers on a cold key
-        /// compute it exactly once; the others wait for the lock (up to
-        /// `options`' wait bound, or its TTL when it has none) and then read the
-        /// stored value.
-        ///
-        /// `store` should give the cached value a TTL. Errors of the closures are
-        /// returned as they are; lock errors are converted with `E: From<Error>`.
-        ///
-        /// ```
-        /// # #[tokio::main(flavor = "current_thread")]
-        /// # async fn main() -> Result<(), tollgate_core::Error> {
-        /// use std::collections::HashMap;
-        /// use std::sync::{Arc, Mutex};
-        /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
-        ///
-        /// let locker = Locker::new(MemoryBackend::new());
-        /// let cache: Arc<Mutex<HashMap<&str, u64>>> = Arc::default();
-        /// let value = locker
-        ///     .fill_once(
-        ///         "report:2024",
-        ///         &LockOptions::new(),
-        ///         || async { Ok::<_, tollgate_core::Error>(cache.lock().unwrap().get("report").copied()) },
-        ///         || async { Ok(42) /* the expensive computation */ },
-        ///         |v| {
-        ///             cache.lock().unwrap().insert("report", v);
-        ///             async { Ok(()) }
-        ///         },
-        ///     )
-        ///     .await?;
-        /// assert_eq!(value, 42);
-        /// # Ok(()) }
-        /// ```
-        fill_once;
+    /// A Redlock: one lock over N independent Redis masters (not replicas, not a
+    /// cluster's shards), held when a quorum of N/2 + 1 granted it.
+    ///
+    /// Each attempt runs on every instance in parallel (each bounded by the
+    /// timeout) and stops as soon as a quorum answered or cannot; the lease's
+    /// validity is `ttl − elapsed − drift`, and a lease acquired too slowly to be
+    /// worth anything is refused and released. Release and renewal go to every
+    /// instance. The fencing token is the maximum of the quorum's tokens, and it
+    /// is written back to the quorum before the lease is handed out, so the next
+    /// quorum (which shares an instance with this one) produces a higher one even
+    /// when the instances' clocks disagree.
+    ///
+    /// # When not to use it
+    ///
+    /// The default is a single Redis (standalone, Sentinel or Cluster) with
+    /// [`Locker::new`] and fencing tokens checked by the resource. Redlock buys
+    /// availability across the loss of a minority of masters, but its safety
+    /// rests on timing: bounded process pauses, bounded network delay and clocks
+    /// that advance at about the same rate. Martin Kleppmann ("How to do
+    /// distributed locking", 2016) shows how a GC pause or a clock jump breaks
+    /// mutual exclusion without anyone noticing, and argues that a lock needed for
+    /// *correctness* must use fencing tokens from a consensus system anyway;
+    /// Salvatore Sanfilippo ("Is Redlock safe?") answers that the timing
+    /// assumptions are reasonable with monotonic clocks and that the validity
+    /// check after the acquire covers delays before it. tollgate follows both:
+    /// it checks validity, measures deadlines on the monotonic clock and hands
+    /// out fencing tokens — but the resource must still check those tokens, and a
+    /// master that restarts without persistence during a hold can grant the lock
+    /// twice (run masters with `appendfsync always`, or keep a restarted one out
+    /// for longer than the longest TTL). Use Redlock for efficiency across
+    /// independent masters, not as the only guard of correctness.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tollgate_core::Error> {
+    /// use std::time::Duration;
+    /// use tollgate_core::{LockOptions, Locker, RedisBackend};
+    ///
+    /// let mut instances = Vec::new();
+    /// for url in ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"] {
+    ///     instances.push(RedisBackend::connect(url).await?);
+    /// }
+    /// let redlock = Locker::redlock(instances)?;
+    /// assert_eq!(redlock.quorum(), 2);
+    /// let lease = redlock
+    ///     .acquire("rebalance", &LockOptions::new().wait(Duration::from_secs(1)))
+    ///     .await?;
+    /// lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// `instances` are independent masters (`Arc<dyn LockBackend>` mixes
+    /// kinds); at least one, and use an odd number, 3 or 5.
+    ///
+    /// ```
+    /// use tollgate_core::{Locker, MemoryBackend};
+    ///
+    /// let redlock = Locker::redlock((0..5).map(|_| MemoryBackend::new()))?;
+    /// assert_eq!((redlock.instances(), redlock.quorum()), (5, 3));
+    /// assert_eq!(redlock.backend_kind(), "redlock");
+    /// assert!(Locker::redlock(Vec::<MemoryBackend>::new()).is_err());
+    /// # Ok::<(), tollgate_core::Error>(())
+    /// ```
+    pub fn redlock<B: LockBackend>(instances: impl IntoIterator<Item = B>) -> Result<Locker> {
+        Self::redlock_builder(instances).build()
     }
 
-    /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`).
+    /// A builder for a Redlock over `instances`; see [`Locker::redlock`].
+    pub fn redlock_builder<B: LockBackend>(
+        instances: impl IntoIterator<Item = B>,
+    ) -> LockerBuilder {
+        LockerBuilder {
+            backends: instances
+                .into_iter()
+                .map(|b| Arc::new(b) as Arc<dyn LockBackend>)
+                .collect(),
+            redlock: true,
+            settings: Settings::default(),
+        }
+    }
+
+    /// Acquires the lock `name` (on a quorum of the instances, for a
+    /// Redlock), waiting up to `options`' wait bound (no waiting when it has
+    /// none). Waiters wake when the holder releases
+    /// (through the locker's one release subscription), or poll, at most
+    /// every poll interval and when the holder's TTL runs out.
+    ///
+    /// Errors: [`Error::Busy`] when the bound passes (with the holder's
+    /// remaining TTL as `retry_after`); [`Error::Backend`] /
+    /// [`Error::Timeout`] when the backend fails or is slow (for a Redlock:
+    /// when too many instances failed for a quorum; also when an acquire took
+    /// so long that the lease would be worthless);
+    /// [`Error::InvalidConfig`] for a TTL the drift allowance leaves nothing
+    /// of, or a TTL or `max_hold` above
+    /// [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION).
+    ///
+    /// Cancel-safe: dropping the future mid-flight never leaves a lock
+    /// behind — an attempt already sent completes in its own task, and a
+    /// lock it got is released at once.
+    pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
+        self.core.acquire(name.into(), options, true).await
+    }
+
+    /// Acquires the lock `name` only if it is free now: never waits, whatever
+    /// `options`' wait bound.
+    pub async fn try_acquire(
+        &self,
+        name: impl Into<Subject>,
+        options: &LockOptions,
+    ) -> Result<Lease> {
+        self.core.acquire(name.into(), options, false).await
+    }
+
+    /// A double-checked cache fill: returns the cached value if `read` finds
+    /// one; otherwise takes the lock `name`, reads again (whoever held the
+    /// lock may have filled it), and only then computes the value once,
+    /// stores it and releases the lock. Concurrent callers on a cold key
+    /// compute it exactly once; the others wait for the lock (up to
+    /// `options`' wait bound, or its TTL when it has none) and then read the
+    /// stored value.
+    ///
+    /// `store` should give the cached value a TTL. Errors of the closures are
+    /// returned as they are; lock errors are converted with `E: From<Error>`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use std::collections::HashMap;
+    /// use std::sync::{Arc, Mutex};
+    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let cache: Arc<Mutex<HashMap<&str, u64>>> = Arc::default();
+    /// let value = locker
+    ///     .fill_once(
+    ///         "report:2024",
+    ///         &LockOptions::new(),
+    ///         || async { Ok::<_, tollgate_core::Error>(cache.lock().unwrap().get("report").copied()) },
+    ///         || async { Ok(42) /* the expensive computation */ },
+    ///         |v| {
+    ///             cache.lock().unwrap().insert("report", v);
+    ///             async { Ok(()) }
+    ///         },
+    ///     )
+    ///     .await?;
+    /// assert_eq!(value, 42);
+    /// # Ok(()) }
+    /// ```
+    pub async fn fill_once<T, E, R, RF, C, CF, S, SF>(
+        &self,
+        name: impl Into<Subject>,
+        options: &LockOptions,
+        read: R,
+        compute: C,
+        store: S,
+    ) -> Result<T, E>
+    where
+        T: Clone,
+        E: From<Error>,
+        R: Fn() -> RF,
+        RF: Future<Output = Result<Option<T>, E>>,
+        C: FnOnce() -> CF,
+        CF: Future<Output = Result<T, E>>,
+        S: FnOnce(T) -> SF,
+        SF: Future<Output = Result<(), E>>,
+    {
+        self.core
+            .fill_once(name.into(), options, read, compute, store)
+            .await
+    }
+
+    /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …), or
+    /// `"redlock"` for a Redlock.
     pub fn backend_kind(&self) -> &'static str {
         self.core.kind()
+    }
+
+    /// The number of backend instances: 1, or a Redlock's N.
+    pub fn instances(&self) -> usize {
+        self.core.instances.len()
+    }
+
+    /// How many instances must grant a lock: N/2 + 1 (1 of 1 for a single
+    /// backend).
+    ///
+    /// ```
+    /// use tollgate_core::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert_eq!((locker.instances(), locker.quorum()), (1, 1));
+    /// let redlock = Locker::redlock((0..3).map(|_| MemoryBackend::new()))?;
+    /// assert_eq!((redlock.instances(), redlock.quorum()), (3, 2));
+    /// # Ok::<(), tollgate_core::Error>(())
+    /// ```
+    pub fn quorum(&self) -> usize {
+        self.core.instances.quorum()
     }
 
     /// The options configured with [`LockerBuilder::default_options`].
@@ -276,13 +310,14 @@ impl Locker {
         self.core.keyspace()
     }
 
-    /// The keys and channel of the lock `name`.
+    /// The keys and channel of the lock `name` (the same on every instance).
     pub fn keys_for(&self, name: impl Into<Subject>) -> LockKeys {
         LockKeys::new(self.core.keyspace(), &name.into())
     }
 }
 
-/// Builds a [`Locker`]; [`build`](Self::build) checks every setting.
+/// Builds a [`Locker`] over one backend ([`Locker::builder`]) or a Redlock
+/// ([`Locker::redlock_builder`]); [`build`](Self::build) checks every setting.
 ///
 /// ```
 /// use std::time::Duration;
@@ -300,185 +335,80 @@ impl Locker {
 /// ```
 #[must_use]
 pub struct LockerBuilder {
-    backend: Arc<dyn LockBackend>,
+    backends: Vec<Arc<dyn LockBackend>>,
+    redlock: bool,
     settings: Settings,
 }
 
 impl fmt::Debug for LockerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockerBuilder")
-            .field("backend", &self.backend.lock_kind())
-            .field("settings", &self.settings)
-            .finish()
+        let mut d = f.debug_struct("LockerBuilder");
+        if self.redlock {
+            d.field("instances", &self.backends.len());
+        } else {
+            d.field("backend", &self.backends.first().map(|b| b.lock_kind()));
+        }
+        d.field("settings", &self.settings).finish()
     }
 }
 
 impl LockerBuilder {
-    settings_setters!();
+    /// The key prefix (default `tollgate`); keys are
+    /// `<prefix>:lock:{<name>}`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
 
-    /// Checks the settings and builds the locker.
+    /// The options returned by `default_options()` (for middleware and
+    /// callers that do not bring their own). Checked by `build`.
+    pub fn default_options(mut self, options: LockOptions) -> Self {
+        self.settings.defaults = options;
+        self
+    }
+
+    /// The clock-drift allowance subtracted from every TTL when computing
+    /// a lease's safe deadline: `ratio × ttl + fixed` (default 1 % + 2 ms).
+    /// It absorbs clock-rate differences between this process and the
+    /// backend and the lateness of timers; the subtraction saturates, and
+    /// TTLs that leave nothing are refused.
+    pub fn drift(mut self, ratio: f64, fixed: Duration) -> Self {
+        self.settings.drift_ratio = ratio;
+        self.settings.drift_fixed = fixed;
+        self
+    }
+
+    /// Bounds every round trip to a backend instance (default 500 ms):
+    /// a paused or unreachable Redis costs at most this, never a hang.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// The upper bound of a waiter's fallback poll (default 500 ms), used
+    /// when no release notification arrives; the poll is also bounded by
+    /// the lock's remaining TTL, and jittered.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.settings.poll_interval = interval;
+        self
+    }
+
+    /// How long a fence key outlives the last acquire of its lock
+    /// (default 1 hour; between 1 s and one year). Each acquire keeps it
+    /// at least 10 × the lock's TTL. After it expires, fences restart
+    /// from the server time, which is still above every earlier fence as
+    /// long as the server clock does not step back (see the
+    /// [module docs](crate::lock)).
+    pub fn fence_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.fence_ttl = ttl;
+        self
+    }
+
+    /// Checks the settings and builds the locker (a Redlock needs at least
+    /// one instance).
     pub fn build(self) -> Result<Locker> {
         Ok(Locker {
-            core: Arc::new(Core::new(vec![self.backend], false, self.settings)?),
-        })
-    }
-}
-
-/// Redlock: one lock over N independent Redis masters (not replicas, not a
-/// cluster's shards), held when a quorum of N/2 + 1 granted it.
-///
-/// Each attempt runs on every instance in parallel (each bounded by the
-/// timeout) and stops as soon as a quorum answered or cannot; the lease's
-/// validity is `ttl − elapsed − drift`, and a lease acquired too slowly to be
-/// worth anything is refused and released. Release and renewal go to every
-/// instance. The fencing token is the maximum of the quorum's tokens, and it
-/// is written back to the quorum before the lease is handed out, so the next
-/// quorum (which shares an instance with this one) produces a higher one even
-/// when the instances' clocks disagree.
-///
-/// # When not to use it
-///
-/// The default is a single Redis (standalone, Sentinel or Cluster) with
-/// [`Locker`] and fencing tokens checked by the resource. Redlock buys
-/// availability across the loss of a minority of masters, but its safety
-/// rests on timing: bounded process pauses, bounded network delay and clocks
-/// that advance at about the same rate. Martin Kleppmann ("How to do
-/// distributed locking", 2016) shows how a GC pause or a clock jump breaks
-/// mutual exclusion without anyone noticing, and argues that a lock needed for
-/// *correctness* must use fencing tokens from a consensus system anyway;
-/// Salvatore Sanfilippo ("Is Redlock safe?") answers that the timing
-/// assumptions are reasonable with monotonic clocks and that the validity
-/// check after the acquire covers delays before it. tollgate follows both:
-/// it checks validity, measures deadlines on the monotonic clock and hands
-/// out fencing tokens — but the resource must still check those tokens, and a
-/// master that restarts without persistence during a hold can grant the lock
-/// twice (run masters with `appendfsync always`, or keep a restarted one out
-/// for longer than the longest TTL). Use Redlock for efficiency across
-/// independent masters, not as the only guard of correctness.
-///
-/// ```no_run
-/// # async fn run() -> Result<(), tollgate_core::Error> {
-/// use std::time::Duration;
-/// use tollgate_core::{LockOptions, Redlock, RedisBackend};
-///
-/// let mut instances = Vec::new();
-/// for url in ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"] {
-///     instances.push(RedisBackend::connect(url).await?);
-/// }
-/// let redlock = Redlock::new(instances)?;
-/// assert_eq!(redlock.quorum(), 2);
-/// let lease = redlock
-///     .acquire("rebalance", &LockOptions::new().wait(Duration::from_secs(1)))
-///     .await?;
-/// lease.release().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone)]
-pub struct Redlock {
-    core: Arc<Core>,
-}
-
-impl fmt::Debug for Redlock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.core, f)
-    }
-}
-
-impl Redlock {
-    /// A Redlock over `instances` (independent masters; `Arc<dyn
-    /// LockBackend>` mixes kinds) with the default settings.
-    ///
-    /// ```
-    /// use tollgate_core::{MemoryBackend, Redlock};
-    ///
-    /// let redlock = Redlock::new((0..5).map(|_| MemoryBackend::new()))?;
-    /// assert_eq!((redlock.instances(), redlock.quorum()), (5, 3));
-    /// assert!(Redlock::new(Vec::<MemoryBackend>::new()).is_err());
-    /// # Ok::<(), tollgate_core::Error>(())
-    /// ```
-    pub fn new<B: LockBackend>(instances: impl IntoIterator<Item = B>) -> Result<Redlock> {
-        Self::builder(instances).build()
-    }
-
-    /// A builder for a Redlock over `instances`.
-    pub fn builder<B: LockBackend>(instances: impl IntoIterator<Item = B>) -> RedlockBuilder {
-        RedlockBuilder {
-            backends: instances
-                .into_iter()
-                .map(|b| Arc::new(b) as Arc<dyn LockBackend>)
-                .collect(),
-            settings: Settings::default(),
-        }
-    }
-
-    lock_ops! {
-        /// Acquires the lock `name` on a quorum, waiting up to `options`' wait
-        /// bound; see [`Locker::acquire`]. [`Error::Busy`] when someone else
-        /// holds it on enough instances; a backend error when too many instances
-        /// failed for a quorum.
-        acquire;
-        /// Acquires the lock `name` on a quorum only if it is free now.
-        try_acquire;
-        /// A double-checked cache fill under a Redlock; see [`Locker::fill_once`].
-        fill_once;
-    }
-
-    /// `"redlock"`.
-    pub fn backend_kind(&self) -> &'static str {
-        self.core.kind()
-    }
-
-    /// The number of instances.
-    pub fn instances(&self) -> usize {
-        self.core.instances()
-    }
-
-    /// How many instances must grant a lock: N/2 + 1.
-    pub fn quorum(&self) -> usize {
-        self.core.quorum()
-    }
-
-    /// The options configured with [`RedlockBuilder::default_options`].
-    pub fn default_options(&self) -> &LockOptions {
-        &self.core.defaults
-    }
-
-    /// Checks `options` against this Redlock's rules without a round trip;
-    /// see [`Locker::check_options`].
-    pub fn check_options(&self, options: &LockOptions) -> Result<()> {
-        self.core.first_ttl(options).map(drop)
-    }
-
-    /// The keys and channel of the lock `name` (the same on every instance).
-    pub fn keys_for(&self, name: impl Into<Subject>) -> LockKeys {
-        LockKeys::new(self.core.keyspace(), &name.into())
-    }
-}
-
-/// Builds a [`Redlock`]; [`build`](Self::build) checks every setting.
-#[must_use]
-pub struct RedlockBuilder {
-    backends: Vec<Arc<dyn LockBackend>>,
-    settings: Settings,
-}
-
-impl fmt::Debug for RedlockBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedlockBuilder")
-            .field("instances", &self.backends.len())
-            .field("settings", &self.settings)
-            .finish()
-    }
-}
-
-impl RedlockBuilder {
-    settings_setters!();
-
-    /// Checks the settings and builds the Redlock (at least one instance;
-    /// use an odd number, 3 or 5).
-    pub fn build(self) -> Result<Redlock> {
-        Ok(Redlock {
-            core: Arc::new(Core::new(self.backends, true, self.settings)?),
+            core: Arc::new(Core::new(self.backends, self.redlock, self.settings)?),
         })
     }
 }

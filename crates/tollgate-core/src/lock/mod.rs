@@ -1,5 +1,5 @@
-//! Fenced distributed locks: [`Locker`], [`Lease`], [`FencingToken`], and
-//! [`Redlock`] across independent masters.
+//! Fenced distributed locks: [`Locker`], [`Lease`], [`FencingToken`], over
+//! one backend or, with [`Locker::redlock`], across independent masters.
 //!
 //! # Before you take a lock
 //!
@@ -65,7 +65,7 @@
 //!   trip; a wait bound too long for the clock waits forever.
 //! - **Waiting is cheap.** Waiters of one [`Locker`] share a single pub/sub
 //!   subscription (one pattern for all lock names, started on first wait,
-//!   stopped with the locker; a [`Redlock`] has one per instance), and fall
+//!   stopped with the locker; a Redlock has one per instance), and fall
 //!   back to a jittered poll bounded by the holder's remaining TTL, so a
 //!   missed notification never strands a waiter; the wait bound is honoured.
 //!   A backend without pub/sub (a [`RedisBackend`](crate::RedisBackend)
@@ -77,9 +77,9 @@
 //!
 //! Everything works the same on [`MemoryBackend`](crate::MemoryBackend) (one
 //! process), on a standalone Redis, Sentinel, and Redis Cluster (all keys of a
-//! lock share its hash tag; `PUBLISH` reaches every node). [`Redlock`] runs
-//! the same lock over several independent masters — read its docs for when
-//! not to.
+//! lock share its hash tag; `PUBLISH` reaches every node).
+//! [`Locker::redlock`] runs the same lock over several independent masters —
+//! read its docs for when not to.
 //!
 //! # A resource that rejects stale tokens
 //!
@@ -130,26 +130,32 @@
 //! In a database the check is one conditional write, e.g.
 //! `UPDATE files SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2`.
 
+// Dependencies run one way (a DAG): util and options are leaves; waiters
+// use util; instances use waiters; lease uses instances; core uses lease
+// and instances; locker uses core.
 pub mod backend;
 mod core;
+mod instances;
 mod lease;
 mod locker;
 pub(crate) mod memory;
 mod options;
 mod redis;
+mod settings;
+mod util;
 mod waiters;
 
 pub use self::backend::{
     AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
 };
-pub use self::core::{
-    DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL, FENCE_TTL_TTLS,
-};
 pub use self::lease::{Lease, LeaseLost};
-pub use self::locker::{Locker, LockerBuilder, Redlock, RedlockBuilder};
+pub use self::locker::{Locker, LockerBuilder};
 pub use self::options::{
     FencingToken, LockOptions, DEFAULT_MAX_HOLD_FLOOR, DEFAULT_MAX_HOLD_TTLS, DEFAULT_TTL,
     MAX_LOCK_DURATION,
+};
+pub use self::settings::{
+    DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL, FENCE_TTL_TTLS,
 };
 
 #[cfg(test)]
@@ -172,7 +178,7 @@ mod tests {
     #[test]
     fn public_types_are_thread_safe() {
         send_sync::<Locker>();
-        send_sync::<Redlock>();
+        send_sync::<LockerBuilder>();
         send_sync::<Lease>();
         send_sync::<LockOptions>();
         send_sync::<FencingToken>();
@@ -185,7 +191,7 @@ mod tests {
     #[tokio::test]
     async fn futures_are_send() {
         let locker = Locker::new(crate::MemoryBackend::new());
-        let redlock = Redlock::new([crate::MemoryBackend::new()]).unwrap();
+        let redlock = Locker::redlock([crate::MemoryBackend::new()]).unwrap();
         let opts = LockOptions::new();
         send(&locker.acquire("a", &opts));
         send(&locker.try_acquire("a", &opts));

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
-use redis::aio::ConnectionLike;
 use redis::Value;
 
 use super::backend::{
@@ -13,7 +12,7 @@ use super::backend::{
 use super::FencingToken;
 use crate::backend::redis::lua;
 use crate::backend::RedisBackend;
-use crate::error::{Error, Result};
+use crate::error::{redis_error, Error, Result};
 
 lua!(LOCK_ACQUIRE, include_str!("../../lua/lock_acquire.lua"));
 lua!(LOCK_RELEASE, include_str!("../../lua/lock_release.lua"));
@@ -80,10 +79,7 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-impl<C> LockBackend for RedisBackend<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
+impl LockBackend for RedisBackend {
     fn acquire_lock<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<AcquireReply>> {
         async move {
             let value = self
@@ -171,8 +167,11 @@ where
         let pattern = format!("{}*", glob_escape(channel_prefix));
         Some(
             async move {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.psubscribe(pattern.as_str()).await?;
+                let mut pubsub = client.get_async_pubsub().await.map_err(redis_error)?;
+                pubsub
+                    .psubscribe(pattern.as_str())
+                    .await
+                    .map_err(redis_error)?;
                 let events: ReleaseEvents = pubsub
                     .into_on_message()
                     .map(|msg| ReleaseEvent::Released {

@@ -12,7 +12,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::backend::{LockBackend, ReleaseEvent};
-use super::core::unit_random;
+use super::util::unit_random;
 
 /// First pause after a failed subscription attempt; doubles up to the max.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);

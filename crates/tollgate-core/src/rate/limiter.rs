@@ -1,27 +1,22 @@
 //! [`RateLimiter`]: a policy (algorithm, quotas, keyspace) over a backend, with
-//! a failure policy, a bounded timeout, a circuit breaker and a deny cache.
+//! a failure policy, a bounded timeout, a circuit breaker ([`Breaker`]) and a
+//! deny cache ([`DenyCache`]).
 
-use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use sha2::{Digest, Sha256};
-
-use super::{Algorithm, Decision, Outcome, Quota, MAX_LOG_LIMIT};
-use crate::backend::{MemoryBackend, RateBackend, RateReply, RateRequest};
-use crate::clock::Clock;
+use super::breaker::Breaker;
+use super::deny_cache::DenyCache;
+use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
+use crate::backend::{RateBackend, RateReply, RateRequest};
+use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
-use crate::key::{hex, Keyspace, Subject, DEFAULT_PREFIX};
+use crate::keyspace::{Keyspace, Subject};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
-const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
-const DEFAULT_DENY_CACHE: usize = 10_000;
-
 /// What a limiter does when its backend fails (error, timeout, open circuit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -40,20 +35,6 @@ pub enum FailurePolicy {
     },
 }
 
-/// Where a [`Decision`] came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum DecisionSource {
-    /// The backend decided.
-    Backend,
-    /// The local deny cache repeated an earlier denial that has not expired.
-    DenyCache,
-    /// The backend failed and the policy admitted the request.
-    FailOpen,
-    /// The backend failed and the local fallback limiter decided.
-    Fallback,
-}
-
 /// A rate-limit policy over a backend. Cheap to clone; clones share state.
 ///
 /// ```
@@ -63,8 +44,8 @@ pub enum DecisionSource {
 ///
 /// // 10 per second AND 100 per hour, checked together.
 /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::SlidingWindowCounter)
-///     .quota(Quota::per_second(10)?)
-///     .quota(Quota::per_hour(100)?)
+///     .quota(Quota::per_second(10))
+///     .quota(Quota::per_hour(100))
 ///     .name("api")
 ///     .build()?;
 /// let d = limiter.check_n("alice", 3).await?;
@@ -75,20 +56,20 @@ pub enum DecisionSource {
 /// ```
 #[derive(Clone)]
 pub struct RateLimiter {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    backend: Arc<dyn RateBackend>,
-    algorithm: Algorithm,
-    quotas: Arc<[Quota]>,
-    keyspace: Keyspace,
-    clock: Option<Arc<dyn Clock>>,
-    timeout: Duration,
-    policy: FailurePolicy,
-    fallback: Option<RateLimiter>,
-    breaker: Breaker,
-    deny_cache: Option<DenyCache>,
+pub(super) struct Inner {
+    pub(super) backend: Arc<dyn RateBackend>,
+    pub(super) algorithm: Algorithm,
+    pub(super) quotas: Arc<[Quota]>,
+    pub(super) keyspace: Keyspace,
+    pub(super) clock: Option<Arc<dyn Clock>>,
+    pub(super) timeout: Duration,
+    pub(super) policy: FailurePolicy,
+    pub(super) fallback: Option<RateLimiter>,
+    pub(super) breaker: Breaker,
+    pub(super) deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for RateLimiter {
@@ -103,48 +84,7 @@ impl fmt::Debug for RateLimiter {
     }
 }
 
-macro_rules! constructor {
-    ($(#[$doc:meta])* $name:ident, $alg:expr) => {
-        $(#[$doc])*
-        pub fn $name(backend: impl RateBackend, quota: Quota) -> Result<Self> {
-            Self::builder(backend, $alg).quota(quota).build()
-        }
-    };
-}
-
 impl RateLimiter {
-    /// A builder for a limiter running `algorithm` on `backend`.
-    pub fn builder(backend: impl RateBackend, algorithm: Algorithm) -> RateLimiterBuilder {
-        RateLimiterBuilder {
-            backend: Arc::new(backend),
-            algorithm,
-            quotas: Vec::new(),
-            prefix: DEFAULT_PREFIX.to_owned(),
-            name: None,
-            clock: None,
-            timeout: DEFAULT_TIMEOUT,
-            policy: FailurePolicy::Allow,
-            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_COOLDOWN),
-            deny_cache: DEFAULT_DENY_CACHE,
-        }
-    }
-
-    constructor!(
-        /// A fixed-window limiter with one quota.
-        fixed_window, Algorithm::FixedWindow);
-    constructor!(
-        /// A sliding-window-log limiter with one quota.
-        sliding_window_log, Algorithm::SlidingWindowLog);
-    constructor!(
-        /// A sliding-window-counter limiter with one quota.
-        sliding_window_counter, Algorithm::SlidingWindowCounter);
-    constructor!(
-        /// A token-bucket limiter with one quota (capacity = the quota's burst).
-        token_bucket, Algorithm::TokenBucket);
-    constructor!(
-        /// A GCRA limiter with one quota.
-        gcra, Algorithm::Gcra);
-
     /// The algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.inner.algorithm
@@ -214,7 +154,7 @@ impl RateLimiter {
     /// # async fn main() -> Result<(), tollgate_core::Error> {
     /// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
     ///
-    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1)?)?;
+    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1))?;
     /// let alice = Subject::new("alice");
     /// let decision = match limiter.try_check_now(&alice, 1) {
     ///     Ok(decided) => decided?,
@@ -460,195 +400,12 @@ impl fmt::Debug for PendingCheck {
     }
 }
 
-/// Builds a [`RateLimiter`]; every setting is checked by [`build`](Self::build).
-#[must_use]
-pub struct RateLimiterBuilder {
-    backend: Arc<dyn RateBackend>,
-    algorithm: Algorithm,
-    quotas: Vec<Quota>,
-    prefix: String,
-    name: Option<String>,
-    clock: Option<Arc<dyn Clock>>,
-    timeout: Duration,
-    policy: FailurePolicy,
-    breaker: (u32, Duration),
-    deny_cache: usize,
-}
-
-impl fmt::Debug for RateLimiterBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimiterBuilder")
-            .field("algorithm", &self.algorithm)
-            .field("quotas", &self.quotas)
-            .field("name", &self.name)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RateLimiterBuilder {
-    /// Adds a quota; all quotas are checked together, all or nothing.
-    pub fn quota(mut self, quota: Quota) -> Self {
-        self.quotas.push(quota);
-        self
-    }
-
-    /// The key prefix (default `tollgate`).
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.prefix = prefix.into();
-        self
-    }
-
-    /// Names the policy. Limiters with the same prefix and name share
-    /// counters; by default the name is derived from the algorithm and quotas,
-    /// so differently configured limiters never share them.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = Some(name.into());
-        self
-    }
-
-    /// Times decisions with `clock` instead of the backend's clock (Redis
-    /// `TIME`): for managed Redis that forbids `TIME` in scripts, and tests.
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
-        self
-    }
-
-    /// Bounds each round trip (default 100 ms); past it the failure policy applies.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// What to do when the backend fails (default: allow).
-    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.policy = policy;
-        self
-    }
-
-    /// After `threshold` consecutive failures, skip the backend for `cooldown`
-    /// (then let one probe through). Default: 5 failures, 1 s.
-    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
-        self.breaker = (threshold.max(1), cooldown);
-        self
-    }
-
-    /// Remember up to `capacity` denied subjects locally until their own
-    /// retry-after, so a flood from a blocked subject costs no round trip.
-    /// An entry never outlives the wait the backend announced, so it never
-    /// denies what the backend would admit. 0 turns it off; default 10 000.
-    pub fn deny_cache(mut self, capacity: usize) -> Self {
-        self.deny_cache = capacity;
-        self
-    }
-
-    /// Checks the configuration and builds the limiter.
-    pub fn build(self) -> Result<RateLimiter> {
-        if self.quotas.is_empty() {
-            return Err(Error::InvalidConfig(
-                "a limiter needs at least one quota".into(),
-            ));
-        }
-        for q in &self.quotas {
-            if q.has_explicit_burst() && !self.algorithm.uses_burst() {
-                return Err(Error::InvalidQuota(format!(
-                    "{q:?}: a burst applies to the token bucket and GCRA, not the {}",
-                    self.algorithm
-                )));
-            }
-            if self.algorithm == Algorithm::SlidingWindowLog && q.limit() > MAX_LOG_LIMIT {
-                return Err(Error::InvalidQuota(format!(
-                    "{q:?}: the sliding window log keeps one entry per request and accepts limits up to {MAX_LOG_LIMIT}; use the sliding window counter"
-                )));
-            }
-            if self.algorithm == Algorithm::SlidingWindowCounter
-                && q.limit()
-                    .checked_mul(q.period_micros())
-                    .is_none_or(|p| p > (1 << 53) - q.period_micros())
-            {
-                return Err(Error::InvalidQuota(format!(
-                    "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
-                )));
-            }
-        }
-        let name = match self.name {
-            Some(n) => n,
-            None => default_name(self.algorithm, &self.quotas),
-        };
-        let keyspace = Keyspace::new(self.prefix, name)?;
-        let fallback = match self.policy {
-            FailurePolicy::Fallback { instances } => {
-                let n = u64::from(instances.get());
-                let mut b = RateLimiter::builder(MemoryBackend::new(), self.algorithm)
-                    .prefix(keyspace.prefix())
-                    .name(keyspace.policy())
-                    .deny_cache(0);
-                for q in &self.quotas {
-                    let share = Quota::new((q.limit() / n).max(1), q.period())?;
-                    let share = if q.has_explicit_burst() {
-                        share.with_burst((q.burst() / n).max(1))?
-                    } else {
-                        share
-                    };
-                    b = b.quota(share);
-                }
-                Some(b.build()?)
-            }
-            _ => None,
-        };
-        Ok(RateLimiter {
-            inner: Arc::new(Inner {
-                backend: self.backend,
-                algorithm: self.algorithm,
-                quotas: self.quotas.into(),
-                keyspace,
-                clock: self.clock,
-                timeout: self.timeout,
-                policy: self.policy,
-                fallback,
-                breaker: Breaker::new(self.breaker.0, self.breaker.1),
-                deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
-            }),
-        })
-    }
-}
-
-fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
-    let mut h = Sha256::new();
-    h.update(algorithm.short_name());
-    for q in quotas {
-        h.update(format!(
-            "|{}/{}/{}",
-            q.limit(),
-            q.period_micros(),
-            q.burst()
-        ));
-    }
-    format!("{}-{}", algorithm.short_name(), hex(&h.finalize()[..4]))
-}
-
 /// Whether an error means the backend is unreachable or overloaded (what the
 /// circuit breaker is for), as opposed to an error about one request's data.
 fn is_outage(e: &Error) -> bool {
-    use redis::{ErrorKind, ServerErrorKind as S};
     match e {
         Error::Timeout(_) | Error::CircuitOpen => true,
-        Error::Backend(r) => {
-            r.is_io_error()
-                || r.is_connection_dropped()
-                || r.is_connection_refusal()
-                || r.is_timeout()
-                || matches!(
-                    r.kind(),
-                    ErrorKind::ClusterConnectionNotFound
-                        | ErrorKind::Server(
-                            S::BusyLoading
-                                | S::TryAgain
-                                | S::ClusterDown
-                                | S::MasterDown
-                                | S::ReadOnly
-                        )
-                )
-        }
+        Error::Backend(b) => b.is_outage(),
         _ => false,
     }
 }
@@ -661,167 +418,4 @@ fn random_u64() -> u64 {
         return monotonic_micros() ^ 0x9E37_79B9_7F4A_7C15;
     }
     u64::from_le_bytes(b)
-}
-
-/// Microseconds on this process's monotonic clock.
-pub(crate) fn monotonic_micros() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
-
-/// Skips the backend after repeated failures, for a short cooldown.
-struct Breaker {
-    threshold: u32,
-    cooldown_us: u64,
-    failures: AtomicU32,
-    open_until: AtomicU64,
-}
-
-impl Breaker {
-    fn new(threshold: u32, cooldown: Duration) -> Self {
-        Breaker {
-            threshold,
-            cooldown_us: cooldown.as_micros() as u64,
-            failures: AtomicU32::new(0),
-            open_until: AtomicU64::new(0),
-        }
-    }
-
-    /// Whether a call may go to the backend now. When the cooldown is over,
-    /// exactly one caller probes (and pushes the deadline out for the rest).
-    fn admits(&self) -> bool {
-        let until = self.open_until.load(Ordering::Acquire);
-        if until == 0 {
-            return true; // closed: no clock read on the hot path
-        }
-        let now = monotonic_micros();
-        now >= until
-            && self
-                .open_until
-                .compare_exchange(
-                    until,
-                    now + self.cooldown_us,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-    }
-
-    fn success(&self) {
-        // Read first: on the hot path nothing needs writing, and a store on
-        // every check would bounce the cache line between cores.
-        if self.failures.load(Ordering::Acquire) != 0 {
-            self.failures.store(0, Ordering::Release);
-        }
-        if self.open_until.load(Ordering::Acquire) != 0 {
-            self.open_until.store(0, Ordering::Release);
-        }
-    }
-
-    fn failure(&self, now: u64) {
-        let n = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= self.threshold {
-            self.open_until
-                .store((now + self.cooldown_us).max(1), Ordering::Release);
-        }
-    }
-}
-
-/// Denied subjects and until when (local clock), bounded: sharded so
-/// concurrent checks rarely contend, and swept only when an entry can have
-/// expired, so a full cache costs O(1) per denial.
-struct DenyCache {
-    shard_capacity: usize,
-    shards: Vec<Mutex<DenyShard>>,
-    hasher: std::hash::RandomState,
-    /// The latest `until` ever inserted: once it has passed, every entry
-    /// has run out (nobody is denied), and a lookup costs one atomic load
-    /// instead of a hash and a lock.
-    latest_until: AtomicU64,
-}
-
-#[derive(Default)]
-struct DenyShard {
-    map: HashMap<String, CachedDenial>,
-    /// The earliest `until` of any entry: no sweep can free room before it.
-    earliest: u64,
-}
-
-struct CachedDenial {
-    until: u64,
-    cost: u64,
-    decision: Decision,
-}
-
-const DENY_SHARDS: usize = 16;
-
-impl DenyCache {
-    fn new(capacity: usize) -> Self {
-        DenyCache {
-            shard_capacity: capacity.div_ceil(DENY_SHARDS).max(1),
-            shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: std::hash::RandomState::new(),
-            latest_until: AtomicU64::new(0),
-        }
-    }
-
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, DenyShard> {
-        use std::hash::BuildHasher;
-        let i = self.hasher.hash_one(key) as usize % DENY_SHARDS;
-        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
-        if now >= self.latest_until.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut shard = self.shard(key);
-        let entry = shard.map.get(key)?;
-        if now >= entry.until {
-            shard.map.remove(key);
-            return None;
-        }
-        // A smaller cost may fit sooner than the cached wait: ask the backend.
-        if cost < entry.cost {
-            return None;
-        }
-        let mut d = entry.decision.clone();
-        let left = Duration::from_micros(entry.until - now);
-        d.retry_after = Some(left);
-        d.reset_after = d.reset_after.max(left);
-        d.source = DecisionSource::DenyCache;
-        Some(d)
-    }
-
-    fn insert(&self, key: &str, cost: u64, sent_at: u64, d: &Decision) {
-        let Some(retry) = d.retry_after else { return };
-        // Measured from before the request was sent: never later than the
-        // backend's own deadline.
-        let until = sent_at + retry.as_micros() as u64;
-        let mut shard = self.shard(key);
-        if shard.map.len() >= self.shard_capacity && !shard.map.contains_key(key) {
-            if sent_at < shard.earliest {
-                return; // full of live entries: skip, at O(1)
-            }
-            shard.map.retain(|_, e| e.until > sent_at);
-            shard.earliest = shard.map.values().map(|e| e.until).min().unwrap_or(0);
-            if shard.map.len() >= self.shard_capacity {
-                return;
-            }
-        }
-        shard.earliest = if shard.map.is_empty() {
-            until
-        } else {
-            shard.earliest.min(until)
-        };
-        shard.map.insert(
-            key.to_owned(),
-            CachedDenial {
-                until,
-                cost,
-                decision: d.clone(),
-            },
-        );
-        self.latest_until.fetch_max(until, Ordering::Relaxed);
-    }
 }

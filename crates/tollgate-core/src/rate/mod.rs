@@ -18,6 +18,9 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
+mod breaker;
+mod builder;
+mod deny_cache;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 mod limiter;
@@ -26,9 +29,8 @@ pub(crate) mod sliding_window_counter;
 pub(crate) mod sliding_window_log;
 pub(crate) mod token_bucket;
 
-pub use limiter::{
-    DecisionSource, FailurePolicy, PendingCheck, RateLimiter, RateLimiterBuilder, DEFAULT_TIMEOUT,
-};
+pub use builder::RateLimiterBuilder;
+pub use limiter::{FailurePolicy, PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
 pub use quota::Quota;
 pub use sliding_window_log::MAX_LOG_LIMIT;
 
@@ -192,6 +194,20 @@ pub struct QuotaDecision {
     pub reset_after: Duration,
     /// Time until this quota could admit the request; `None` when it does.
     pub retry_after: Option<Duration>,
+}
+
+/// Where a [`Decision`] came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// The backend decided.
+    Backend,
+    /// The local deny cache repeated an earlier denial that has not expired.
+    DenyCache,
+    /// The backend failed and the policy admitted the request.
+    FailOpen,
+    /// The backend failed and the local fallback limiter decided.
+    Fallback,
 }
 
 /// The answer to one check: admitted or not, and the figures to report.

@@ -21,7 +21,7 @@ const MAX_SPAN_MICROS: u64 = 1 << 50;
 /// use std::time::Duration;
 /// use tollgate_core::Quota;
 ///
-/// let q = Quota::per_second(10).unwrap();
+/// let q = Quota::per_second(10);
 /// assert_eq!(q.limit(), 10);
 /// assert_eq!(q.period(), Duration::from_secs(1));
 /// assert_eq!(q.burst(), 10);
@@ -30,7 +30,8 @@ const MAX_SPAN_MICROS: u64 = 1 << 50;
 /// let q = Quota::new(1, Duration::from_secs(2)).unwrap().with_burst(5).unwrap();
 /// assert_eq!(q.burst(), 5);
 ///
-/// assert!(Quota::per_second(0).is_err());
+/// // Runtime values go through the fallible constructor.
+/// assert!(Quota::new(0, Duration::from_secs(1)).is_err());
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
@@ -72,24 +73,84 @@ impl Quota {
         Ok(q)
     }
 
-    /// `n` per second.
-    pub fn per_second(n: u64) -> Result<Self> {
-        Self::new(n, Duration::from_secs(1))
+    /// `n` per `period_us` microseconds, for the literal constructors: the
+    /// same rules as [`Quota::new`], but a panic instead of an error, so a
+    /// bad literal in a `const` is a compile error. `too_fine` is the message
+    /// for `n > period_us` (a `const` panic cannot format numbers).
+    const fn literal(n: u64, period_us: u64, too_fine: &'static str) -> Quota {
+        if n == 0 {
+            panic!("a quota of zero admits nothing; use at least 1 (Quota::new(0, ..) is the fallible form)");
+        }
+        if n > period_us {
+            panic!("{}", too_fine);
+        }
+        // Cannot fail for these periods (at most a day), but the rule is the
+        // same as `check_span`'s, so keep it checked here too.
+        match n.checked_mul(period_us.div_ceil(n)) {
+            Some(span) if span <= MAX_SPAN_MICROS => {}
+            _ => panic!("the quota spans more than 2^50 µs"),
+        }
+        Quota {
+            limit: n,
+            period_us,
+            burst: None,
+        }
     }
 
-    /// `n` per minute.
-    pub fn per_minute(n: u64) -> Result<Self> {
-        Self::new(n, Duration::from_secs(60))
+    /// `n` per second. Infallible for a valid `n`, and usable in `const`:
+    ///
+    /// ```
+    /// use tollgate_core::Quota;
+    ///
+    /// const API: Quota = Quota::per_second(10);
+    /// assert_eq!(API.limit(), 10);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0 or above 1 000 000 (finer than one per microsecond); in
+    /// a `const` that is a compile error. Use [`Quota::new`] for values known
+    /// only at run time:
+    ///
+    /// ```compile_fail
+    /// const NONE: tollgate_core::Quota = tollgate_core::Quota::per_second(0);
+    /// ```
+    pub const fn per_second(n: u64) -> Quota {
+        Self::literal(
+            n,
+            1_000_000,
+            "more than 1 000 000 per second is finer than one per microsecond",
+        )
     }
 
-    /// `n` per hour.
-    pub fn per_hour(n: u64) -> Result<Self> {
-        Self::new(n, Duration::from_secs(3600))
+    /// `n` per minute; see [`Quota::per_second`] (`const`, panics on 0 or on
+    /// more than 60 000 000).
+    pub const fn per_minute(n: u64) -> Quota {
+        Self::literal(
+            n,
+            60 * 1_000_000,
+            "more than 60 000 000 per minute is finer than one per microsecond",
+        )
     }
 
-    /// `n` per day.
-    pub fn per_day(n: u64) -> Result<Self> {
-        Self::new(n, Duration::from_secs(86_400))
+    /// `n` per hour; see [`Quota::per_second`] (`const`, panics on 0 or on
+    /// more than 3 600 000 000).
+    pub const fn per_hour(n: u64) -> Quota {
+        Self::literal(
+            n,
+            3600 * 1_000_000,
+            "more than 3 600 000 000 per hour is finer than one per microsecond",
+        )
+    }
+
+    /// `n` per day; see [`Quota::per_second`] (`const`, panics on 0 or on
+    /// more than 86 400 000 000).
+    pub const fn per_day(n: u64) -> Quota {
+        Self::literal(
+            n,
+            86_400 * 1_000_000,
+            "more than 86 400 000 000 per day is finer than one per microsecond",
+        )
     }
 
     /// Allow up to `burst` at once (token bucket capacity; GCRA burst). Only
@@ -167,36 +228,56 @@ mod tests {
 
     #[test]
     fn per_second_means_n_per_second() {
-        let q = Quota::per_second(10).unwrap();
+        let q = Quota::per_second(10);
         assert_eq!(q.limit(), 10);
         assert_eq!(q.period(), Duration::from_secs(1));
         assert_eq!(q.interval_micros(), 100_000);
-        assert_eq!(Quota::per_minute(60).unwrap().interval_micros(), 1_000_000);
-        assert_eq!(
-            Quota::per_hour(1).unwrap().period(),
-            Duration::from_secs(3600)
-        );
+        assert_eq!(Quota::per_minute(60).interval_micros(), 1_000_000);
+        assert_eq!(Quota::per_hour(1).period(), Duration::from_secs(3600));
     }
 
     #[test]
     fn invalid_quotas_are_errors() {
-        assert!(Quota::per_second(0).is_err());
+        assert!(Quota::new(0, Duration::from_secs(1)).is_err());
         assert!(Quota::new(1, Duration::ZERO).is_err());
         assert!(Quota::new(1, Duration::from_nanos(10)).is_err());
-        assert!(Quota::per_second(2_000_000).is_err());
+        assert!(Quota::new(2_000_000, Duration::from_secs(1)).is_err());
         assert!(Quota::new(1, Duration::from_secs(u64::MAX)).is_err());
-        assert!(Quota::per_second(1).unwrap().with_burst(0).is_err());
-        assert!(Quota::per_day(1).unwrap().with_burst(u64::MAX / 2).is_err());
+        assert!(Quota::per_second(1).with_burst(0).is_err());
+        assert!(Quota::per_day(1).with_burst(u64::MAX / 2).is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "a quota of zero admits nothing")]
+    fn per_second_of_zero_panics() {
+        let _ = Quota::per_second(std::hint::black_box(0));
+    }
+
+    #[test]
+    #[should_panic(expected = "finer than one per microsecond")]
+    fn per_second_finer_than_a_microsecond_panics() {
+        let _ = Quota::per_second(std::hint::black_box(2_000_000));
+    }
+
+    #[test]
+    fn literals_match_the_fallible_constructor() {
+        const MINUTE: Quota = Quota::per_minute(60);
+        assert_eq!(MINUTE, Quota::new(60, Duration::from_secs(60)).unwrap());
+        assert_eq!(
+            Quota::per_day(2),
+            Quota::new(2, Duration::from_secs(86_400)).unwrap()
+        );
+        assert_eq!(Quota::per_second(1_000_000).interval_micros(), 1);
     }
 
     #[test]
     fn interval_rounds_up() {
-        assert_eq!(Quota::per_second(3).unwrap().interval_micros(), 333_334);
+        assert_eq!(Quota::per_second(3).interval_micros(), 333_334);
     }
 
     #[test]
     fn limit_of_one_is_valid() {
-        let q = Quota::per_second(1).unwrap();
+        let q = Quota::per_second(1);
         assert_eq!(q.burst(), 1);
     }
 }

@@ -15,7 +15,7 @@ use tollgate_core::lock::{
 };
 use tollgate_core::{
     Error, FencingToken, Keyspace, Lease, LockBackend, LockOptions, Locker, LockerBuilder,
-    MemoryBackend, RedisBackend, Redlock, Subject,
+    MemoryBackend, RedisBackend, Subject,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -81,7 +81,8 @@ async fn delete_one(con: &mut impl redis::aio::ConnectionLike, key: &str) {
     assert_eq!(n, 1, "no key {key}");
 }
 
-/// What the shared scenarios need of a [`Locker`] or a [`Redlock`].
+/// What the shared scenarios need of a [`Locker`] (over one backend or a
+/// Redlock's instances).
 pub(crate) trait Acquirer: Clone + Send + Sync + 'static {
     fn acquire_boxed<'a>(
         &'a self,
@@ -95,27 +96,22 @@ pub(crate) trait Acquirer: Clone + Send + Sync + 'static {
     ) -> BoxFuture<'a, tollgate_core::Result<Lease>>;
 }
 
-macro_rules! impl_acquirer {
-    ($($t:ty),*) => {$(
-        impl Acquirer for $t {
-            fn acquire_boxed<'a>(
-                &'a self,
-                name: &'a str,
-                opts: &'a LockOptions,
-            ) -> BoxFuture<'a, tollgate_core::Result<Lease>> {
-                self.acquire(name, opts).boxed()
-            }
-            fn try_acquire_boxed<'a>(
-                &'a self,
-                name: &'a str,
-                opts: &'a LockOptions,
-            ) -> BoxFuture<'a, tollgate_core::Result<Lease>> {
-                self.try_acquire(name, opts).boxed()
-            }
-        }
-    )*};
+impl Acquirer for Locker {
+    fn acquire_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        opts: &'a LockOptions,
+    ) -> BoxFuture<'a, tollgate_core::Result<Lease>> {
+        self.acquire(name, opts).boxed()
+    }
+    fn try_acquire_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        opts: &'a LockOptions,
+    ) -> BoxFuture<'a, tollgate_core::Result<Lease>> {
+        self.try_acquire(name, opts).boxed()
+    }
 }
-impl_acquirer!(Locker, Redlock);
 
 /// Every key on `server` has a TTL (PTTL > 0; -2 = expired meanwhile is fine).
 pub(crate) fn assert_all_keys_expire(server: &RedisServer) {

@@ -33,12 +33,14 @@ pub async fn memory() -> Arc<dyn RateBackend> {
 
 pub async fn redis() -> Arc<dyn RateBackend> {
     let server = shared_redis();
-    Arc::new(RedisBackend::new(server.connection_manager().await))
+    Arc::new(RedisBackend::from_connection(
+        server.connection_manager().await,
+    ))
 }
 
 pub async fn cluster() -> Arc<dyn RateBackend> {
     let cluster = shared_cluster();
-    Arc::new(RedisBackend::new(cluster.connection().await).with_kind("cluster"))
+    Arc::new(RedisBackend::from_connection(cluster.connection().await).with_kind("cluster"))
 }
 
 pub async fn lock_memory() -> lock_suite::LockEnv {

@@ -43,7 +43,7 @@ pub async fn headers_exact(backend: Backend) {
     let clock = clock();
     let name = unique("hdr");
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::token_bucket(backend, Quota::per_minute(2).unwrap())
+        RateLimitLayer::token_bucket(backend, Quota::per_minute(2))
             .name(&name)
             .clock(clock.clone()),
     );
@@ -103,7 +103,7 @@ pub async fn headers_exact(backend: Backend) {
 pub async fn legacy_headers_and_headers_off(backend: Backend) {
     let clock = clock();
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend.clone(), Quota::per_minute(3).unwrap())
+        RateLimitLayer::fixed_window(backend.clone(), Quota::per_minute(3))
             .name(unique("legacy"))
             .clock(clock.clone())
             .legacy_headers(true),
@@ -115,7 +115,7 @@ pub async fn legacy_headers_and_headers_off(backend: Backend) {
     assert!(r.header("ratelimit").is_some());
 
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_minute(1).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_minute(1))
             .name(unique("off"))
             .clock(clock.clone())
             .headers(false),
@@ -135,8 +135,8 @@ pub async fn multi_quota(backend: Backend) {
     let clock = clock();
     let name = unique("multi");
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_minute(3).unwrap())
-            .quota(Quota::per_hour(5).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_minute(3))
+            .quota(Quota::per_hour(5))
             .name(&name)
             .clock(clock.clone()),
     );
@@ -179,7 +179,7 @@ pub async fn cost_closure(backend: Backend) {
     let clock = clock();
     let name = unique("cost");
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(10).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_hour(10))
             .name(&name)
             .clock(clock)
             .cost(|req: &Request<Body>| {
@@ -229,7 +229,7 @@ pub async fn cost_closure(backend: Backend) {
 /// limit of 5 admit exactly 5.
 pub async fn shared_across_clones(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(5).unwrap())
+        RateLimitLayer::fixed_window(backend, Quota::per_hour(5))
             .name(unique("2634"))
             .clock(clock()),
     );
@@ -254,7 +254,7 @@ pub async fn shared_across_clones(backend: Backend) {
 pub async fn shadow_mode(backend: Backend) {
     let name = unique("shadow");
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(backend, Quota::per_hour(1))
             .name(&name)
             .clock(clock())
             .shadow(true),
@@ -277,7 +277,7 @@ pub async fn shadow_mode(backend: Backend) {
     let app = Router::new().route("/", route_get(echo)).layer(
         RateLimitLayer::gcra(
             Arc::new(tollgate_core::MemoryBackend::new()),
-            Quota::per_hour(1).unwrap(),
+            Quota::per_hour(1),
         )
         .key(HeaderKey::new("x-api-key"))
         .shadow(true),
@@ -292,7 +292,7 @@ pub async fn route_layer_per_route(backend: Backend) {
         .route("/a/{id}", route_get(ok))
         .route("/b", route_get(ok))
         .route_layer(
-            RateLimitLayer::fixed_window(backend, Quota::per_hour(1).unwrap())
+            RateLimitLayer::fixed_window(backend, Quota::per_hour(1))
                 .name(&name)
                 .clock(clock())
                 .key(RouteKey::new()),
@@ -320,7 +320,7 @@ pub async fn service_builder(backend: Backend) {
     struct MyError;
     let svc = ServiceBuilder::new()
         .layer(
-            RateLimitLayer::sliding_window_log(backend, Quota::per_hour(2).unwrap())
+            RateLimitLayer::sliding_window_log(backend, Quota::per_hour(2))
                 .name(unique("sb"))
                 .clock(clock()),
         )
@@ -344,7 +344,7 @@ pub async fn service_builder(backend: Backend) {
 /// A key extractor's "not limited" and its errors.
 pub async fn key_outcomes(backend: Backend) {
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::gcra(backend.clone(), Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(backend.clone(), Quota::per_hour(1))
             .name(unique("keys"))
             .clock(clock())
             .key(HeaderKey::new("x-api-key")),
@@ -367,7 +367,7 @@ pub async fn key_outcomes(backend: Backend) {
 
     // Optional: requests without the header are not limited (and carry no headers).
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(backend, Quota::per_hour(1))
             .name(unique("keys-opt"))
             .clock(clock())
             .key(HeaderKey::new("x-api-key").optional()),
@@ -383,7 +383,7 @@ pub async fn key_outcomes(backend: Backend) {
 /// A custom responder replaces the default rejection.
 pub async fn custom_responder(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(backend, Quota::per_hour(1))
             .name(unique("resp"))
             .clock(clock())
             .responder(|rej: &Rejection<'_>| {
@@ -418,7 +418,7 @@ pub async fn custom_responder(backend: Backend) {
 /// sending X-Forwarded-For.
 pub async fn trusted_proxy_spoofing(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(backend, Quota::per_hour(1))
             .name(unique("xff"))
             .clock(clock())
             .key(ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap()),
@@ -470,7 +470,7 @@ pub async fn trusted_proxy_spoofing(backend: Backend) {
 /// IPv6 clients are grouped by /64: rotating through a /64 does not help.
 pub async fn ipv6_grouping(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1).unwrap())
+        RateLimitLayer::gcra(backend, Quota::per_hour(1))
             .name(unique("v6"))
             .clock(clock())
             .key(tollgate_tower::key::PeerIp::new()),
@@ -493,7 +493,7 @@ pub async fn ipv6_grouping(backend: Backend) {
 /// The decision reaches the handler through the request extensions.
 pub async fn decision_in_extensions(backend: Backend) {
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::sliding_window_counter(backend, Quota::per_hour(3).unwrap())
+        RateLimitLayer::sliding_window_counter(backend, Quota::per_hour(3))
             .name(unique("ext"))
             .clock(clock())
             .key(GlobalKey),

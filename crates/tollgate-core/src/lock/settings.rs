@@ -1,0 +1,50 @@
+//! The defaults of a `Locker` and the settings its builder collects.
+
+use std::time::Duration;
+
+use super::options::LockOptions;
+use crate::keyspace::DEFAULT_PREFIX;
+
+/// Default bound on one lock round trip.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default upper bound of the fallback poll of a waiter (it is also bounded
+/// by the lock's remaining TTL).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// Default TTL of fence keys: 1 hour after the last acquire of a lock, and
+/// never less than [`FENCE_TTL_TTLS`] × the lock's TTL. The server-time
+/// floor of the fencing token keeps tokens increasing after the key is gone;
+/// the key only covers bursts within one microsecond and clock steps back
+/// while it lives (see the [module docs](crate::lock)).
+pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(3600);
+/// At every acquire, the fence key lives at least this many lock TTLs.
+pub const FENCE_TTL_TTLS: u32 = 10;
+/// Default drift allowance: 1 % of the TTL plus 2 ms.
+pub(crate) const DEFAULT_DRIFT_RATIO: f64 = 0.01;
+pub(crate) const DEFAULT_DRIFT_FIXED: Duration = Duration::from_millis(2);
+
+/// What a [`LockerBuilder`](super::LockerBuilder) collects, for one
+/// backend or a Redlock alike; checked by `Core::new`.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) prefix: String,
+    pub(crate) defaults: LockOptions,
+    pub(crate) drift_ratio: f64,
+    pub(crate) drift_fixed: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) fence_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            defaults: LockOptions::default(),
+            drift_ratio: DEFAULT_DRIFT_RATIO,
+            drift_fixed: DEFAULT_DRIFT_FIXED,
+            timeout: DEFAULT_LOCK_TIMEOUT,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            fence_ttl: DEFAULT_FENCE_TTL,
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! [`RateLimiterBuilder`] and the constructors of [`RateLimiter`]: every
+//! setting is checked once, here, before any round trip.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::breaker::Breaker;
+use super::deny_cache::DenyCache;
+use super::limiter::{FailurePolicy, Inner, RateLimiter, DEFAULT_TIMEOUT};
+use super::{Algorithm, Quota, MAX_LOG_LIMIT};
+use crate::backend::{MemoryBackend, RateBackend};
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::keyspace::{hex, Keyspace, DEFAULT_PREFIX};
+
+const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+const DEFAULT_DENY_CACHE: usize = 10_000;
+
+macro_rules! constructor {
+    ($(#[$doc:meta])* $name:ident, $alg:expr) => {
+        $(#[$doc])*
+        pub fn $name(backend: impl RateBackend, quota: Quota) -> Result<Self> {
+            Self::builder(backend, $alg).quota(quota).build()
+        }
+    };
+}
+
+impl RateLimiter {
+    /// A builder for a limiter running `algorithm` on `backend`.
+    pub fn builder(backend: impl RateBackend, algorithm: Algorithm) -> RateLimiterBuilder {
+        RateLimiterBuilder {
+            backend: Arc::new(backend),
+            algorithm,
+            quotas: Vec::new(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+            name: None,
+            clock: None,
+            timeout: DEFAULT_TIMEOUT,
+            policy: FailurePolicy::Allow,
+            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_COOLDOWN),
+            deny_cache: DEFAULT_DENY_CACHE,
+        }
+    }
+
+    constructor!(
+        /// A fixed-window limiter with one quota.
+        fixed_window, Algorithm::FixedWindow);
+    constructor!(
+        /// A sliding-window-log limiter with one quota.
+        sliding_window_log, Algorithm::SlidingWindowLog);
+    constructor!(
+        /// A sliding-window-counter limiter with one quota.
+        sliding_window_counter, Algorithm::SlidingWindowCounter);
+    constructor!(
+        /// A token-bucket limiter with one quota (capacity = the quota's burst).
+        token_bucket, Algorithm::TokenBucket);
+    constructor!(
+        /// A GCRA limiter with one quota.
+        gcra, Algorithm::Gcra);
+}
+
+/// Builds a [`RateLimiter`]; every setting is checked by [`build`](Self::build).
+#[must_use]
+pub struct RateLimiterBuilder {
+    backend: Arc<dyn RateBackend>,
+    algorithm: Algorithm,
+    quotas: Vec<Quota>,
+    prefix: String,
+    name: Option<String>,
+    clock: Option<Arc<dyn Clock>>,
+    timeout: Duration,
+    policy: FailurePolicy,
+    breaker: (u32, Duration),
+    deny_cache: usize,
+}
+
+impl fmt::Debug for RateLimiterBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimiterBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("quotas", &self.quotas)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimiterBuilder {
+    /// Adds a quota; all quotas are checked together, all or nothing.
+    pub fn quota(mut self, quota: Quota) -> Self {
+        self.quotas.push(quota);
+        self
+    }
+
+    /// The key prefix (default `tollgate`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Names the policy. Limiters with the same prefix and name share
+    /// counters; by default the name is derived from the algorithm and quotas,
+    /// so differently configured limiters never share them.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Times decisions with `clock` instead of the backend's clock (Redis
+    /// `TIME`): for managed Redis that forbids `TIME` in scripts, and tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Bounds each round trip (default 100 ms); past it the failure policy applies.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to do when the backend fails (default: allow).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// After `threshold` consecutive failures, skip the backend for `cooldown`
+    /// (then let one probe through). Default: 5 failures, 1 s.
+    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
+        self.breaker = (threshold.max(1), cooldown);
+        self
+    }
+
+    /// Remember up to `capacity` denied subjects locally until their own
+    /// retry-after, so a flood from a blocked subject costs no round trip.
+    /// An entry never outlives the wait the backend announced, so it never
+    /// denies what the backend would admit. 0 turns it off; default 10 000.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
+    /// Checks the configuration and builds the limiter.
+    pub fn build(self) -> Result<RateLimiter> {
+        if self.quotas.is_empty() {
+            return Err(Error::InvalidConfig(
+                "a limiter needs at least one quota".into(),
+            ));
+        }
+        for q in &self.quotas {
+            if q.has_explicit_burst() && !self.algorithm.uses_burst() {
+                return Err(Error::InvalidQuota(format!(
+                    "{q:?}: a burst applies to the token bucket and GCRA, not the {}",
+                    self.algorithm
+                )));
+            }
+            if self.algorithm == Algorithm::SlidingWindowLog && q.limit() > MAX_LOG_LIMIT {
+                return Err(Error::InvalidQuota(format!(
+                    "{q:?}: the sliding window log keeps one entry per request and accepts limits up to {MAX_LOG_LIMIT}; use the sliding window counter"
+                )));
+            }
+            if self.algorithm == Algorithm::SlidingWindowCounter
+                && q.limit()
+                    .checked_mul(q.period_micros())
+                    .is_none_or(|p| p > (1 << 53) - q.period_micros())
+            {
+                return Err(Error::InvalidQuota(format!(
+                    "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
+                )));
+            }
+        }
+        let name = match self.name {
+            Some(n) => n,
+            None => default_name(self.algorithm, &self.quotas),
+        };
+        let keyspace = Keyspace::new(self.prefix, name)?;
+        let fallback = match self.policy {
+            FailurePolicy::Fallback { instances } => {
+                let n = u64::from(instances.get());
+                let mut b = RateLimiter::builder(MemoryBackend::new(), self.algorithm)
+                    .prefix(keyspace.prefix())
+                    .name(keyspace.policy())
+                    .deny_cache(0);
+                for q in &self.quotas {
+                    let share = Quota::new((q.limit() / n).max(1), q.period())?;
+                    let share = if q.has_explicit_burst() {
+                        share.with_burst((q.burst() / n).max(1))?
+                    } else {
+                        share
+                    };
+                    b = b.quota(share);
+                }
+                Some(b.build()?)
+            }
+            _ => None,
+        };
+        Ok(RateLimiter {
+            inner: Arc::new(Inner {
+                backend: self.backend,
+                algorithm: self.algorithm,
+                quotas: self.quotas.into(),
+                keyspace,
+                clock: self.clock,
+                timeout: self.timeout,
+                policy: self.policy,
+                fallback,
+                breaker: Breaker::new(self.breaker.0, self.breaker.1),
+                deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+            }),
+        })
+    }
+}
+
+fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
+    let mut h = Sha256::new();
+    h.update(algorithm.short_name());
+    for q in quotas {
+        h.update(format!(
+            "|{}/{}/{}",
+            q.limit(),
+            q.period_micros(),
+            q.burst()
+        ));
+    }
+    format!("{}-{}", algorithm.short_name(), hex(&h.finalize()[..4]))
+}

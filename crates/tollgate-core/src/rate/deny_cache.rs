@@ -1,0 +1,157 @@
+//! [`DenyCache`]: a limiter's local memory of recent denials, so a client
+//! that keeps retrying while denied costs no round trip until its wait is
+//! over.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use super::{Decision, DecisionSource};
+
+/// Denied subjects and until when (local clock), bounded: sharded so
+/// concurrent checks rarely contend, and swept only when an entry can have
+/// expired, so a full cache costs O(1) per denial.
+pub(crate) struct DenyCache {
+    shard_capacity: usize,
+    shards: Vec<Mutex<DenyShard>>,
+    hasher: std::hash::RandomState,
+    /// The latest `until` ever inserted: once it has passed, every entry
+    /// has run out (nobody is denied), and a lookup costs one atomic load
+    /// instead of a hash and a lock.
+    latest_until: AtomicU64,
+}
+
+#[derive(Default)]
+struct DenyShard {
+    map: HashMap<String, CachedDenial>,
+    /// The earliest `until` of any entry: no sweep can free room before it.
+    earliest: u64,
+}
+
+struct CachedDenial {
+    until: u64,
+    cost: u64,
+    decision: Decision,
+}
+
+const DENY_SHARDS: usize = 16;
+
+impl DenyCache {
+    pub(crate) fn new(capacity: usize) -> Self {
+        DenyCache {
+            shard_capacity: capacity.div_ceil(DENY_SHARDS).max(1),
+            shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: std::hash::RandomState::new(),
+            latest_until: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, DenyShard> {
+        use std::hash::BuildHasher;
+        let i = self.hasher.hash_one(key) as usize % DENY_SHARDS;
+        self.shards[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn get(&self, key: &str, cost: u64, now: u64) -> Option<Decision> {
+        if now >= self.latest_until.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut shard = self.shard(key);
+        let entry = shard.map.get(key)?;
+        if now >= entry.until {
+            shard.map.remove(key);
+            return None;
+        }
+        // A smaller cost may fit sooner than the cached wait: ask the backend.
+        if cost < entry.cost {
+            return None;
+        }
+        let mut d = entry.decision.clone();
+        let left = Duration::from_micros(entry.until - now);
+        d.retry_after = Some(left);
+        d.reset_after = d.reset_after.max(left);
+        d.source = DecisionSource::DenyCache;
+        Some(d)
+    }
+
+    pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, d: &Decision) {
+        let Some(retry) = d.retry_after else { return };
+        // Measured from before the request was sent: never later than the
+        // backend's own deadline.
+        let until = sent_at + retry.as_micros() as u64;
+        let mut shard = self.shard(key);
+        if shard.map.len() >= self.shard_capacity && !shard.map.contains_key(key) {
+            if sent_at < shard.earliest {
+                return; // full of live entries: skip, at O(1)
+            }
+            shard.map.retain(|_, e| e.until > sent_at);
+            shard.earliest = shard.map.values().map(|e| e.until).min().unwrap_or(0);
+            if shard.map.len() >= self.shard_capacity {
+                return;
+            }
+        }
+        shard.earliest = if shard.map.is_empty() {
+            until
+        } else {
+            shard.earliest.min(until)
+        };
+        shard.map.insert(
+            key.to_owned(),
+            CachedDenial {
+                until,
+                cost,
+                decision: d.clone(),
+            },
+        );
+        self.latest_until.fetch_max(until, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rate::{Algorithm, Outcome, Quota};
+
+    fn denial(retry_us: u64) -> Decision {
+        Decision::from_outcomes(
+            Algorithm::FixedWindow,
+            &[Quota::per_second(1)],
+            &[Outcome::from_reply(0, retry_us, retry_us)],
+            false,
+            DecisionSource::Backend,
+        )
+    }
+
+    #[test]
+    fn repeats_a_denial_until_it_runs_out() {
+        let c = DenyCache::new(100);
+        assert!(c.get("a", 1, 0).is_none(), "empty");
+        c.insert("a", 2, 1_000, &denial(500_000));
+        let d = c.get("a", 2, 101_000).expect("cached");
+        assert_eq!(d.source, DecisionSource::DenyCache);
+        // Measured from before the request was sent.
+        assert_eq!(d.retry_after, Some(Duration::from_micros(400_000)));
+        assert!(
+            c.get("a", 1, 101_000).is_none(),
+            "a smaller cost asks again"
+        );
+        assert!(c.get("b", 2, 101_000).is_none());
+        assert!(c.get("a", 2, 501_000).is_none(), "run out");
+    }
+
+    #[test]
+    fn allowed_decisions_are_not_cached_and_capacity_is_bounded() {
+        let c = DenyCache::new(1);
+        let mut allowed = denial(1_000);
+        allowed.retry_after = None;
+        c.insert("x", 1, 0, &allowed);
+        assert!(c.get("x", 1, 1).is_none());
+        // One entry per shard: many keys never grow it past the shards.
+        for i in 0..1_000 {
+            c.insert(&format!("k{i}"), 1, 0, &denial(1_000_000));
+        }
+        let held: usize = c.shards.iter().map(|s| s.lock().unwrap().map.len()).sum();
+        assert!(held <= DENY_SHARDS, "{held}");
+    }
+}
