@@ -5,17 +5,17 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path};
-use axum::http::request::Parts;
+use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
-use tollgate::axum::{HeldLock, LockResource, Rejection};
-use tollgate::tower::key::PeerIp;
+use tollgate::axum::{HeldLock, LockResource};
+use tollgate::tower::key::{PathParam, PeerIp};
 use tollgate::tower::RateLimitLayer;
 use tollgate::{
-    Error, LockBackend, LockOptions, Locker, Quota, RateBackend, RedisBackend, Subject,
+    Algorithm, Error, LockBackend, LockOptions, Locker, Quota, RateBackend, RateLimiter,
+    RedisBackend, Subject,
 };
 
 /// The Redis backend the environment names, if any: `REDIS_CLUSTER`
@@ -40,12 +40,12 @@ pub(crate) async fn redis_from_env() -> Result<Option<RedisBackend>, Error> {
 /// `POST /jobs/{id}` locks the job `{id}`.
 struct Job;
 
-impl<S: Send + Sync> LockResource<S> for Job {
-    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-        let Path(id) = Path::<String>::from_request_parts(parts, state)
-            .await
-            .map_err(Rejection::from_response)?;
-        Ok(Subject::compound(["job", id.as_str()]))
+impl<S> LockResource<S> for Job {
+    /// `job:<id>`: the kind of resource, then the path's `{id}`.
+    type Key = (Subject, PathParam);
+
+    fn key(_: &S) -> Self::Key {
+        (Subject::new("job"), PathParam::new("id"))
     }
 
     fn options(_: &S) -> LockOptions {
@@ -85,12 +85,13 @@ pub(crate) fn router<B>(backend: B) -> Router
 where
     B: RateBackend + LockBackend + Clone,
 {
-    let quota = Quota::new(1, Duration::from_secs(2))
-        .and_then(|q| q.with_burst(5))
-        .expect("a valid quota");
-    let limit = RateLimitLayer::token_bucket(backend.clone(), quota)
+    let quota = Quota::new(1, Duration::from_secs(2)).and_then(|q| q.with_burst(5));
+    let limiter = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+        .quota(quota.expect("a valid quota"))
         .name("quickstart")
-        .key(PeerIp::new());
+        .build()
+        .expect("a valid limiter");
+    let limit = RateLimitLayer::new(limiter).key(PeerIp::new());
     Router::new()
         .route("/", get(hello).layer(limit))
         .route("/jobs/{id}", post(run_job))

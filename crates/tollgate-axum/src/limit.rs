@@ -85,19 +85,23 @@ pub trait RateLimitPolicy<S>: 'static {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tollgate_core::Error> {
 /// use axum::{body::Body, routing::post, Router};
-/// use http::{request::Parts, Request, StatusCode};
-/// use tollgate_axum::{RateLimitPolicy, RateLimited, Rejection};
+/// use http::{Request, StatusCode};
+/// use tollgate_axum::{RateLimitPolicy, RateLimited};
 /// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
 /// use tower::ServiceExt;
 ///
+/// /// One budget for all sign-ups.
 /// struct Signups;
 ///
 /// impl RateLimitPolicy<RateLimiter> for Signups {
+///     type Key = Subject;
+///
 ///     fn limiter(state: &RateLimiter) -> RateLimiter {
 ///         state.clone()
 ///     }
-///     async fn key(_: &mut Parts, _: &RateLimiter) -> Result<Subject, Rejection> {
-///         Ok(Subject::new("all-signups"))
+///
+///     fn key(_: &RateLimiter) -> Subject {
+///         Subject::new("all-signups")
 ///     }
 /// }
 ///

@@ -27,19 +27,17 @@ use tollgate_tower::rejection::{Middleware, Rejection};
 /// ```
 /// use std::time::Duration;
 /// use tollgate_axum::LockResource;
-/// use tollgate_core::LockOptions;
-/// use tollgate_tower::key::{PathParam, KeyError};
-/// use http::request::Parts;
-/// use tollgate_core::Subject;
+/// use tollgate_core::{LockOptions, Subject};
+/// use tollgate_tower::key::PathParam;
 ///
 /// /// `/tenants/{tenant}/invoices/{id}`: one lock per invoice.
 /// struct Invoice;
 ///
-/// impl<S: Send + Sync> LockResource<S> for Invoice {
-///     type Key = (&'static str, PathParam, PathParam);
+/// impl<S> LockResource<S> for Invoice {
+///     type Key = (Subject, PathParam, PathParam);
 ///
 ///     fn key(_: &S) -> Self::Key {
-///         ("invoice", PathParam::new("tenant"), PathParam::new("id"))
+///         (Subject::new("invoice"), PathParam::new("tenant"), PathParam::new("id"))
 ///     }
 ///
 ///     fn options(_: &S) -> LockOptions {
@@ -102,20 +100,21 @@ impl<S> LockResource<S> for RouteParams {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use axum::{body::Body, extract::{FromRequestParts, Path}, routing::post, Router};
-/// use http::{request::Parts, Request, StatusCode};
-/// use tollgate_axum::{HeldLock, LockResource, Rejection};
+/// use axum::{body::Body, routing::post, Router};
+/// use http::{Request, StatusCode};
+/// use tollgate_axum::{HeldLock, LockResource};
 /// use tollgate_core::{Locker, MemoryBackend, Subject};
+/// use tollgate_tower::key::PathParam;
 /// use tower::ServiceExt;
 ///
+/// /// `job:{id}`.
 /// struct Job;
 ///
-/// impl<S: Send + Sync> LockResource<S> for Job {
-///     async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-///         let Path(id) = Path::<String>::from_request_parts(parts, state)
-///             .await
-///             .map_err(Rejection::from_response)?;
-///         Ok(Subject::compound(["job", id.as_str()]))
+/// impl<S> LockResource<S> for Job {
+///     type Key = (Subject, PathParam);
+///
+///     fn key(_: &S) -> Self::Key {
+///         (Subject::new("job"), PathParam::new("id"))
 ///     }
 /// }
 ///

@@ -7,8 +7,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tollgate_core::Algorithm;
 
-use axum::extract::{FromRef, FromRequestParts, Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::routing::{get, post};
 use axum::Router;
 use http::request::Parts;
@@ -26,26 +27,25 @@ use tollgate_core::{
 use tollgate_testkit::http::loopback::{post as post_, send};
 use tollgate_testkit::http::retry_after;
 use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate_tower::key::{KeyError, PathParam};
 use tollgate_tower::RateLimitLayer;
 
 // ---------------------------------------------------------------- resources
 
-async fn job_id<S: Send + Sync>(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-    let Path(params) = Path::<HashMap<String, String>>::from_request_parts(parts, state)
-        .await
-        .map_err(Rejection::from_response)?;
-    let id = params
-        .get("id")
-        .ok_or_else(|| Rejection::misconfigured("add an `{id}` path parameter to the route"))?;
-    Ok(Subject::compound(["job", id.as_str()]))
+/// `job:{id}`: the lock of the job the path names.
+type JobKey = (Subject, PathParam);
+
+fn job_key() -> JobKey {
+    (Subject::new("job"), PathParam::new("id"))
 }
 
 /// Waits up to 10 s for the lock.
 struct Waiting;
 
 impl<S: Send + Sync> LockResource<S> for Waiting {
-    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-        job_id(parts, state).await
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
     }
     fn options(_: &S) -> LockOptions {
         LockOptions::new()
@@ -59,8 +59,9 @@ impl<S: Send + Sync> LockResource<S> for Waiting {
 struct NoWait;
 
 impl<S: Send + Sync> LockResource<S> for NoWait {
-    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-        job_id(parts, state).await
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
     }
     fn options(_: &S) -> LockOptions {
         LockOptions::new().ttl(Duration::from_secs(30))
@@ -71,8 +72,9 @@ impl<S: Send + Sync> LockResource<S> for NoWait {
 struct Short;
 
 impl<S: Send + Sync> LockResource<S> for Short {
-    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-        job_id(parts, state).await
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
     }
     fn options(_: &S) -> LockOptions {
         LockOptions::new()
@@ -85,8 +87,9 @@ impl<S: Send + Sync> LockResource<S> for Short {
 struct BadOptions;
 
 impl<S: Send + Sync> LockResource<S> for BadOptions {
-    async fn name(parts: &mut Parts, state: &S) -> Result<Subject, Rejection> {
-        job_id(parts, state).await
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
     }
     fn options(_: &S) -> LockOptions {
         LockOptions::new().ttl(Duration::from_millis(1))
@@ -148,16 +151,24 @@ async fn release_early(lock: HeldLock<NoWait>) -> String {
 /// Limited per `x-user` header, 2 per minute.
 struct PerUser;
 
+/// The `x-user` header, or 400.
+fn user(parts: &Parts) -> Result<Option<Subject>, KeyError> {
+    parts
+        .headers
+        .get("x-user")
+        .map(|v| Some(Subject::new(v.as_bytes())))
+        .ok_or_else(|| KeyError::bad_request("missing x-user header"))
+}
+
+type UserKey = fn(&Parts) -> Result<Option<Subject>, KeyError>;
+
 impl RateLimitPolicy<AppState> for PerUser {
+    type Key = UserKey;
     fn limiter(state: &AppState) -> RateLimiter {
         state.limiter.clone()
     }
-    async fn key(parts: &mut Parts, _: &AppState) -> Result<Subject, Rejection> {
-        parts
-            .headers
-            .get("x-user")
-            .map(|v| Subject::new(v.as_bytes()))
-            .ok_or_else(|| Rejection::bad_request("missing x-user header"))
+    fn key(_: &AppState) -> UserKey {
+        user
     }
 }
 
@@ -168,8 +179,9 @@ impl RateLimitPolicy<AppState> for Bulk {
     fn limiter(state: &AppState) -> RateLimiter {
         state.limiter.clone()
     }
-    async fn key(parts: &mut Parts, state: &AppState) -> Result<Subject, Rejection> {
-        <PerUser as RateLimitPolicy<AppState>>::key(parts, state).await
+    type Key = UserKey;
+    fn key(_: &AppState) -> UserKey {
+        user
     }
     fn cost(parts: &Parts, _: &AppState) -> u64 {
         parts
@@ -204,9 +216,15 @@ fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
         probe: probe.clone(),
         limiter,
     };
-    let layered = Router::new().route("/status", get(status)).layer(
-        RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(3)).name("layered"),
-    );
+    let layered = Router::new()
+        .route("/status", get(status))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(MemoryBackend::new(), Algorithm::TokenBucket)
+                .quota(Quota::per_minute(3))
+                .name("layered")
+                .build()
+                .unwrap(),
+        ));
     let router = Router::new()
         .route("/wait/{id}/{ms}", post(guarded::<Waiting>))
         .route("/nowait/{id}/{ms}", post(guarded::<NoWait>))
@@ -298,7 +316,8 @@ async fn busy_is_409(locker: Locker) {
     assert_eq!(r.headers["content-type"], "text/plain; charset=utf-8");
     assert_eq!(
         r.body,
-        format!("the resource is locked by another request; retry in {ra} s\n")
+        // The same words as a LockLayer's 409 (one rejection model).
+        format!("resource is busy; retry in {ra} s\n")
     );
     // A waiting resource gets it as soon as the holder releases.
     let waiter = tokio::spawn({
@@ -567,10 +586,8 @@ async fn redis_unavailable_is_503_and_recovers() {
         "the acquire must be bounded"
     );
     assert_eq!(retry_after(&r), 1);
-    assert_eq!(
-        r.body,
-        "the coordination backend is unavailable; try again shortly\n"
-    );
+    // The same words as a LockLayer's 503 (one rejection model).
+    assert_eq!(r.body, "lock service unavailable\n");
 
     server.stop();
     let r = post_(srv.addr, "/nowait/u2/0").await;
@@ -732,29 +749,29 @@ async fn layer_decision_is_readable() {
 
 #[test]
 fn rejection_reasons_map_to_statuses() {
+    use tollgate_tower::rejection::Middleware;
+
     let busy = Rejection::busy(Some(Duration::from_millis(2500)));
-    assert_eq!(
-        busy.reason(),
-        &RejectionReason::Busy {
-            retry_after: Duration::from_secs(3)
-        }
-    );
+    assert_eq!(busy.reason(), RejectionReason::Busy);
+    assert_eq!(busy.retry_after(), Some(Duration::from_secs(3)));
     assert_eq!(busy.status(), StatusCode::CONFLICT);
-    assert_eq!(
-        Rejection::from(tollgate_core::Error::CircuitOpen).status(),
-        StatusCode::SERVICE_UNAVAILABLE
+    let down = Rejection::from_error(Middleware::Lock, tollgate_core::Error::CircuitOpen);
+    assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let bad = Rejection::from_error(
+        Middleware::RateLimit,
+        tollgate_core::Error::InvalidConfig("x".into()),
     );
-    assert_eq!(
-        Rejection::from(tollgate_core::Error::InvalidConfig("x".into())).status(),
-        StatusCode::INTERNAL_SERVER_ERROR
+    assert_eq!(bad.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let too_costly = Rejection::from_error(
+        Middleware::RateLimit,
+        tollgate_core::Error::CostExceedsCapacity {
+            cost: 7,
+            capacity: 3,
+        },
     );
-    let too_costly = Rejection::from(tollgate_core::Error::CostExceedsCapacity {
-        cost: 7,
-        capacity: 3,
-    });
     assert_eq!(
         too_costly.reason(),
-        &RejectionReason::CostExceedsCapacity {
+        RejectionReason::CostExceedsCapacity {
             cost: 7,
             capacity: 3
         }

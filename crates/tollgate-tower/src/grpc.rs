@@ -258,7 +258,10 @@ mod tests {
         let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
             .decode(details)
             .unwrap();
-        assert_eq!(RpcStatus::decode(bytes.as_slice()).unwrap().message, "slow down");
+        assert_eq!(
+            RpcStatus::decode(bytes.as_slice()).unwrap().message,
+            "slow down"
+        );
         assert_eq!(res.headers()[RETRY_AFTER], "2");
     }
 }

@@ -55,7 +55,7 @@ pub fn retry_after_secs(d: Duration) -> u64 {
 /// use tollgate_tower::headers::RateLimitHeaders;
 ///
 /// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::FixedWindow)
-///     .quota(Quota::per_minute(100)?)
+///     .quota(Quota::per_minute(100))
 ///     .name("api")
 ///     .build()?;
 /// let headers = RateLimitHeaders::new(&limiter).for_decision(&limiter.check("k").await?);
@@ -163,7 +163,6 @@ pub(crate) fn window_secs(algorithm: Algorithm, q: &Quota) -> Option<u64> {
     (micros > 0 && micros % 1_000_000 == 0).then_some(micros / 1_000_000)
 }
 
-
 /// The rate-limit headers one response gets, made from a decision before it
 /// moves into the request's extensions and applied to the response without
 /// building a map.
@@ -186,7 +185,10 @@ impl DecisionHeaders {
         legacy: bool,
     ) -> Self {
         let (policy, ratelimit) = if draft {
-            (formatter.policy().cloned(), formatter.ratelimit_value(decision))
+            (
+                formatter.policy().cloned(),
+                formatter.ratelimit_value(decision),
+            )
         } else {
             (None, None)
         };
@@ -267,16 +269,16 @@ mod tests {
 
     #[test]
     fn windows_in_whole_seconds_only() {
-        let q = Quota::per_minute(100).unwrap();
+        let q = Quota::per_minute(100);
         assert_eq!(window_secs(Algorithm::FixedWindow, &q), Some(60));
         assert_eq!(window_secs(Algorithm::TokenBucket, &q), Some(60));
-        let q = Quota::per_second(3).unwrap();
+        let q = Quota::per_second(3);
         assert_eq!(window_secs(Algorithm::Gcra, &q), Some(1));
-        let q = Quota::per_second(10).unwrap().with_burst(20).unwrap();
+        let q = Quota::per_second(10).with_burst(20).unwrap();
         assert_eq!(window_secs(Algorithm::TokenBucket, &q), Some(2));
         let q = Quota::new(5, Duration::from_millis(500)).unwrap();
         assert_eq!(window_secs(Algorithm::SlidingWindowLog, &q), None);
-        let q = Quota::per_second(3).unwrap().with_burst(2).unwrap();
+        let q = Quota::per_second(3).with_burst(2).unwrap();
         assert_eq!(window_secs(Algorithm::Gcra, &q), None);
     }
 

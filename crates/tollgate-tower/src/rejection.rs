@@ -301,7 +301,11 @@ impl Rejection {
     /// The request could not be keyed: the key error's status and message.
     pub fn key(error: KeyError) -> Self {
         let status = error.status();
-        Self::new(RejectionReason::Key { status }, None, error.message().to_owned())
+        Self::new(
+            RejectionReason::Key { status },
+            None,
+            error.message().to_owned(),
+        )
     }
 
     /// The request lacks what its key is made of: 400 with `message`.
@@ -379,6 +383,11 @@ impl Rejection {
     /// Why the request was refused.
     pub fn reason(&self) -> RejectionReason {
         self.reason
+    }
+
+    /// The HTTP status of the response ([`RejectionReason::status`]).
+    pub fn status(&self) -> StatusCode {
+        self.reason.status()
     }
 
     /// Which kind of middleware refused it, when known.
@@ -525,11 +534,24 @@ mod tests {
         use RejectionReason as R;
         let cases = [
             (R::RateLimited, 429, 8),
-            (R::CostExceedsCapacity { cost: 2, capacity: 1 }, 413, 8),
+            (
+                R::CostExceedsCapacity {
+                    cost: 2,
+                    capacity: 1,
+                },
+                413,
+                8,
+            ),
             (R::Unavailable, 503, 14),
             (R::Busy, 409, 10),
             (R::LeaseLost, 503, 10),
-            (R::Key { status: StatusCode::UNAUTHORIZED }, 401, 16),
+            (
+                R::Key {
+                    status: StatusCode::UNAUTHORIZED,
+                },
+                401,
+                16,
+            ),
             (R::Internal, 500, 13),
         ];
         for (reason, status, code) in cases {

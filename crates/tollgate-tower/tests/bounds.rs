@@ -21,7 +21,7 @@ fn services_are_clone_send_sync_and_futures_send() {
     });
     let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1))
         .key((PeerIp::new(), RouteKey::new()))
-        .cost(|_: &Request<Body>| 2);
+        .cost(|_: &http::request::Parts| 2);
     clone_send_sync(&layer);
     let mut svc = layer.layer(inner);
     clone_send_sync(&svc);
@@ -52,74 +52,69 @@ where
 {
 }
 
+/// A burst on a window algorithm is the limiter builder's error; the
+/// algorithm sugar, which has no `Result` to return, panics with it at
+/// construction (never later, in `Layer::layer`).
 #[test]
 fn a_burst_on_a_window_algorithm_is_a_configuration_error() {
     let q = Quota::per_second(1).with_burst(5).unwrap();
-    let err = RateLimitLayer::fixed_window(MemoryBackend::new(), q)
-        .validate()
+    let err = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
+        .quota(q)
+        .build()
         .unwrap_err();
     assert!(matches!(err, Error::InvalidQuota(_)), "{err}");
+    let panic = std::panic::catch_unwind(|| RateLimitLayer::fixed_window(MemoryBackend::new(), q))
+        .unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(message.contains("invalid RateLimitLayer"), "{message}");
 }
 
+/// The layer wraps the limiter it is given: the same keyspace, the same
+/// state.
 #[test]
-fn settings_of_a_prepared_limiter_cannot_be_changed_by_the_layer() {
+fn the_layer_checks_the_limiter_it_wraps() {
     let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
         .quota(Quota::per_second(1))
         .build()
         .unwrap();
-    let err = RateLimitLayer::new(limiter.clone())
-        .quota(Quota::per_hour(5))
-        .validate()
-        .unwrap_err();
-    assert!(err.to_string().contains("prepared RateLimiter"), "{err}");
-    // The prepared limiter itself is what the layer uses.
-    let layer = RateLimitLayer::new(limiter.clone()).validate().unwrap();
-    assert_eq!(layer.limiter().unwrap().keyspace(), limiter.keyspace());
-}
-
-#[test]
-#[should_panic(expected = "invalid RateLimitLayer configuration")]
-fn an_invalid_layer_panics_when_applied() {
+    let layer = RateLimitLayer::new(limiter.clone());
+    assert_eq!(layer.limiter().keyspace(), limiter.keyspace());
     let inner = service_fn(|_req: Request<Body>| async {
         Ok::<_, Infallible>(Response::new(Body::empty()))
     });
-    let _ = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(1))
-        .prefix("bad{prefix")
-        .layer(inner);
+    assert_eq!(layer.layer(inner).limiter().keyspace(), limiter.keyspace());
 }
 
 #[test]
 fn invalid_lock_options_are_a_configuration_error() {
     use std::time::Duration;
+    use tollgate_core::LockOptions;
     use tollgate_tower::key::GlobalKey;
 
     let locker = Locker::new(MemoryBackend::new());
-    let layer = || LockLayer::new(locker.clone(), GlobalKey);
-    assert!(layer().validate().is_ok());
-    assert!(layer()
-        .ttl(Duration::from_secs(5))
-        .max_hold(Duration::from_secs(60))
-        .validate()
-        .is_ok());
+    let layer = |o: LockOptions| LockLayer::new(locker.clone(), GlobalKey).try_options(o);
+    let o = LockOptions::new;
+    assert!(layer(o()).is_ok());
+    assert!(layer(
+        o().ttl(Duration::from_secs(5))
+            .max_hold(Duration::from_secs(60))
+    )
+    .is_ok());
     for bad in [
-        layer().ttl(Duration::ZERO),
-        layer().ttl(Duration::from_micros(999)),
-        layer().max_hold(Duration::ZERO),
-        layer()
-            .ttl(Duration::from_secs(5))
+        o().ttl(Duration::ZERO),
+        o().ttl(Duration::from_micros(999)),
+        o().max_hold(Duration::ZERO),
+        o().ttl(Duration::from_secs(5))
             .max_hold(Duration::from_micros(1)),
         // Past tollgate-core's upper bound on lock durations.
-        layer().ttl(Duration::from_secs(10 * 365 * 24 * 3600)),
+        o().ttl(Duration::from_secs(10 * 365 * 24 * 3600)),
     ] {
-        let err = bad.validate().unwrap_err();
+        let err = layer(bad).unwrap_err();
         assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
     }
     // The locker's own rules: the default drift allowance (1 % + 2 ms)
     // leaves nothing of a 2 ms TTL, so that locker's layer refuses it…
-    let err = layer()
-        .ttl(Duration::from_millis(2))
-        .validate()
-        .unwrap_err();
+    let err = layer(o().ttl(Duration::from_millis(2))).unwrap_err();
     assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
     // …while a locker without a drift allowance takes it.
     let lenient = Locker::builder(MemoryBackend::new())
@@ -127,21 +122,18 @@ fn invalid_lock_options_are_a_configuration_error() {
         .build()
         .unwrap();
     assert!(LockLayer::new(lenient, GlobalKey)
-        .ttl(Duration::from_millis(2))
-        .validate()
+        .try_options(o().ttl(Duration::from_millis(2)))
         .is_ok());
 }
 
+/// Invalid options given without a `Result` panic when given — at
+/// startup — and never when the layer is applied.
 #[test]
-#[should_panic(expected = "invalid LockLayer configuration")]
-fn an_invalid_lock_layer_panics_when_applied() {
-    let inner = service_fn(|_req: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Body::empty()))
-    });
+#[should_panic(expected = "invalid LockLayer options")]
+fn invalid_lock_options_panic_when_given() {
     let _ = LockLayer::new(
         Locker::new(MemoryBackend::new()),
         tollgate_tower::key::GlobalKey,
     )
-    .ttl(std::time::Duration::ZERO)
-    .layer(inner);
+    .options(tollgate_core::LockOptions::new().ttl(std::time::Duration::ZERO));
 }

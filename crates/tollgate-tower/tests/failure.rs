@@ -7,6 +7,8 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tollgate_core::Algorithm;
+use tollgate_core::RateLimiter;
 
 use axum::routing::get as route_get;
 use axum::{Extension, Router};
@@ -14,7 +16,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use tollgate_core::{Decision, Error, FailurePolicy, Quota, RedisBackend};
 use tollgate_testkit::RedisServer;
-use tollgate_tower::response::{Reason, Rejection};
+use tollgate_tower::rejection::{Rejection, RejectionReason};
 use tollgate_tower::RateLimitLayer;
 
 use common::{get, send, unique, Reply};
@@ -61,12 +63,15 @@ async fn wait_for_backend(app: &Router) {
 #[tokio::test]
 async fn allow_is_the_default_and_answers_within_the_timeout_while_redis_is_paused() {
     let server = RedisServer::start().unwrap();
-    let app = app(
-        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000))
+    let app = app(RateLimitLayer::new(
+        RateLimiter::builder(backend(&server).await, Algorithm::Gcra)
+            .quota(Quota::per_hour(1000))
             .name(unique("allow"))
             .timeout(Duration::from_millis(200))
-            .circuit_breaker(3, Duration::from_millis(300)),
-    );
+            .circuit_breaker(3, Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    ));
     let r = bounded_send(&app).await;
     assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "Backend"));
 
@@ -86,13 +91,16 @@ async fn allow_is_the_default_and_answers_within_the_timeout_while_redis_is_paus
 #[tokio::test]
 async fn deny_answers_503_while_redis_is_down_and_recovers_after_restart() {
     let mut server = RedisServer::start().unwrap();
-    let app = app(
-        RateLimitLayer::fixed_window(backend(&server).await, Quota::per_hour(1000))
+    let app = app(RateLimitLayer::new(
+        RateLimiter::builder(backend(&server).await, Algorithm::FixedWindow)
+            .quota(Quota::per_hour(1000))
             .name(unique("deny"))
             .failure_policy(FailurePolicy::Deny)
             .timeout(Duration::from_millis(200))
-            .circuit_breaker(3, Duration::from_millis(200)),
-    );
+            .circuit_breaker(3, Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    ));
     assert_eq!(bounded_send(&app).await.body, "Backend");
 
     server.stop();
@@ -108,12 +116,15 @@ async fn deny_answers_503_while_redis_is_down_and_recovers_after_restart() {
 #[tokio::test]
 async fn deny_answers_503_while_redis_is_paused() {
     let server = RedisServer::start().unwrap();
-    let app = app(
-        RateLimitLayer::token_bucket(backend(&server).await, Quota::per_hour(1000))
+    let app = app(RateLimitLayer::new(
+        RateLimiter::builder(backend(&server).await, Algorithm::TokenBucket)
+            .quota(Quota::per_hour(1000))
             .name(unique("deny-pause"))
             .failure_policy(FailurePolicy::Deny)
-            .timeout(Duration::from_millis(150)),
-    );
+            .timeout(Duration::from_millis(150))
+            .build()
+            .unwrap(),
+    ));
     assert_eq!(bounded_send(&app).await.body, "Backend");
     server.pause();
     let r = bounded_send(&app).await;
@@ -125,14 +136,17 @@ async fn deny_answers_503_while_redis_is_paused() {
 #[tokio::test]
 async fn fallback_uses_the_local_limiter_with_a_share_of_the_limit() {
     let mut server = RedisServer::start().unwrap();
-    let app = app(
-        RateLimitLayer::fixed_window(backend(&server).await, Quota::per_hour(4))
+    let app = app(RateLimitLayer::new(
+        RateLimiter::builder(backend(&server).await, Algorithm::FixedWindow)
+            .quota(Quota::per_hour(4))
             .name(unique("fallback"))
             .failure_policy(FailurePolicy::Fallback {
                 instances: NonZeroU32::new(2).unwrap(),
             })
-            .timeout(Duration::from_millis(200)),
-    );
+            .timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    ));
     assert_eq!(bounded_send(&app).await.body, "Backend");
     server.stop();
     // Two instances share the limit of 4: this one admits 2 on its own.
@@ -154,25 +168,28 @@ async fn the_circuit_breaker_stops_waiting_on_a_dead_redis() {
     let server = RedisServer::start().unwrap();
     let seen = Arc::new(Mutex::new(Vec::<String>::new()));
     let record = Arc::clone(&seen);
-    let app = app(
-        RateLimitLayer::gcra(backend(&server).await, Quota::per_hour(1000))
+    let app = app(RateLimitLayer::new(
+        RateLimiter::builder(backend(&server).await, Algorithm::Gcra)
+            .quota(Quota::per_hour(1000))
             .name(unique("breaker"))
             .failure_policy(FailurePolicy::Deny)
             .timeout(Duration::from_millis(300))
             .circuit_breaker(3, Duration::from_secs(60))
-            .responder(move |rej: &Rejection<'_>| {
-                let kind = match rej.reason() {
-                    Reason::Unavailable(Error::Timeout(_)) => "timeout",
-                    Reason::Unavailable(Error::CircuitOpen) => "open",
-                    Reason::Unavailable(_) => "other",
-                    _ => "not unavailable",
-                };
-                record.lock().unwrap().push(kind.to_owned());
-                let mut res = rej.default_response();
-                *res.body_mut() = Bytes::from(kind);
-                res
-            }),
-    );
+            .build()
+            .unwrap(),
+    )
+    .responder(move |rej: &Rejection, _: &http::request::Parts| {
+        let kind = match (rej.reason(), rej.error()) {
+            (RejectionReason::Unavailable, Some(Error::Timeout(_))) => "timeout",
+            (RejectionReason::Unavailable, Some(Error::CircuitOpen)) => "open",
+            (RejectionReason::Unavailable, _) => "other",
+            _ => "not unavailable",
+        };
+        record.lock().unwrap().push(kind.to_owned());
+        let mut res = rej.default_response();
+        *res.body_mut() = Bytes::from(kind);
+        res
+    }));
     assert_eq!(bounded_send(&app).await.body, "Backend");
     server.pause();
     for _ in 0..3 {
@@ -204,12 +221,14 @@ async fn the_circuit_breaker_stops_waiting_on_a_dead_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_keeps_flowing_while_redis_is_killed_and_restarted() {
     let mut server = RedisServer::start().unwrap();
-    let app = app(RateLimitLayer::sliding_window_counter(
-        backend(&server).await,
-        Quota::per_hour(100_000),
-    )
-    .name(unique("restart"))
-    .circuit_breaker(3, Duration::from_millis(200)));
+    let app = app(RateLimitLayer::new(
+        RateLimiter::builder(backend(&server).await, Algorithm::SlidingWindowCounter)
+            .quota(Quota::per_hour(100_000))
+            .name(unique("restart"))
+            .circuit_breaker(3, Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    ));
     let stop = Arc::new(AtomicBool::new(false));
     let log = Arc::new(Mutex::new(Vec::<String>::new()));
     let traffic = {

@@ -7,6 +7,8 @@ mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
+use tollgate_core::Algorithm;
+use tollgate_core::RateLimiter;
 
 use tollgate_core::{FailurePolicy, Quota, RateBackend, RedisBackend};
 use tollgate_testkit::RedisServer;
@@ -70,9 +72,14 @@ fn has_retry_info(details: &[u8]) -> bool {
 async fn denial_is_resource_exhausted(backend: impl RateBackend) {
     let name = unique("grpc");
     let addr = serve(
-        RateLimitLayer::gcra(backend, Quota::per_hour(2))
-            .name(&name)
-            .key(PeerIp::new()),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(Quota::per_hour(2))
+                .name(&name)
+                .build()
+                .unwrap(),
+        )
+        .key(PeerIp::new()),
     )
     .await;
     let mut client = client(addr).await;
@@ -156,12 +163,15 @@ async fn a_cost_that_never_fits_is_resource_exhausted_without_retry_info() {
 async fn redis_down_under_deny_is_unavailable() {
     let mut server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    let addr = serve(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(100))
+    let addr = serve(RateLimitLayer::new(
+        RateLimiter::builder(backend, Algorithm::FixedWindow)
+            .quota(Quota::per_hour(100))
             .name(unique("grpc-deny"))
             .failure_policy(FailurePolicy::Deny)
-            .timeout(Duration::from_millis(200)),
-    )
+            .timeout(Duration::from_millis(200))
+            .build()
+            .unwrap(),
+    ))
     .await;
     let mut client = client(addr).await;
     client

@@ -4,6 +4,8 @@
 mod common;
 
 use std::net::SocketAddr;
+use tollgate_core::Algorithm;
+use tollgate_core::RateLimiter;
 
 use axum::routing::get;
 use axum::Router;
@@ -20,10 +22,15 @@ use common::{suite::clock, unique};
 
 async fn serve(backend: impl RateBackend, name: &str) -> SocketAddr {
     let app = Router::new().route("/", get(|| async { "hello" })).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(5))
-            .name(name)
-            .clock(clock())
-            .key(PeerIp::new()),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::FixedWindow)
+                .quota(Quota::per_hour(5))
+                .name(name)
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .key(PeerIp::new()),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

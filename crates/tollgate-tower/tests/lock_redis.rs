@@ -8,7 +8,7 @@ lock_suite!(common::lock_redis);
 use std::time::Duration;
 
 use http::StatusCode;
-use tollgate_core::{Locker, RedisBackend};
+use tollgate_core::{LockOptions, Locker, RedisBackend};
 use tollgate_testkit::RedisServer;
 use tollgate_tower::LockLayer;
 
@@ -23,7 +23,7 @@ async fn redis_paused_mid_request_cancels_the_handler() {
     let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
     let mut p = ProbeRx::new();
     let app = app(
-        LockLayer::new(locker, key()).ttl(Duration::from_secs(1)),
+        LockLayer::new(locker, key()).options(LockOptions::new().ttl(Duration::from_secs(1))),
         p.probe.clone(),
     );
     let r = resource("pause");

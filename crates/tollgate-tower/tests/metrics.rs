@@ -5,6 +5,8 @@ mod common;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use tollgate_core::Algorithm;
+use tollgate_core::RateLimiter;
 
 use axum::routing::get;
 use axum::Router;
@@ -75,11 +77,16 @@ fn decisions(policy: &str, outcome: &str, source: &str) -> u64 {
 async fn decisions_are_counted_by_policy_outcome_and_source() {
     recorder();
     let policy = unique("m");
-    let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
-            .name(&policy)
-            .deny_cache(0),
-    );
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(&policy)
+                .deny_cache(0)
+                .build()
+                .unwrap(),
+        ));
     send(&app, common::get("/")).await;
     send(&app, common::get("/")).await;
     send(&app, common::get("/")).await;
@@ -88,9 +95,14 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
 
     let shadow = unique("m-shadow");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
-            .name(&shadow)
-            .shadow(true),
+        RateLimitLayer::new(
+            RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(&shadow)
+                .build()
+                .unwrap(),
+        )
+        .shadow(true),
     );
     send(&app, common::get("/")).await;
     send(&app, common::get("/")).await;
@@ -99,18 +111,28 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
 
     let keyed = unique("m-key");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
-            .name(&keyed)
-            .key(HeaderKey::new("x-api-key")),
+        RateLimitLayer::new(
+            RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(&keyed)
+                .build()
+                .unwrap(),
+        )
+        .key(HeaderKey::new("x-api-key")),
     );
     send(&app, common::get("/")).await;
     assert_eq!(decisions(&keyed, "key_error", "none"), 1);
 
     let costly = unique("m-cost");
     let app = Router::new().route("/", get(|| async { "ok" })).layer(
-        RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
-            .name(&costly)
-            .cost(2),
+        RateLimitLayer::new(
+            RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(&costly)
+                .build()
+                .unwrap(),
+        )
+        .cost(2),
     );
     send(&app, common::get("/")).await;
     assert_eq!(decisions(&costly, "too_costly", "none"), 1);

@@ -5,6 +5,8 @@ mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use tollgate_core::Algorithm;
+use tollgate_core::RateLimiter;
 
 use axum::body::Body;
 use axum::routing::get;
@@ -69,9 +71,14 @@ fn one_event_per_decision_with_the_subject_digested() {
     tracing::subscriber::with_default(capture.clone(), || {
         rt.block_on(async {
             let app = Router::new().route("/", get(|| async { "ok" })).layer(
-                RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_hour(1))
-                    .name("obs")
-                    .key(HeaderKey::new("x-api-key").plain()),
+                RateLimitLayer::new(
+                    RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+                        .quota(Quota::per_hour(1))
+                        .name("obs")
+                        .build()
+                        .unwrap(),
+                )
+                .key(HeaderKey::new("x-api-key").plain()),
             );
             for _ in 0..2 {
                 let req = Request::get("/")

@@ -73,7 +73,9 @@ pub enum ForwardedHeader {
 /// let mut req = Request::get("/")
 ///     .header("x-forwarded-for", "203.0.113.9, 10.0.0.7")
 ///     .body(())
-///     .unwrap();
+///     .unwrap()
+///     .into_parts()
+///     .0;
 /// req.extensions.insert("10.0.0.2:1234".parse::<SocketAddr>().unwrap());
 /// assert_eq!(key.extract(&req).unwrap(), Some(Subject::new("203.0.113.9")));
 ///
@@ -81,7 +83,9 @@ pub enum ForwardedHeader {
 /// let mut req = Request::get("/")
 ///     .header("x-forwarded-for", "1.2.3.4")
 ///     .body(())
-///     .unwrap();
+///     .unwrap()
+///     .into_parts()
+///     .0;
 /// req.extensions.insert("198.51.100.1:1234".parse::<SocketAddr>().unwrap());
 /// assert_eq!(key.extract(&req).unwrap(), Some(Subject::new("198.51.100.1")));
 /// ```

@@ -42,7 +42,8 @@ pub fn peer_addr(req: &Parts) -> Option<SocketAddr> {
     ext.get::<SocketAddr>().copied()
 }
 
-pub(super) const NO_PEER: &str = "the peer address is not in the request extensions; with axum, serve with \
+pub(super) const NO_PEER: &str =
+    "the peer address is not in the request extensions; with axum, serve with \
      `into_make_service_with_connect_info::<SocketAddr>()`, or insert a `SocketAddr` extension";
 
 /// How IP addresses are grouped into keys: IPv4 addresses by a prefix of

@@ -20,7 +20,6 @@
 //! Subjects end up in Redis keys, escaped by [`Subject`]; traces only ever
 //! show [`Subject::digest`].
 
-
 mod cidr;
 mod compound;
 mod forwarded;
@@ -167,6 +166,23 @@ pub struct GlobalKey;
 impl KeyExtractor for GlobalKey {
     fn extract(&self, _req: &Parts) -> Result<Option<Subject>, KeyError> {
         Ok(Some(Subject::new("global")))
+    }
+}
+
+/// A subject is a constant key: every request under it (a namespace in a
+/// compound, `(Subject::new("job"), PathParam::new("id"))`).
+///
+/// ```
+/// use http::Request;
+/// use tollgate_core::Subject;
+/// use tollgate_tower::key::KeyExtractor;
+///
+/// let (req, ()) = Request::get("/").body(()).unwrap().into_parts();
+/// assert_eq!(Subject::new("job").extract(&req).unwrap(), Some(Subject::new("job")));
+/// ```
+impl KeyExtractor for Subject {
+    fn extract(&self, _req: &Parts) -> Result<Option<Subject>, KeyError> {
+        Ok(Some(self.clone()))
     }
 }
 

@@ -196,8 +196,8 @@ impl KeyExtractor for RouteParams {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;
         let values = captures(template, req.uri.path());
-        let parts = std::iter::once(template.as_bytes())
-            .chain(values.iter().map(|(_, v)| v.as_slice()));
+        let parts =
+            std::iter::once(template.as_bytes()).chain(values.iter().map(|(_, v)| v.as_slice()));
         Ok(Some(Subject::compound(parts)))
     }
 }

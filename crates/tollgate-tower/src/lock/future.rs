@@ -145,7 +145,7 @@ where
                                 lost,
                                 head,
                                 shared,
-                                        });
+                            });
                         }
                         Err(e) => {
                             let (parts, _body) = req.into_parts();
@@ -226,4 +226,3 @@ where
         }
     }
 }
-

@@ -183,7 +183,10 @@ impl RateLimitLayer {
     ///
     /// If the quota does not suit the algorithm; see [`RateLimitLayer::new`].
     pub fn with_algorithm(backend: impl RateBackend, algorithm: Algorithm, quota: Quota) -> Self {
-        match RateLimiter::builder(backend, algorithm).quota(quota).build() {
+        match RateLimiter::builder(backend, algorithm)
+            .quota(quota)
+            .build()
+        {
             Ok(limiter) => Self::new(limiter),
             Err(e) => panic!("tollgate: invalid RateLimitLayer::{algorithm:?} quota: {e}"),
         }

@@ -271,16 +271,25 @@ where
                     let req = Request::from_parts(parts, body);
                     return ResponseFuture::calling(inner.call(req), None);
                 }
-                let rejection = Rejection::key(e)
-                    .for_protocol(shared.options.protocol, &parts.headers);
-                let response =
-                    crate::rejection::respond(shared.options.responder.as_ref(), &rejection, &parts);
+                let rejection =
+                    Rejection::key(e).for_protocol(shared.options.protocol, &parts.headers);
+                let response = crate::rejection::respond(
+                    shared.options.responder.as_ref(),
+                    &rejection,
+                    &parts,
+                );
                 return ResponseFuture::reply(response);
             }
         };
         let cost = self.cost.cost(&parts);
         // Lazy: nothing happens until the response future is polled.
-        ResponseFuture::checking(subject, cost, inner, Request::from_parts(parts, body), shared)
+        ResponseFuture::checking(
+            subject,
+            cost,
+            inner,
+            Request::from_parts(parts, body),
+            shared,
+        )
     }
 }
 

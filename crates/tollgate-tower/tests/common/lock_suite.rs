@@ -14,7 +14,7 @@ use futures::future::BoxFuture;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, Semaphore};
-use tollgate_core::{FencingToken, Locker, Subject};
+use tollgate_core::{FencingToken, LockOptions, Locker, Subject};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::lock::HoldUntil;
 use tollgate_tower::LockLayer;
@@ -194,7 +194,7 @@ pub async fn one_runs_the_other_gets_409(env: LockEnv) {
 pub async fn waits_when_configured(env: LockEnv) {
     let mut p = ProbeRx::new();
     let app = app(
-        LockLayer::new(env.locker, key()).wait(BOUND),
+        LockLayer::new(env.locker, key()).options(LockOptions::new().wait(BOUND)),
         p.probe.clone(),
     );
     let r = resource("w");
@@ -232,7 +232,8 @@ pub async fn lost_lease_cancels_the_handler(env: LockEnv) {
     let r = resource("lost");
     let lock_key = env.locker.keys_for(Subject::new(&r)).lock;
     let app = app(
-        LockLayer::new(env.locker, key()).ttl(Duration::from_millis(1500)),
+        LockLayer::new(env.locker, key())
+            .options(LockOptions::new().ttl(Duration::from_millis(1500))),
         p.probe.clone(),
     );
     let a = spawn_send(&app, req("/work", &r, "a", true));
@@ -291,7 +292,7 @@ pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
     let lock_key = env.locker.keys_for(Subject::new(&r)).lock;
     let app = app(
         LockLayer::new(env.locker, key())
-            .ttl(Duration::from_millis(1500))
+            .options(LockOptions::new().ttl(Duration::from_millis(1500)))
             .hold_until(HoldUntil::BodyEnd),
         p.probe.clone(),
     );

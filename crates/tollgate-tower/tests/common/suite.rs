@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate_core::Algorithm;
+use tollgate_core::RateLimiter;
 
 use axum::body::Body;
 use axum::routing::get as route_get;
@@ -12,7 +14,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tollgate_core::{Decision, ManualClock, Quota, RateBackend};
 use tollgate_tower::key::{ClientIp, GlobalKey, HeaderKey, RouteKey};
-use tollgate_tower::response::{Reason, Rejection};
+use tollgate_tower::rejection::Rejection;
 use tollgate_tower::RateLimitLayer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
@@ -42,11 +44,16 @@ async fn echo(decision: Option<Extension<Decision>>) -> String {
 pub async fn headers_exact(backend: Backend) {
     let clock = clock();
     let name = unique("hdr");
-    let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::token_bucket(backend, Quota::per_minute(2))
-            .name(&name)
-            .clock(clock.clone()),
-    );
+    let app = Router::new()
+        .route("/", route_get(ok))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::TokenBucket)
+                .quota(Quota::per_minute(2))
+                .name(&name)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        ));
     let policy = format!(r#""{name}";q=2;w=60"#);
 
     let r = send(&app, get("/")).await;
@@ -103,10 +110,15 @@ pub async fn headers_exact(backend: Backend) {
 pub async fn legacy_headers_and_headers_off(backend: Backend) {
     let clock = clock();
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend.clone(), Quota::per_minute(3))
-            .name(unique("legacy"))
-            .clock(clock.clone())
-            .legacy_headers(true),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend.clone(), Algorithm::FixedWindow)
+                .quota(Quota::per_minute(3))
+                .name(unique("legacy"))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        )
+        .legacy_headers(true),
     );
     let r = send(&app, get("/")).await;
     assert_eq!(r.header("x-ratelimit-limit"), Some("3"));
@@ -115,10 +127,15 @@ pub async fn legacy_headers_and_headers_off(backend: Backend) {
     assert!(r.header("ratelimit").is_some());
 
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_minute(1))
-            .name(unique("off"))
-            .clock(clock.clone())
-            .headers(false),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::FixedWindow)
+                .quota(Quota::per_minute(1))
+                .name(unique("off"))
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        )
+        .headers(false),
     );
     let r = send(&app, get("/")).await;
     assert_eq!(r.status, StatusCode::OK);
@@ -134,12 +151,17 @@ pub async fn legacy_headers_and_headers_off(backend: Backend) {
 pub async fn multi_quota(backend: Backend) {
     let clock = clock();
     let name = unique("multi");
-    let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_minute(3))
-            .quota(Quota::per_hour(5))
-            .name(&name)
-            .clock(clock.clone()),
-    );
+    let app = Router::new()
+        .route("/", route_get(ok))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::FixedWindow)
+                .quota(Quota::per_minute(3))
+                .quota(Quota::per_hour(5))
+                .name(&name)
+                .clock(clock.clone())
+                .build()
+                .unwrap(),
+        ));
     let items = |a: u64, ta: u64, b: u64, tb: u64| {
         format!(r#""{name}-q0";r={a};t={ta}, "{name}-q1";r={b};t={tb}"#)
     };
@@ -179,15 +201,20 @@ pub async fn cost_closure(backend: Backend) {
     let clock = clock();
     let name = unique("cost");
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(10))
-            .name(&name)
-            .clock(clock)
-            .cost(|req: &Request<Body>| {
-                req.headers()
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            }),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::FixedWindow)
+                .quota(Quota::per_hour(10))
+                .name(&name)
+                .clock(clock)
+                .build()
+                .unwrap(),
+        )
+        .cost(|req: &http::request::Parts| {
+            req.headers
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        }),
     );
     let with_cost = |c: u64| {
         Request::get("/")
@@ -228,11 +255,16 @@ pub async fn cost_closure(backend: Backend) {
 /// limits nothing. Here N concurrent requests through one Router with a
 /// limit of 5 admit exactly 5.
 pub async fn shared_across_clones(backend: Backend) {
-    let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::fixed_window(backend, Quota::per_hour(5))
-            .name(unique("2634"))
-            .clock(clock()),
-    );
+    let app = Router::new()
+        .route("/", route_get(ok))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::FixedWindow)
+                .quota(Quota::per_hour(5))
+                .name(unique("2634"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        ));
     let tasks: Vec<_> = (0..40)
         .map(|_| {
             let app = app.clone();
@@ -254,10 +286,15 @@ pub async fn shared_across_clones(backend: Backend) {
 pub async fn shadow_mode(backend: Backend) {
     let name = unique("shadow");
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1))
-            .name(&name)
-            .clock(clock())
-            .shadow(true),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(&name)
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .shadow(true),
     );
     for i in 0..5 {
         let r = send(&app, get("/")).await;
@@ -292,10 +329,15 @@ pub async fn route_layer_per_route(backend: Backend) {
         .route("/a/{id}", route_get(ok))
         .route("/b", route_get(ok))
         .route_layer(
-            RateLimitLayer::fixed_window(backend, Quota::per_hour(1))
-                .name(&name)
-                .clock(clock())
-                .key(RouteKey::new()),
+            RateLimitLayer::new(
+                RateLimiter::builder(backend, Algorithm::FixedWindow)
+                    .quota(Quota::per_hour(1))
+                    .name(&name)
+                    .clock(clock())
+                    .build()
+                    .unwrap(),
+            )
+            .key(RouteKey::new()),
         );
     assert_eq!(send(&app, get("/a/1")).await.status, StatusCode::OK);
     // Same matched route `/a/{id}`, other id: same key.
@@ -319,11 +361,14 @@ pub async fn service_builder(backend: Backend) {
     #[derive(Debug, PartialEq)]
     struct MyError;
     let svc = ServiceBuilder::new()
-        .layer(
-            RateLimitLayer::sliding_window_log(backend, Quota::per_hour(2))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::SlidingWindowLog)
+                .quota(Quota::per_hour(2))
                 .name(unique("sb"))
-                .clock(clock()),
-        )
+                .clock(clock())
+                .build()
+                .unwrap(),
+        ))
         .service(service_fn(|req: Request<Body>| async move {
             if req.uri().path() == "/fail" {
                 Err(MyError)
@@ -344,10 +389,15 @@ pub async fn service_builder(backend: Backend) {
 /// A key extractor's "not limited" and its errors.
 pub async fn key_outcomes(backend: Backend) {
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::gcra(backend.clone(), Quota::per_hour(1))
-            .name(unique("keys"))
-            .clock(clock())
-            .key(HeaderKey::new("x-api-key")),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(unique("keys"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .key(HeaderKey::new("x-api-key")),
     );
     let r = send(&app, get("/")).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
@@ -367,10 +417,15 @@ pub async fn key_outcomes(backend: Backend) {
 
     // Optional: requests without the header are not limited (and carry no headers).
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1))
-            .name(unique("keys-opt"))
-            .clock(clock())
-            .key(HeaderKey::new("x-api-key").optional()),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(unique("keys-opt"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .key(HeaderKey::new("x-api-key").optional()),
     );
     for _ in 0..3 {
         let r = send(&app, get("/")).await;
@@ -383,27 +438,32 @@ pub async fn key_outcomes(backend: Backend) {
 /// A custom responder replaces the default rejection.
 pub async fn custom_responder(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1))
-            .name(unique("resp"))
-            .clock(clock())
-            .responder(|rej: &Rejection<'_>| {
-                let mut res = Response::new(Bytes::from_static(b"{\"error\":\"slow down\"}"));
-                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-                if let Reason::Limited(d) = rej.reason() {
-                    res.headers_mut().insert(
-                        "x-wait-ms",
-                        d.retry_after
-                            .unwrap()
-                            .as_millis()
-                            .to_string()
-                            .parse()
-                            .unwrap(),
-                    );
-                }
-                res.headers_mut()
-                    .insert("x-path", rej.request().uri.path().parse().unwrap());
-                res
-            }),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(unique("resp"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .responder(|rej: &Rejection, head: &http::request::Parts| {
+            let mut res = Response::new(Bytes::from_static(b"{\"error\":\"slow down\"}"));
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            if let Some(d) = rej.decision() {
+                res.headers_mut().insert(
+                    "x-wait-ms",
+                    d.retry_after
+                        .unwrap()
+                        .as_millis()
+                        .to_string()
+                        .parse()
+                        .unwrap(),
+                );
+            }
+            res.headers_mut()
+                .insert("x-path", head.uri.path().parse().unwrap());
+            res
+        }),
     );
     send(&app, get("/")).await;
     let r = send(&app, get("/")).await;
@@ -418,10 +478,15 @@ pub async fn custom_responder(backend: Backend) {
 /// sending X-Forwarded-For.
 pub async fn trusted_proxy_spoofing(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1))
-            .name(unique("xff"))
-            .clock(clock())
-            .key(ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap()),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(unique("xff"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .key(ClientIp::trusted_proxies(["10.0.0.0/8"]).unwrap()),
     );
     let spoof = |fake: &str| {
         let mut req = get_from("/", "203.0.113.5:40000");
@@ -470,10 +535,15 @@ pub async fn trusted_proxy_spoofing(backend: Backend) {
 /// IPv6 clients are grouped by /64: rotating through a /64 does not help.
 pub async fn ipv6_grouping(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
-        RateLimitLayer::gcra(backend, Quota::per_hour(1))
-            .name(unique("v6"))
-            .clock(clock())
-            .key(tollgate_tower::key::PeerIp::new()),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(Quota::per_hour(1))
+                .name(unique("v6"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .key(tollgate_tower::key::PeerIp::new()),
     );
     let from = |ip: &str| get_from("/", &format!("[{ip}]:443"));
     assert_eq!(
@@ -493,10 +563,15 @@ pub async fn ipv6_grouping(backend: Backend) {
 /// The decision reaches the handler through the request extensions.
 pub async fn decision_in_extensions(backend: Backend) {
     let app = Router::new().route("/", route_get(echo)).layer(
-        RateLimitLayer::sliding_window_counter(backend, Quota::per_hour(3))
-            .name(unique("ext"))
-            .clock(clock())
-            .key(GlobalKey),
+        RateLimitLayer::new(
+            RateLimiter::builder(backend, Algorithm::SlidingWindowCounter)
+                .quota(Quota::per_hour(3))
+                .name(unique("ext"))
+                .clock(clock())
+                .build()
+                .unwrap(),
+        )
+        .key(GlobalKey),
     );
     assert_eq!(send(&app, get("/")).await.body, "Backend remaining=2");
     assert_eq!(send(&app, get("/")).await.body, "Backend remaining=1");
