@@ -124,7 +124,7 @@ pub trait RateLimitPolicy<S>: 'static {
 /// # Ok(()) }
 /// ```
 pub struct RateLimited<P> {
-    decision: Decision,
+    status: RateLimitStatus,
     headers: HeaderMap,
     _policy: PhantomData<fn() -> P>,
 }
@@ -133,7 +133,7 @@ impl<P> fmt::Debug for RateLimited<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimited")
             .field("policy", &std::any::type_name::<P>())
-            .field("decision", &self.decision)
+            .field("decision", &self.status.decision)
             .finish()
     }
 }
@@ -141,7 +141,7 @@ impl<P> fmt::Debug for RateLimited<P> {
 impl<P> Clone for RateLimited<P> {
     fn clone(&self) -> Self {
         RateLimited {
-            decision: self.decision.clone(),
+            status: self.status.clone(),
             headers: self.headers.clone(),
             _policy: PhantomData,
         }
@@ -171,7 +171,7 @@ where
         match limiter.check_n(key, cost).await {
             Ok(decision) if decision.allowed => Ok(RateLimited {
                 headers: rate_limit_headers(&limiter, &decision),
-                decision,
+                status: RateLimitStatus { decision },
                 _policy: PhantomData,
             }),
             Ok(decision) => Err(shape(Rejection::rate_limited(&limiter, decision))),
@@ -180,42 +180,21 @@ where
     }
 }
 
-impl<P> RateLimited<P> {
-    /// The decision that admitted the request.
-    ///
-    /// ```
-    /// # use tollgate_axum::RateLimited;
-    /// fn show<P>(limited: &RateLimited<P>) -> String {
-    ///     format!("{} left", limited.decision().remaining)
-    /// }
-    /// ```
-    pub fn decision(&self) -> &Decision {
-        &self.decision
-    }
+/// The decision that admitted the request, with
+/// [`RateLimitStatus`]'s accessors (`decision()`, `remaining()`,
+/// `reset_after()`).
+///
+/// ```
+/// # use tollgate_axum::RateLimited;
+/// fn show<P>(limited: &RateLimited<P>) -> String {
+///     format!("{} left of {}", limited.remaining(), limited.decision().limit)
+/// }
+/// ```
+impl<P> std::ops::Deref for RateLimited<P> {
+    type Target = RateLimitStatus;
 
-    /// Units left under the strictest quota.
-    ///
-    /// ```
-    /// # use tollgate_axum::RateLimited;
-    /// fn left<P>(limited: &RateLimited<P>) -> u64 {
-    ///     limited.remaining()
-    /// }
-    /// ```
-    pub fn remaining(&self) -> u64 {
-        self.decision.remaining
-    }
-
-    /// Time until the strictest quota is back to full.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use tollgate_axum::RateLimited;
-    /// fn reset<P>(limited: &RateLimited<P>) -> Duration {
-    ///     limited.reset_after()
-    /// }
-    /// ```
-    pub fn reset_after(&self) -> Duration {
-        self.decision.reset_after
+    fn deref(&self) -> &RateLimitStatus {
+        &self.status
     }
 }
 

@@ -17,7 +17,7 @@ use axum::extract::ConnectInfo;
 use http::{Request, Response};
 use tower::{Service, ServiceExt};
 
-use super::{body_text, Reply};
+use super::{reply, Reply};
 
 /// Sends `req` through a clone of `svc` (`oneshot`) and reads the answer
 /// whole. Panics if the service fails.
@@ -30,14 +30,7 @@ where
 {
     let start = Instant::now();
     let res = svc.clone().oneshot(req).await.unwrap();
-    let (parts, body) = res.into_parts();
-    let body = body_text(body).await;
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-        elapsed: start.elapsed(),
-    }
+    reply(res, start).await
 }
 
 /// `GET uri` with an empty body.

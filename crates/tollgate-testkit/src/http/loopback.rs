@@ -19,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::{body_text, Reply};
+use super::{reply, Reply};
 
 /// How long a request may go unanswered before the test panics (a hang).
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -56,14 +56,7 @@ pub async fn send_with(
         .await
         .unwrap_or_else(|_| panic!("no answer to {path} within {TIMEOUT:?}"))
         .unwrap_or_else(|e| panic!("request to {addr}{path} failed: {e}"));
-    let (parts, body) = res.into_parts();
-    let body = body_text(body).await;
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body,
-        elapsed: start.elapsed(),
-    }
+    reply(res, start).await
 }
 
 /// `method path` with `headers` and an empty body, from the default address.

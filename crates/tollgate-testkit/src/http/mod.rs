@@ -63,13 +63,20 @@ pub fn retry_after(r: &Reply) -> u64 {
     r.retry_after()
 }
 
-/// Reads a body whole as text (bytes that are not UTF-8 become U+FFFD).
-async fn body_text<B>(body: B) -> String
+/// The reply of `res`, whose request was sent at `start`: its body read
+/// whole as text (bytes that are not UTF-8 become U+FFFD).
+async fn reply<B>(res: http::Response<B>, start: std::time::Instant) -> Reply
 where
     B: http_body::Body,
     B::Error: std::fmt::Debug,
 {
     use http_body_util::BodyExt;
+    let (parts, body) = res.into_parts();
     let bytes = body.collect().await.unwrap().to_bytes();
-    String::from_utf8_lossy(&bytes).into_owned()
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+        elapsed: start.elapsed(),
+    }
 }
