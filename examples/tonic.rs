@@ -14,8 +14,6 @@
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::Algorithm;
-use tollgate::RateLimiter;
 
 use tokio::net::TcpListener;
 use tollgate::tower::key::PeerIp;
@@ -36,13 +34,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 
     // The server: the layer sits in front of every service of the server.
     let quota = Quota::per_second(2).with_burst(3)?;
-    let layer = RateLimitLayer::new(
-        RateLimiter::builder(backend, Algorithm::TokenBucket)
-            .quota(quota)
-            .name("tonic-example")
-            .build()?,
-    )
-    .key(PeerIp::new());
+    let layer = RateLimitLayer::token_bucket(backend, quota).key(PeerIp::new());
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (reporter, health) = tonic_health::server::health_reporter();

@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tollgate_core::Algorithm;
 
 use axum::extract::{FromRef, Path, State};
 use axum::routing::{get, post};
@@ -22,7 +21,8 @@ use tollgate_axum::{
     RejectionReason,
 };
 use tollgate_core::{
-    FailurePolicy, LockOptions, Locker, MemoryBackend, Quota, RateLimiter, RedisBackend, Subject,
+    Algorithm, FailurePolicy, LockOptions, Locker, MemoryBackend, Quota, RateLimiter, RedisBackend,
+    Subject,
 };
 use tollgate_testkit::http::loopback::{post as post_, send};
 use tollgate_testkit::http::retry_after;

@@ -7,14 +7,12 @@ use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tollgate_core::Algorithm;
-use tollgate_core::RateLimiter;
 
 use axum::routing::get as route_get;
 use axum::{Extension, Router};
 use bytes::Bytes;
 use http::StatusCode;
-use tollgate_core::{Decision, Error, FailurePolicy, Quota, RedisBackend};
+use tollgate_core::{Algorithm, Decision, Error, FailurePolicy, Quota, RateLimiter, RedisBackend};
 use tollgate_testkit::RedisServer;
 use tollgate_tower::rejection::{Rejection, RejectionReason};
 use tollgate_tower::RateLimitLayer;

@@ -7,10 +7,8 @@ mod common;
 
 use std::net::SocketAddr;
 use std::time::Duration;
-use tollgate_core::Algorithm;
-use tollgate_core::RateLimiter;
 
-use tollgate_core::{FailurePolicy, Quota, RateBackend, RedisBackend};
+use tollgate_core::{Algorithm, FailurePolicy, Quota, RateBackend, RateLimiter, RedisBackend};
 use tollgate_testkit::RedisServer;
 use tollgate_tower::key::PeerIp;
 use tollgate_tower::RateLimitLayer;

@@ -4,8 +4,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use tollgate_core::Algorithm;
-use tollgate_core::RateLimiter;
 
 use axum::routing::get;
 use axum::Router;
@@ -14,7 +12,7 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_core::{Quota, RateBackend, RedisBackend};
+use tollgate_core::{Algorithm, Quota, RateBackend, RateLimiter, RedisBackend};
 use tollgate_tower::key::PeerIp;
 use tollgate_tower::RateLimitLayer;
 

@@ -5,13 +5,11 @@ mod common;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use tollgate_core::Algorithm;
-use tollgate_core::RateLimiter;
 
 use axum::routing::get;
 use axum::Router;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use tollgate_core::{MemoryBackend, Quota};
+use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::RateLimitLayer;
 

@@ -5,14 +5,12 @@ mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tollgate_core::Algorithm;
-use tollgate_core::RateLimiter;
 
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::Request;
-use tollgate_core::{MemoryBackend, Quota, Subject};
+use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter, Subject};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::RateLimitLayer;
 use tracing::field::{Field, Visit};

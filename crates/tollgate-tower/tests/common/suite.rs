@@ -4,15 +4,13 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_core::Algorithm;
-use tollgate_core::RateLimiter;
 
 use axum::body::Body;
 use axum::routing::get as route_get;
 use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use tollgate_core::{Decision, ManualClock, Quota, RateBackend};
+use tollgate_core::{Algorithm, Decision, ManualClock, Quota, RateBackend, RateLimiter};
 use tollgate_tower::key::{ClientIp, GlobalKey, HeaderKey, RouteKey};
 use tollgate_tower::rejection::Rejection;
 use tollgate_tower::RateLimitLayer;
