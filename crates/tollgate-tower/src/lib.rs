@@ -14,6 +14,8 @@
 //! - [`rejection`]: [`Rejection`](rejection::Rejection), the one model of a
 //!   refused request, and the table from reason to HTTP status and gRPC
 //!   code; a custom responder can replace the default responses.
+//! - [`hold`]: the service and future shared by the lock and concurrency
+//!   layers.
 //! - [`headers`]: the draft-10 `RateLimit` / `RateLimit-Policy` formatter.
 //! - [`grpc`]: [`Protocol`](grpc::Protocol) and trailers-only gRPC
 //!   responses.
@@ -83,6 +85,7 @@
 
 mod body;
 pub mod grpc;
+pub mod hold;
 pub mod headers;
 pub mod key;
 pub mod lock;

@@ -9,8 +9,8 @@ use http::Response;
 use tollgate_core::{Error, LockOptions, Locker};
 use tower_layer::Layer;
 
-use super::service::{Lock, Shared};
-use super::{HoldUntil, OnLeaseLost};
+use super::{HoldUntil, Lock, OnLeaseLost};
+use crate::hold::{Gate, Shared};
 use crate::grpc::Protocol;
 use crate::rejection::Rejection;
 
@@ -58,7 +58,7 @@ impl<K> LockLayer<K> {
         LockLayer {
             shared: Shared {
                 options: locker.default_options().clone(),
-                locker,
+                gate: Gate::Lock(locker),
                 hold: HoldUntil::default(),
                 on_lost: OnLeaseLost::default(),
                 namespace: None,
@@ -99,7 +99,7 @@ impl<K> LockLayer<K> {
     /// assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
     /// ```
     pub fn try_options(mut self, options: LockOptions) -> Result<Self, Error> {
-        self.shared.locker.check_options(&options)?;
+        self.shared.gate.check_options(&options)?;
         self.shared.options = options;
         Ok(self)
     }

@@ -62,13 +62,15 @@
 //! when given, so an invalid TTL is an error at startup
 //! ([`LockLayer::try_options`]) rather than a 500 on every request.
 
-mod future;
 mod layer;
-mod service;
 
-pub use self::future::ResponseFuture;
 pub use self::layer::LockLayer;
-pub use self::service::Lock;
+pub use crate::hold::ResponseFuture;
+
+/// The locking service made by [`LockLayer`]: the inner service runs while
+/// the resource's lease is held (the service a concurrency limit uses too —
+/// a lock is a limit of one).
+pub type Lock<S, K> = crate::hold::Hold<S, K>;
 // Re-exported so handlers can name what the middleware puts in the request
 // extensions without another import.
 pub use tollgate_core::{FencingToken, LeaseLost};

@@ -1,24 +1,26 @@
-//! [`Lock`]: the service, and what all its clones share.
+//! [`Hold`]: the service of the lock and concurrency-limit layers, and what
+//! all its clones share.
 
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tollgate_core::{LockOptions, Locker, Subject};
+use tollgate_core::{LockOptions, Subject};
 use tower_service::Service;
 
 use super::future::{ResponseFuture, State};
-use super::{HoldUntil, OnLeaseLost};
+use super::gate::Gate;
+use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::body::ResponseBody;
 use crate::grpc::Protocol;
 use crate::key::KeyExtractor;
 use crate::rejection::{respond, Rejection, Responder};
 
-/// What every service made by one [`LockLayer`](super::LockLayer) shares.
+/// What every service made by one layer shares.
 #[derive(Clone)]
 pub(crate) struct Shared {
-    pub(crate) locker: Locker,
+    pub(crate) gate: Gate,
     pub(crate) options: LockOptions,
     pub(crate) hold: HoldUntil,
     pub(crate) on_lost: OnLeaseLost,
@@ -30,7 +32,7 @@ pub(crate) struct Shared {
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
-            .field("locker", &self.locker)
+            .field("gate", &self.gate)
             .field("options", &self.options)
             .field("hold", &self.hold)
             .field("on_lost", &self.on_lost)
@@ -53,15 +55,8 @@ impl Shared {
     }
 }
 
-#[cfg(feature = "metrics")]
-pub(crate) fn count(outcome: &'static str) {
-    metrics::counter!("tollgate_lock_requests_total", "outcome" => outcome).increment(1);
-}
-
-#[cfg(not(feature = "metrics"))]
-pub(crate) fn count(_outcome: &'static str) {}
-
-/// The locking service made by [`LockLayer`].
+/// The service made by [`LockLayer`](crate::LockLayer) (as
+/// [`Lock`](crate::lock::Lock)): the inner service runs while a lease is held.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -84,15 +79,15 @@ pub(crate) fn count(_outcome: &'static str) {}
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct Lock<S, K> {
+pub struct Hold<S, K> {
     inner: S,
     shared: Arc<Shared>,
     key: K,
 }
 
-impl<S: Clone, K: Clone> Clone for Lock<S, K> {
+impl<S: Clone, K: Clone> Clone for Hold<S, K> {
     fn clone(&self) -> Self {
-        Lock {
+        Hold {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
             key: self.key.clone(),
@@ -100,9 +95,9 @@ impl<S: Clone, K: Clone> Clone for Lock<S, K> {
     }
 }
 
-impl<S, K> Lock<S, K> {
+impl<S, K> Hold<S, K> {
     pub(crate) fn new(inner: S, shared: Arc<Shared>, key: K) -> Self {
-        Lock { inner, shared, key }
+        Hold { inner, shared, key }
     }
 
     /// The inner service.
@@ -122,7 +117,7 @@ pub(crate) fn head_of<B>(req: &Request<B>) -> http::request::Parts {
     head.into_parts().0
 }
 
-impl<S, K, ReqB, ResB> Service<Request<ReqB>> for Lock<S, K>
+impl<S, K, ReqB, ResB> Service<Request<ReqB>> for Hold<S, K>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     K: KeyExtractor,
@@ -153,8 +148,7 @@ where
                 })
             }
             Err(e) => {
-                count("key_error");
-                tracing::debug!(target: "tollgate_tower::lock", status = e.status().as_u16(), error = %e, "request could not be keyed");
+                shared.gate.key_error(&e);
                 let response = shared.reject(&parts, Rejection::key(e));
                 return ResponseFuture::new(State::Reply {
                     response: Some(response),
@@ -166,19 +160,12 @@ where
             Some(ns) => Subject::compound([ns.as_str(), subject.as_encoded()]),
             None => subject,
         };
-        // Kept for the trace; digested only if the event is enabled.
-        let resource = subject.clone();
-        let acquire = {
-            let locker = shared.locker.clone();
-            let options = shared.options.clone();
-            Box::pin(async move { locker.acquire(subject, &options).await })
-        };
+        let acquire = shared.gate.acquire(subject, shared.options.clone());
         ResponseFuture::new(State::Acquiring {
             acquire,
             inner: Some(inner),
             req: Some(req),
             shared,
-            resource,
         })
     }
 }

@@ -11,16 +11,17 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tollgate_core::{Error, Lease, LeaseLost, Subject};
+use tollgate_core::{Lease, LeaseLost};
 use tower_service::Service;
 
-use super::service::{count, head_of, Shared};
-use super::{HoldUntil, OnLeaseLost};
+use super::gate::Acquired;
+use super::service::{head_of, Shared};
+use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::body::{release, LeaseGuard, ResponseBody};
-use crate::rejection::{Middleware, Rejection};
+use crate::rejection::Rejection;
 
 pin_project! {
-    /// The response future of [`Lock`](super::Lock): acquires, calls the inner service
+    /// The response future of [`Hold`](super::Hold): acquires, calls the inner service
     /// while watching the lease, releases.
     ///
     /// ```
@@ -58,11 +59,10 @@ pin_project! {
         S: Service<Request<ReqB>>,
     {
         Acquiring {
-            acquire: BoxFuture<'static, Result<Lease, Error>>,
+            acquire: BoxFuture<'static, Acquired>,
             inner: Option<S>,
             req: Option<Request<ReqB>>,
             shared: Arc<Shared>,
-            resource: Subject,
         },
         Calling {
             #[pin]
@@ -123,16 +123,13 @@ where
                     inner,
                     req,
                     shared,
-                    resource,
                 } => {
                     let result = ready!(acquire.as_mut().poll(cx));
                     let mut req = req.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
                     let shared = Arc::clone(shared);
                     match result {
-                        Ok(lease) => {
-                            count("acquired");
-                            tracing::debug!(target: "tollgate_tower::lock", resource = %resource.digest(), fence = lease.fence().get(), "lock acquired");
+                        Acquired::Held(lease) => {
                             req.extensions_mut().insert(lease.fence());
                             req.extensions_mut().insert(lease.lost());
                             let cancel = shared.on_lost == OnLeaseLost::Cancel;
@@ -147,24 +144,9 @@ where
                                 shared,
                             });
                         }
-                        Err(e) => {
+                        Acquired::Refused(rejection) => {
                             let (parts, _body) = req.into_parts();
-                            match &e {
-                                Error::Busy { retry_after, .. } => {
-                                    count("busy");
-                                    tracing::info!(target: "tollgate_tower::lock", resource = %resource.digest(), retry_after = ?retry_after, "lock busy");
-                                }
-                                e if e.is_unavailable() => {
-                                    count("unavailable");
-                                    tracing::warn!(target: "tollgate_tower::lock", resource = %resource.digest(), error = %e, "lock backend unavailable");
-                                }
-                                e => {
-                                    count("error");
-                                    tracing::warn!(target: "tollgate_tower::lock", resource = %resource.digest(), error = %e, "lock acquire failed");
-                                }
-                            }
-                            let response =
-                                shared.reject(&parts, Rejection::from_error(Middleware::Lock, e));
+                            let response = shared.reject(&parts, *rejection);
                             this.state.set(State::Reply { response: None });
                             return Poll::Ready(Ok(response.map(ResponseBody::full)));
                         }
@@ -183,8 +165,7 @@ where
                         if Pin::new(l).poll(cx).is_ready() {
                             *lost = None;
                             if lease.as_ref().is_some_and(Lease::is_lost) {
-                                count("lost");
-                                tracing::warn!(target: "tollgate_tower::lock", "lock lease lost mid-request; the handler is cancelled");
+                                shared.gate.lost(true);
                                 let head = head.take().expect("kept when cancelling");
                                 let response = shared.reject(&head, Rejection::lease_lost());
                                 // Dropping the state drops the inner future.
