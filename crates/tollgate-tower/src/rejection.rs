@@ -12,6 +12,7 @@
 //! | [`CostExceedsCapacity`](RejectionReason::CostExceedsCapacity) | 413 | RESOURCE_EXHAUSTED | none: waiting cannot help |
 //! | [`Unavailable`](RejectionReason::Unavailable) | 503 | UNAVAILABLE | 1 |
 //! | [`Busy`](RejectionReason::Busy) | 409 | ABORTED | the holder's remaining lease, or 1 when unknown |
+//! | [`TooManyInFlight`](RejectionReason::TooManyInFlight) | 429 | RESOURCE_EXHAUSTED | until the earliest permit expires, or 1 when unknown |
 //! | [`LeaseLost`](RejectionReason::LeaseLost) | 503 | ABORTED | none |
 //! | [`Key`](RejectionReason::Key) | the extractor's status | matching code | none |
 //! | [`Internal`](RejectionReason::Internal) | 500 | INTERNAL | none |
@@ -62,6 +63,8 @@ pub enum RejectionReason {
     Unavailable,
     /// The lock is held by someone else beyond the wait bound.
     Busy,
+    /// Every permit of a concurrency limit is taken (beyond the wait bound).
+    TooManyInFlight,
     /// The lock's lease was lost while the request was being handled.
     LeaseLost,
     /// The request could not be keyed (a missing header, …): the key
@@ -78,7 +81,9 @@ impl RejectionReason {
     /// The HTTP status for this reason.
     pub fn status(&self) -> StatusCode {
         match self {
-            RejectionReason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            RejectionReason::RateLimited | RejectionReason::TooManyInFlight => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             RejectionReason::Unavailable | RejectionReason::LeaseLost => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -92,9 +97,9 @@ impl RejectionReason {
     /// The gRPC status code for this reason.
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
-            RejectionReason::RateLimited | RejectionReason::CostExceedsCapacity { .. } => {
-                GrpcCode::ResourceExhausted
-            }
+            RejectionReason::RateLimited
+            | RejectionReason::TooManyInFlight
+            | RejectionReason::CostExceedsCapacity { .. } => GrpcCode::ResourceExhausted,
             RejectionReason::Unavailable => GrpcCode::Unavailable,
             RejectionReason::Busy | RejectionReason::LeaseLost => GrpcCode::Aborted,
             RejectionReason::Key { status } => GrpcCode::from_http(*status),
@@ -117,6 +122,8 @@ pub enum Middleware {
     RateLimit,
     /// A lock (layer or extractor).
     Lock,
+    /// A concurrency limit (layer or extractor).
+    ConcurrencyLimit,
 }
 
 /// A refused request: why ([`reason`](Rejection::reason)), the message,
@@ -267,6 +274,33 @@ impl Rejection {
         r
     }
 
+    /// Every permit is taken; the earliest holder's permit expires in
+    /// `retry_after`, when known: 429 with `Retry-After` (1 when unknown)
+    /// and `policy` as `RateLimit-Policy` (with `qu="concurrent-requests"`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tollgate_tower::rejection::Rejection;
+    ///
+    /// let r = Rejection::too_many_in_flight(Some(Duration::from_millis(300)), None);
+    /// let res = r.default_response();
+    /// assert_eq!(res.status(), 429);
+    /// assert_eq!(res.headers()["retry-after"], "1");
+    /// ```
+    pub fn too_many_in_flight(retry_after: Option<Duration>, policy: Option<HeaderValue>) -> Self {
+        let wait = whole_secs(retry_after.unwrap_or_default());
+        let mut r = Self::new(
+            RejectionReason::TooManyInFlight,
+            Some(Middleware::ConcurrencyLimit),
+            format!("too many requests in flight; retry in {} s", wait.as_secs()),
+        );
+        r.retry_after = Some(wait);
+        if let Some(policy) = policy {
+            r.headers.insert(RATELIMIT_POLICY, policy);
+        }
+        r
+    }
+
     /// The backend of `middleware` is unavailable: 503 with `Retry-After: 1`.
     ///
     /// ```
@@ -281,6 +315,7 @@ impl Rejection {
         let message = match middleware {
             Middleware::RateLimit => "rate limiter unavailable",
             Middleware::Lock => "lock service unavailable",
+            Middleware::ConcurrencyLimit => "concurrency limiter unavailable",
         };
         let mut r = Self::new(RejectionReason::Unavailable, Some(middleware), message);
         r.retry_after = Some(Duration::from_secs(1));
@@ -544,6 +579,7 @@ mod tests {
             ),
             (R::Unavailable, 503, 14),
             (R::Busy, 409, 10),
+            (R::TooManyInFlight, 429, 8),
             (R::LeaseLost, 503, 10),
             (
                 R::Key {
