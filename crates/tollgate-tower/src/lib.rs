@@ -85,8 +85,8 @@
 
 mod body;
 pub mod grpc;
-pub mod hold;
 pub mod headers;
+pub mod hold;
 pub mod key;
 pub mod lock;
 pub mod rate_limit;

@@ -16,8 +16,8 @@ use tower_service::Service;
 
 use super::gate::Acquired;
 use super::service::{head_of, Shared};
-use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::body::{release, LeaseGuard, ResponseBody};
+use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::rejection::Rejection;
 
 pin_project! {

@@ -11,10 +11,10 @@ use tower_service::Service;
 
 use super::future::{ResponseFuture, State};
 use super::gate::Gate;
-use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::body::ResponseBody;
 use crate::grpc::Protocol;
 use crate::key::KeyExtractor;
+use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::rejection::{respond, Rejection, Responder};
 
 /// What every service made by one layer shares.

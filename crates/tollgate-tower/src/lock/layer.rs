@@ -10,8 +10,8 @@ use tollgate_core::{Error, LockOptions, Locker};
 use tower_layer::Layer;
 
 use super::{HoldUntil, Lock, OnLeaseLost};
-use crate::hold::{Gate, Shared};
 use crate::grpc::Protocol;
+use crate::hold::{Gate, Shared};
 use crate::rejection::Rejection;
 
 /// Wraps the inner service in a per-resource lock; see the
