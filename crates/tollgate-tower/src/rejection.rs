@@ -544,6 +544,21 @@ mod tests {
                 let res = r.default_response();
                 assert_eq!(res.status(), StatusCode::CONFLICT);
                 assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
+                let body = format!("resource is busy; retry in {secs} s\n");
+                assert_eq!(res.body().as_ref(), body.as_bytes());
+
+                // gRPC: ABORTED, the same wait in metadata and RetryInfo.
+                let res = r
+                    .for_protocol(Protocol::Grpc, &HeaderMap::new())
+                    .default_response();
+                assert_eq!(res.status(), StatusCode::OK);
+                assert_eq!(res.headers()["grpc-status"], "10", "{wait:?}");
+                assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
+                assert!(res.headers().contains_key("grpc-status-details-bin"));
+                assert_eq!(
+                    res.headers()["grpc-message"],
+                    format!("resource is busy; retry in {secs} s").as_str()
+                );
             }
         }
     }
