@@ -89,6 +89,7 @@ pub mod headers;
 pub mod hold;
 pub mod key;
 pub mod lock;
+mod middleware;
 pub mod rate_limit;
 pub mod rejection;
 

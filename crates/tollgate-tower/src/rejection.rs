@@ -23,12 +23,10 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
-use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use tollgate_core::{Decision, Error, RateLimiter};
 
@@ -483,22 +481,6 @@ impl Rejection {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         res
-    }
-}
-
-/// A custom rejection responder: the rejection and the refused request's
-/// head in, the response out.
-pub(crate) type Responder = Arc<dyn Fn(&Rejection, &Parts) -> Response<Bytes> + Send + Sync>;
-
-/// The response for `rejection` of the request `parts`.
-pub(crate) fn respond(
-    responder: Option<&Responder>,
-    rejection: &Rejection,
-    parts: &Parts,
-) -> Response<Bytes> {
-    match responder {
-        Some(r) => r(rejection, parts),
-        None => rejection.default_response(),
     }
 }
 

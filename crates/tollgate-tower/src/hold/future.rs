@@ -7,7 +7,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -18,6 +17,7 @@ use super::gate::Acquired;
 use super::service::{head_of, Shared};
 use crate::body::{release, LeaseGuard, ResponseBody};
 use crate::lock::{HoldUntil, OnLeaseLost};
+use crate::middleware::Reply;
 use crate::rejection::Rejection;
 
 pin_project! {
@@ -77,7 +77,7 @@ pin_project! {
             response: Option<S::Response>,
         },
         Reply {
-            response: Option<Response<Bytes>>,
+            reply: Reply,
         },
     }
 }
@@ -146,9 +146,10 @@ where
                         }
                         Acquired::Refused(rejection) => {
                             let (parts, _body) = req.into_parts();
-                            let response = shared.reject(&parts, *rejection);
-                            this.state.set(State::Reply { response: None });
-                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                            let response = shared.answer.reject(&parts, *rejection);
+                            this.state.set(State::Reply {
+                                reply: Reply::new(response),
+                            });
                         }
                     }
                 }
@@ -167,10 +168,12 @@ where
                             if lease.as_ref().is_some_and(Lease::is_lost) {
                                 shared.gate.lost(true);
                                 let head = head.take().expect("kept when cancelling");
-                                let response = shared.reject(&head, Rejection::lease_lost());
+                                let response = shared.answer.reject(&head, Rejection::lease_lost());
                                 // Dropping the state drops the inner future.
-                                this.state.set(State::Reply { response: None });
-                                return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                                this.state.set(State::Reply {
+                                    reply: Reply::new(response),
+                                });
+                                continue;
                             }
                         }
                     }
@@ -199,10 +202,7 @@ where
                     let response = response.take().expect("polled after completion");
                     return Poll::Ready(Ok(response.map(ResponseBody::new)));
                 }
-                StateProj::Reply { response } => {
-                    let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
-                }
+                StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
             }
         }
     }

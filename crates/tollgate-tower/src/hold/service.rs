@@ -12,10 +12,10 @@ use tower_service::Service;
 use super::future::{ResponseFuture, State};
 use super::gate::Gate;
 use crate::body::ResponseBody;
-use crate::grpc::Protocol;
 use crate::key::KeyExtractor;
 use crate::lock::{HoldUntil, OnLeaseLost};
-use crate::rejection::{respond, Rejection, Responder};
+use crate::middleware::{take_readied, Answer, Reply};
+use crate::rejection::Rejection;
 
 /// What every service made by one layer shares.
 #[derive(Clone)]
@@ -25,8 +25,7 @@ pub(crate) struct Shared {
     pub(crate) hold: HoldUntil,
     pub(crate) on_lost: OnLeaseLost,
     pub(crate) namespace: Option<String>,
-    pub(crate) protocol: Protocol,
-    pub(crate) responder: Option<Responder>,
+    pub(crate) answer: Answer,
 }
 
 impl fmt::Debug for Shared {
@@ -37,21 +36,8 @@ impl fmt::Debug for Shared {
             .field("hold", &self.hold)
             .field("on_lost", &self.on_lost)
             .field("namespace", &self.namespace)
-            .field("protocol", &self.protocol)
-            .field("responder", &self.responder.is_some())
+            .field("answer", &self.answer)
             .finish()
-    }
-}
-
-impl Shared {
-    /// The response for `rejection` of the request `parts`.
-    pub(crate) fn reject(
-        &self,
-        parts: &http::request::Parts,
-        rejection: Rejection,
-    ) -> Response<bytes::Bytes> {
-        let rejection = rejection.for_protocol(self.protocol, &parts.headers);
-        respond(self.responder.as_ref(), &rejection, parts)
     }
 }
 
@@ -132,8 +118,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_readied(&mut self.inner);
         let shared = Arc::clone(&self.shared);
         let (parts, body) = req.into_parts();
         let subject = match self.key.extract(&parts) {
@@ -149,9 +134,9 @@ where
             }
             Err(e) => {
                 shared.gate.key_error(&e);
-                let response = shared.reject(&parts, Rejection::key(e));
+                let response = shared.answer.reject(&parts, Rejection::key(e));
                 return ResponseFuture::new(State::Reply {
-                    response: Some(response),
+                    reply: Reply::new(response),
                 });
             }
         };

@@ -12,6 +12,7 @@ use tower_layer::Layer;
 use super::{HoldUntil, Lock, OnLeaseLost};
 use crate::grpc::Protocol;
 use crate::hold::{Gate, Shared};
+use crate::middleware::Answer;
 use crate::rejection::Rejection;
 
 /// Wraps the inner service in a per-resource lock; see the
@@ -62,8 +63,7 @@ impl<K> LockLayer<K> {
                 hold: HoldUntil::default(),
                 on_lost: OnLeaseLost::default(),
                 namespace: None,
-                protocol: Protocol::Auto,
-                responder: None,
+                answer: Answer::default(),
             },
             key,
         }
@@ -126,7 +126,7 @@ impl<K> LockLayer<K> {
 
     /// How rejections are shaped (default [`Protocol::Auto`]).
     pub fn protocol(mut self, protocol: Protocol) -> Self {
-        self.shared.protocol = protocol;
+        self.shared.answer.protocol = protocol;
         self
     }
 
@@ -136,7 +136,7 @@ impl<K> LockLayer<K> {
         mut self,
         responder: impl Fn(&Rejection, &Parts) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
-        self.shared.responder = Some(Arc::new(responder));
+        self.shared.answer.responder = Some(Arc::new(responder));
         self
     }
 }

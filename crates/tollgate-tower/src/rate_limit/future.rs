@@ -17,7 +17,7 @@ use tower_service::Service;
 use super::service::Shared;
 use crate::body::ResponseBody;
 use crate::headers::DecisionHeaders;
-use crate::rejection::respond;
+use crate::middleware::Reply;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): checks the limit, then calls
@@ -72,7 +72,7 @@ pin_project! {
             headers: Option<DecisionHeaders>,
         },
         Reply {
-            response: Option<Response<Bytes>>,
+            reply: Reply,
         },
     }
 }
@@ -109,7 +109,7 @@ where
     pub(crate) fn reply(response: Response<Bytes>) -> Self {
         ResponseFuture {
             state: State::Reply {
-                response: Some(response),
+                reply: Reply::new(response),
             },
         }
     }
@@ -172,13 +172,14 @@ where
                         Err(_) if shadow => None,
                         outcome => {
                             let (parts, _body) = req.into_parts();
-                            let rejection = shared
-                                .rejection(outcome)
-                                .for_protocol(shared.options.protocol, &parts.headers);
-                            let response =
-                                respond(shared.options.responder.as_ref(), &rejection, &parts);
-                            this.state.set(State::Reply { response: None });
-                            return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                            let response = shared
+                                .options
+                                .answer
+                                .reject(&parts, shared.rejection(outcome));
+                            this.state.set(State::Reply {
+                                reply: Reply::new(response),
+                            });
+                            continue;
                         }
                     };
                     let fut = inner.call(req);
@@ -191,10 +192,7 @@ where
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::new)));
                 }
-                StateProj::Reply { response } => {
-                    let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
-                }
+                StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
             }
         }
     }

@@ -302,7 +302,7 @@ impl<K, C> RateLimitLayer<K, C> {
     /// How rejections are shaped (default [`Protocol::Auto`]: gRPC for
     /// `application/grpc*` requests, HTTP otherwise).
     pub fn protocol(mut self, protocol: Protocol) -> Self {
-        self.options.protocol = protocol;
+        self.options.answer.protocol = protocol;
         self
     }
 
@@ -333,7 +333,7 @@ impl<K, C> RateLimitLayer<K, C> {
         mut self,
         responder: impl Fn(&Rejection, &Parts) -> Response<Bytes> + Send + Sync + 'static,
     ) -> Self {
-        self.options.responder = Some(Arc::new(responder));
+        self.options.answer.responder = Some(Arc::new(responder));
         self
     }
 

@@ -1,6 +1,5 @@
 //! [`RateLimit`]: the service, and what all its clones share.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -11,19 +10,18 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 use super::RequestCost;
 use crate::body::ResponseBody;
-use crate::grpc::Protocol;
 use crate::headers::{DecisionHeaders, RateLimitHeaders};
 use crate::key::{GlobalKey, KeyError, KeyExtractor};
-use crate::rejection::{Rejection, Responder};
+use crate::middleware::{take_readied, Answer};
+use crate::rejection::Rejection;
 
 /// The HTTP concerns of a [`RateLimitLayer`](super::RateLimitLayer).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Options {
     pub(crate) headers: bool,
     pub(crate) legacy_headers: bool,
     pub(crate) shadow: bool,
-    pub(crate) protocol: Protocol,
-    pub(crate) responder: Option<Responder>,
+    pub(crate) answer: Answer,
 }
 
 impl Default for Options {
@@ -32,21 +30,8 @@ impl Default for Options {
             headers: true,
             legacy_headers: false,
             shadow: false,
-            protocol: Protocol::Auto,
-            responder: None,
+            answer: Answer::default(),
         }
-    }
-}
-
-impl fmt::Debug for Options {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Options")
-            .field("headers", &self.headers)
-            .field("legacy_headers", &self.legacy_headers)
-            .field("shadow", &self.shadow)
-            .field("protocol", &self.protocol)
-            .field("responder", &self.responder.is_some())
-            .finish()
     }
 }
 
@@ -255,9 +240,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // The readied service is the one that gets called.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = take_readied(&mut self.inner);
         let shared = Arc::clone(&self.shared);
         let (parts, body) = req.into_parts();
         let subject = match self.key.extract(&parts) {
@@ -271,13 +254,7 @@ where
                     let req = Request::from_parts(parts, body);
                     return ResponseFuture::calling(inner.call(req), None);
                 }
-                let rejection =
-                    Rejection::key(e).for_protocol(shared.options.protocol, &parts.headers);
-                let response = crate::rejection::respond(
-                    shared.options.responder.as_ref(),
-                    &rejection,
-                    &parts,
-                );
+                let response = shared.options.answer.reject(&parts, Rejection::key(e));
                 return ResponseFuture::reply(response);
             }
         };
@@ -302,6 +279,7 @@ mod tests {
     use tollgate_core::{Algorithm, MemoryBackend, Quota};
 
     use super::*;
+    use crate::grpc::Protocol;
     use crate::RateLimitLayer;
 
     /// Stacked limiters each report their policy (the structured-field
