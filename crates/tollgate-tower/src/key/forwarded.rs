@@ -8,7 +8,7 @@ use http::request::Parts;
 use tollgate_core::Subject;
 
 use super::cidr::{Cidr, InvalidCidr};
-use super::ip::{peer_addr, IpGrouping, NO_PEER};
+use super::ip::{grouping_setters, peer_addr, IpGrouping, NO_PEER};
 use super::{KeyError, KeyExtractor};
 
 /// Which header a trusted proxy records the client address in.
@@ -125,19 +125,7 @@ impl ClientIp {
         self
     }
 
-    /// Groups IPv6 addresses by their first `prefix` bits (default 64).
-    /// Panics if `prefix > 128`.
-    pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
-        self.grouping = self.grouping.with_v6(prefix);
-        self
-    }
-
-    /// Groups IPv4 addresses by their first `prefix` bits (default 32).
-    /// Panics if `prefix > 32`.
-    pub fn ipv4_prefix(mut self, prefix: u8) -> Self {
-        self.grouping = self.grouping.with_v4(prefix);
-        self
-    }
+    grouping_setters!();
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
         self.trusted.iter().any(|c| c.contains(ip))

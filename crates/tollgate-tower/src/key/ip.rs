@@ -110,6 +110,29 @@ pub(super) fn mask_v6(ip: Ipv6Addr, prefix: u8) -> Ipv6Addr {
     Ipv6Addr::from(bits & mask)
 }
 
+/// The `ipv6_prefix` and `ipv4_prefix` builder methods of a key that holds
+/// an [`IpGrouping`] in a field `grouping`. [`PeerIp`] and
+/// [`ClientIp`](super::ClientIp) group addresses the same way, so they take
+/// (and document) the grouping through the same two methods.
+macro_rules! grouping_setters {
+    () => {
+        /// Groups IPv6 addresses by their first `prefix` bits (default 64;
+        /// 128 keys each address on its own). Panics if `prefix > 128`.
+        pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
+            self.grouping = self.grouping.with_v6(prefix);
+            self
+        }
+
+        /// Groups IPv4 addresses by their first `prefix` bits (default 32:
+        /// each address on its own). Panics if `prefix > 32`.
+        pub fn ipv4_prefix(mut self, prefix: u8) -> Self {
+            self.grouping = self.grouping.with_v4(prefix);
+            self
+        }
+    };
+}
+pub(super) use grouping_setters;
+
 fn check_prefix(family: &str, prefix: u8, max: u8) {
     assert!(
         prefix <= max,
@@ -152,19 +175,7 @@ impl PeerIp {
         Self::default()
     }
 
-    /// Groups IPv6 addresses by their first `prefix` bits (default 64; 128
-    /// keys each address on its own). Panics if `prefix > 128`.
-    pub fn ipv6_prefix(mut self, prefix: u8) -> Self {
-        self.grouping = self.grouping.with_v6(prefix);
-        self
-    }
-
-    /// Groups IPv4 addresses by their first `prefix` bits (default 32: each
-    /// address on its own). Panics if `prefix > 32`.
-    pub fn ipv4_prefix(mut self, prefix: u8) -> Self {
-        self.grouping = self.grouping.with_v4(prefix);
-        self
-    }
+    grouping_setters!();
 }
 
 impl KeyExtractor for PeerIp {
