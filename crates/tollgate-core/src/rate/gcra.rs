@@ -2,34 +2,28 @@
 //! theoretical arrival time. The Redis script is `lua/gcra.lua`; this file is
 //! its twin for the memory backend, figure for figure.
 
-use super::{Outcome, Slot};
+use super::{Outcome, Slot, Step};
 
 /// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = concat!(
-    include_str!("../../lua/rate_prelude.lua"),
-    include_str!("../../lua/gcra.lua")
-);
+pub(crate) const SCRIPT: &str = rate_script!("gcra");
 
 /// One quota's step. `burst` and `interval` are the quota's burst and
-/// emission interval in µs. With `commit`, an admitted cost is written back.
-pub(crate) fn step(
-    slot: &mut Option<Slot>,
-    now: u64,
-    cost: u64,
-    burst: u64,
-    interval: u64,
-    commit: bool,
-) -> Outcome {
+/// emission interval in µs. With `req.commit`, an admitted cost is written back.
+pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, interval): (u64, u64)) -> Outcome {
     let tat = match slot {
-        Some(Slot::Int(t)) => u64::try_from(*t).unwrap_or(0).max(now),
-        _ => now,
+        Some(Slot::Int(t)) => u64::try_from(*t).unwrap_or(0).max(req.now),
+        _ => req.now,
     };
-    let limit_at = now + burst * interval;
-    let nt = tat + cost * interval;
+    let limit_at = req.now + burst * interval;
+    let nt = tat + req.cost * interval;
     let retry = nt.saturating_sub(limit_at);
-    if commit && retry == 0 {
+    if req.commit && retry == 0 {
         *slot = Some(Slot::Int(nt as i64));
-        return Outcome::allowed((limit_at - nt) / interval, nt - now, nt - now);
+        return Outcome::allowed((limit_at - nt) / interval, nt - req.now, nt - req.now);
     }
-    Outcome::current(limit_at.saturating_sub(tat) / interval, tat - now, retry)
+    Outcome::current(
+        limit_at.saturating_sub(tat) / interval,
+        tat - req.now,
+        retry,
+    )
 }

@@ -18,6 +18,18 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
+/// An algorithm's script: the shared prelude, then `lua/<name>.lua`. Every
+/// script is sent whole (one `EVALSHA` each), so each carries the prelude;
+/// this is the one place that says so.
+macro_rules! rate_script {
+    ($name:literal) => {
+        concat!(
+            include_str!("../../lua/rate_prelude.lua"),
+            include_str!(concat!("../../lua/", $name, ".lua"))
+        )
+    };
+}
+
 mod breaker;
 mod builder;
 mod deny_cache;
@@ -91,7 +103,6 @@ impl Algorithm {
         q: &Quota,
         commit: bool,
     ) -> Outcome {
-        let (a, b) = self.params(q);
         let f = match self {
             Algorithm::FixedWindow => fixed_window::step,
             Algorithm::SlidingWindowLog => sliding_window_log::step,
@@ -99,8 +110,20 @@ impl Algorithm {
             Algorithm::TokenBucket => token_bucket::step,
             Algorithm::Gcra => gcra::step,
         };
-        f(slot, now, cost, a, b, commit)
+        f(slot, Step { now, cost, commit }, self.params(q))
     }
+}
+
+/// One request as an algorithm's in-memory step sees it: `cost` units at
+/// `now` (µs). With `commit`, an admitted cost is taken (written to the
+/// slot); without, the step only reports the figures as they stand. The
+/// quota's side is the pair of [`Algorithm::params`], named by each step
+/// after its own script.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Step {
+    pub(crate) now: u64,
+    pub(crate) cost: u64,
+    pub(crate) commit: bool,
 }
 
 impl fmt::Display for Algorithm {

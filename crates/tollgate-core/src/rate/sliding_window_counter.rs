@@ -2,25 +2,15 @@
 //! much of it still overlaps the sliding window, plus the current count. The
 //! Redis script is `lua/sliding_window_counter.lua`; this file is its twin.
 
-use super::{Outcome, Slot};
+use super::{Outcome, Slot, Step};
 
 /// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = concat!(
-    include_str!("../../lua/rate_prelude.lua"),
-    include_str!("../../lua/sliding_window_counter.lua")
-);
+pub(crate) const SCRIPT: &str = rate_script!("sliding_window_counter");
 
 /// One quota's step: `limit` per `period` µs.
-pub(crate) fn step(
-    slot: &mut Option<Slot>,
-    now: u64,
-    cost: u64,
-    limit: u64,
-    period: u64,
-    commit: bool,
-) -> Outcome {
-    let w = now / period;
-    let e = now - w * period;
+pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
+    let w = req.now / period;
+    let e = req.now - w * period;
     let (prev, cur) = match slot {
         Some(Slot::Window {
             window,
@@ -38,23 +28,23 @@ pub(crate) fn step(
         _ => (0, 0),
     };
     let est = cur + (prev as u128 * (period - e) as u128).div_ceil(period as u128) as u64;
-    let fits = est + cost <= limit;
-    if commit && fits {
+    let fits = est + req.cost <= limit;
+    if req.commit && fits {
         *slot = Some(Slot::Window {
             window: w,
             previous: prev,
-            count: cur + cost,
+            count: cur + req.cost,
         });
-        return Outcome::allowed(limit - est - cost, 2 * period - e, 2 * period - e);
+        return Outcome::allowed(limit - est - req.cost, 2 * period - e, 2 * period - e);
     }
     let retry = if fits {
         0
-    } else if cur + cost <= limit {
+    } else if cur + req.cost <= limit {
         // Later in this window, once the previous window's weight has dropped.
-        period - ((limit - cur - cost) as u128 * period as u128 / prev as u128) as u64 - e
+        period - ((limit - cur - req.cost) as u128 * period as u128 / prev as u128) as u64 - e
     } else {
         // In the next window, once this window's weight has dropped.
-        period - e + period - ((limit - cost) as u128 * period as u128 / cur as u128) as u64
+        period - e + period - ((limit - req.cost) as u128 * period as u128 / cur as u128) as u64
     };
     let reset = if cur > 0 {
         2 * period - e

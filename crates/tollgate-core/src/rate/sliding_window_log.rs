@@ -3,13 +3,10 @@
 
 use std::collections::VecDeque;
 
-use super::{Outcome, Slot};
+use super::{Outcome, Slot, Step};
 
 /// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = concat!(
-    include_str!("../../lua/rate_prelude.lua"),
-    include_str!("../../lua/sliding_window_log.lua")
-);
+pub(crate) const SCRIPT: &str = rate_script!("sliding_window_log");
 
 /// The largest limit the log accepts: it keeps one entry per admitted unit,
 /// and memory and CPU grow with the limit. Larger limits belong to the
@@ -17,14 +14,7 @@ pub(crate) const SCRIPT: &str = concat!(
 pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// One quota's step: `limit` per `period` µs.
-pub(crate) fn step(
-    slot: &mut Option<Slot>,
-    now: u64,
-    cost: u64,
-    limit: u64,
-    period: u64,
-    commit: bool,
-) -> Outcome {
+pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
     if !matches!(slot, Some(Slot::Log(_))) {
         *slot = Some(Slot::Log(VecDeque::new()));
     }
@@ -32,24 +22,26 @@ pub(crate) fn step(
         unreachable!("just set")
     };
     // Entries at or before now - period have left the window (kept sorted).
-    let cutoff = i128::from(now) - i128::from(period);
+    let cutoff = i128::from(req.now) - i128::from(period);
     let gone = log.partition_point(|&t| i128::from(t) <= cutoff);
     log.drain(..gone);
     let count = log.len() as u64;
-    let fits = count + cost <= limit;
-    if commit && fits {
-        let at = log.partition_point(|&t| t <= now);
-        for _ in 0..cost {
-            log.insert(at, now);
+    let fits = count + req.cost <= limit;
+    if req.commit && fits {
+        let at = log.partition_point(|&t| t <= req.now);
+        for _ in 0..req.cost {
+            log.insert(at, req.now);
         }
-        return Outcome::allowed(limit - count - cost, period, period);
+        return Outcome::allowed(limit - count - req.cost, period, period);
     }
-    let reset = log.back().map_or(0, |&t| (t + period).saturating_sub(now));
+    let reset = log
+        .back()
+        .map_or(0, |&t| (t + period).saturating_sub(req.now));
     let retry = if fits {
         0
     } else {
         // The entry whose expiry frees enough room for this cost.
-        (log[(count + cost - limit - 1) as usize] + period).saturating_sub(now)
+        (log[(count + req.cost - limit - 1) as usize] + period).saturating_sub(req.now)
     };
     Outcome::current(limit.saturating_sub(count), reset, retry)
 }

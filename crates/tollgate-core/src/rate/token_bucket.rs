@@ -2,41 +2,35 @@
 //! The Redis script is `lua/token_bucket.lua`; this file is its twin for the
 //! memory backend, figure for figure.
 
-use super::{Outcome, Slot};
+use super::{Outcome, Slot, Step};
 
 /// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = concat!(
-    include_str!("../../lua/rate_prelude.lua"),
-    include_str!("../../lua/token_bucket.lua")
-);
+pub(crate) const SCRIPT: &str = rate_script!("token_bucket");
 
 /// One quota's step. `capacity` tokens, one token every `interval` µs. With
-/// `commit`, admitted tokens are taken.
+/// `req.commit`, admitted tokens are taken.
 pub(crate) fn step(
     slot: &mut Option<Slot>,
-    now: u64,
-    cost: u64,
-    capacity: u64,
-    interval: u64,
-    commit: bool,
+    req: Step,
+    (capacity, interval): (u64, u64),
 ) -> Outcome {
     let full = capacity * interval;
     // Signed: a fresh bucket's empty instant lies `full` before now, which may
     // precede the epoch under a fake clock.
-    let now_i = now as i128;
+    let now_i = req.now as i128;
     let floor = now_i - full as i128;
     let empty_at = match slot {
         Some(Slot::Int(t)) => (*t as i128).max(floor),
         _ => floor,
     };
     let tokens = ((now_i - empty_at).max(0) / interval as i128) as u64;
-    let after = empty_at + (cost * interval) as i128;
-    if commit && tokens >= cost {
+    let after = empty_at + (req.cost * interval) as i128;
+    if req.commit && tokens >= req.cost {
         let reset = (after + full as i128 - now_i) as u64;
         *slot = Some(Slot::Int(after as i64));
-        return Outcome::allowed(tokens - cost, reset, reset);
+        return Outcome::allowed(tokens - req.cost, reset, reset);
     }
-    let retry = if tokens < cost {
+    let retry = if tokens < req.cost {
         (after - now_i).max(0) as u64
     } else {
         0
