@@ -42,7 +42,17 @@ pub enum Error {
     /// backend at all; the circuit closes again on its own after a short pause.
     #[error("backend circuit is open after repeated failures")]
     CircuitOpen,
-    /// A lock could not be acquired within the wait bound.
+    /// A holder asked for more permits than the semaphore has: it can never
+    /// be granted, so it is refused without touching the backend.
+    #[error("{requested} permits requested of a semaphore of {limit}; it can never be granted")]
+    PermitsExceedLimit {
+        /// The permits asked for.
+        requested: u32,
+        /// The semaphore's permit count.
+        limit: u32,
+    },
+    /// A lock (or a semaphore's permits) could not be acquired within the
+    /// wait bound.
     #[error("lock {name:?} is held by someone else")]
     Busy {
         /// The lock's name.

@@ -27,7 +27,10 @@ pub use backend::{MemoryBackend, RateBackend, RedisBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{BackendError, Error, Result};
 pub use keyspace::{Keyspace, Subject};
-pub use lock::{FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder};
+pub use lock::{
+    FencingToken, Lease, LeaseLost, LockBackend, LockOptions, Locker, LockerBuilder, Permit,
+    Semaphore, SemaphoreBuilder,
+};
 pub use rate::{
     Algorithm, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
     RateLimiter, RateLimiterBuilder,

@@ -15,7 +15,10 @@ use crate::keyspace::{Keyspace, Subject};
 /// The keys and channel of one lock name: `<prefix>:lock:{<name>}`, its fence
 /// key `<prefix>:lock:{<name>}:fence` (same hash tag, so the same cluster
 /// slot) and the channel `<prefix>:lock:{<name>}:released` on which a release
-/// is announced.
+/// is announced — and [how many may hold it](Holders). A semaphore's name
+/// ([`LockKeys::permits`]) keeps its holders in the first key (a sorted set
+/// scored by expiry) and, when fair, its waiters' tickets in
+/// `…:queue` and `…:tickets` beside it.
 ///
 /// ```
 /// use tollgate_core::lock::LockKeys;
@@ -36,22 +39,90 @@ pub struct LockKeys {
     pub fence: String,
     /// The channel a release is published on.
     pub channel: String,
+    /// How many may hold the name at once, and what this holder takes.
+    pub holders: Holders,
 }
 
 impl LockKeys {
-    /// The keys of `subject` in `keyspace`.
+    /// The keys of the lock `subject` in `keyspace` (one holder).
     pub fn new(keyspace: &Keyspace, subject: &Subject) -> Self {
+        Self::with_holders(keyspace, subject, Holders::One)
+    }
+
+    /// The keys of the semaphore `subject` in `keyspace`: up to `limit`
+    /// permits, of which this holder takes `weight`; `fair` serves waiters in
+    /// arrival order.
+    ///
+    /// ```
+    /// use tollgate_core::lock::{Holders, LockKeys};
+    /// use tollgate_core::{Keyspace, Subject};
+    ///
+    /// let keys = LockKeys::permits(&Keyspace::new("app", "sem")?, &Subject::new("gpu"), 4, 1, true);
+    /// assert_eq!(keys.lock, "app:sem:{gpu}");
+    /// assert_eq!(keys.queue(), "app:sem:{gpu}:queue");
+    /// assert_eq!(keys.holders, Holders::Permits { limit: 4, weight: 1, fair: true });
+    /// # Ok::<(), tollgate_core::Error>(())
+    /// ```
+    pub fn permits(
+        keyspace: &Keyspace,
+        subject: &Subject,
+        limit: u32,
+        weight: u32,
+        fair: bool,
+    ) -> Self {
+        Self::with_holders(
+            keyspace,
+            subject,
+            Holders::Permits {
+                limit,
+                weight,
+                fair,
+            },
+        )
+    }
+
+    fn with_holders(keyspace: &Keyspace, subject: &Subject, holders: Holders) -> Self {
         let lock = keyspace.key(subject, None);
         LockKeys {
             fence: keyspace.key(subject, Some("fence")),
             channel: format!("{lock}:released"),
             lock,
+            holders,
         }
+    }
+
+    /// A fair name's queue: waiter tickets scored by arrival (server µs).
+    pub fn queue(&self) -> String {
+        format!("{}:queue", self.lock)
+    }
+
+    /// A fair name's ticket expiries: waiter tickets scored by the time
+    /// they fall out of the queue unless refreshed (server µs).
+    pub fn tickets(&self) -> String {
+        format!("{}:tickets", self.lock)
     }
 }
 
-/// One acquire attempt: `SET lock token NX PX ttl`, and on success the next
-/// fencing token, atomically.
+/// How many may hold one name at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Holders {
+    /// One holder: a lock, stored as `SET key token NX PX ttl`.
+    One,
+    /// Permits: at most `limit` in use at once, stored as a sorted set of
+    /// holders scored by expiry. A fair lock is `limit: 1, fair: true`.
+    Permits {
+        /// How many permits the name has.
+        limit: u32,
+        /// How many of them this holder takes (1..=limit).
+        weight: u32,
+        /// Waiters take permits in arrival order through an expiring queue.
+        fair: bool,
+    },
+}
+
+/// One acquire attempt: `SET lock token NX PX ttl` (or, for permits, a place
+/// among the holders), and on success the next fencing token, atomically.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AcquireRequest {
@@ -64,6 +135,11 @@ pub struct AcquireRequest {
     pub ttl: Duration,
     /// How long the fence key lives (refreshed by every acquire).
     pub fence_ttl: Duration,
+    /// A fair name's waiter: its ticket (the same for every attempt of one
+    /// wait, so it keeps its place) and how long the ticket lives unless
+    /// the next attempt refreshes it. `None`: do not queue — admitted only
+    /// when nobody waits (a `try_acquire`), or the name is not fair.
+    pub ticket: Option<(String, Duration)>,
 }
 
 impl AcquireRequest {
@@ -74,7 +150,14 @@ impl AcquireRequest {
             token,
             ttl,
             fence_ttl,
+            ticket: None,
         }
+    }
+
+    /// The same request, queued under `ticket` for `ticket_ttl` (fair names).
+    pub fn with_ticket(mut self, ticket: String, ticket_ttl: Duration) -> Self {
+        self.ticket = Some((ticket, ticket_ttl));
+        self
     }
 }
 
@@ -174,6 +257,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>>;
 
+    /// How many permits of a semaphore name are held now (expired holders
+    /// not counted). Backends without semaphores keep the default, an error.
+    fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        let _ = keys;
+        Box::pin(std::future::ready(Err(crate::Error::InvalidConfig(
+            format!(
+                "the {} backend does not support semaphores",
+                self.lock_kind()
+            ),
+        ))))
+    }
+
     /// A short name for logs: `"memory"`, `"redis"`, `"cluster"`, ….
     fn lock_kind(&self) -> &'static str;
 }
@@ -218,6 +313,10 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
         (**self).release_events(channel_prefix)
+    }
+
+    fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        (**self).permits_in_use(keys)
     }
 
     fn lock_kind(&self) -> &'static str {

@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
-use super::backend::{LockBackend, LockKeys};
+use super::backend::{Holders, LockBackend, LockKeys};
 use super::instances::{Attempt, Instances};
 use super::lease::Lease;
 use super::options::{LockOptions, MAX_LOCK_DURATION};
 use super::settings::{Settings, FENCE_TTL_TTLS};
-use super::util::{instant_after, join, unit_random};
+use super::util::{instant_after, join, new_token, unit_random};
 use super::waiters::Waiters;
 use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
@@ -37,6 +37,10 @@ pub(crate) struct Core {
     pub(crate) defaults: LockOptions,
     poll_interval: Duration,
     fence_ttl: Duration,
+    /// `None`: a lock; `Some(n)`: a semaphore of n permits.
+    permits: Option<u32>,
+    /// Waiters are served in arrival order (a queue of expiring tickets).
+    fair: bool,
 }
 
 impl fmt::Debug for Core {
@@ -48,7 +52,11 @@ impl fmt::Debug for Core {
         } else {
             d.field("backend", &self.kind());
         }
+        if let Some(n) = self.permits {
+            d.field("permits", &n);
+        }
         d.field("keyspace", &self.keyspace)
+            .field("fair", &self.fair)
             .field("defaults", &self.defaults)
             .field("timeout", &i.timeout)
             .finish_non_exhaustive()
@@ -58,6 +66,9 @@ impl fmt::Debug for Core {
 /// What every attempt of one `acquire` call shares (moved into its tasks).
 struct AcquireCtx {
     keys: LockKeys,
+    /// A fair waiter's ticket and its TTL: the same for every attempt, so
+    /// the waiter keeps its place in the queue.
+    ticket: Option<(String, Duration)>,
     name: String,
     options: LockOptions,
     first_ttl: Duration,
@@ -93,15 +104,39 @@ impl Core {
                 s.fence_ttl
             )));
         }
-        let keyspace = Keyspace::new(s.prefix.clone(), "lock")?;
+        if redlock && (s.fair || s.permits.is_some()) {
+            // Each master admits up to N, and a holder needs N/2 + 1 of M
+            // masters: up to N·M / (M/2 + 1) holders (3 for N = 2, M = 3)
+            // each win a quorum, so the bound would not hold for N > 1.
+            return Err(Error::InvalidConfig(
+                "semaphores and fair locks run on one backend (standalone, Sentinel or \
+                 Cluster), not on a Redlock: a quorum per holder does not keep N permits"
+                    .into(),
+            ));
+        }
+        if let Some(n) = s.permits {
+            if n == 0 || n > super::permits::MAX_PERMITS {
+                return Err(Error::InvalidConfig(format!(
+                    "a semaphore has 1 to {} permits, got {n}",
+                    super::permits::MAX_PERMITS
+                )));
+            }
+        }
+        let policy = if s.permits.is_some() { "sem" } else { "lock" };
+        let keyspace = Keyspace::new(s.prefix.clone(), policy)?;
         let channel_prefix = format!("{}:{}:", keyspace.prefix(), keyspace.policy());
-        let instances = Instances::new(backends, redlock, &s, Waiters::new(channel_prefix));
+        // A fair name wakes every local waiter on a release: only the head of
+        // the queue may take the permit, and a wake-one could pick another.
+        let waiters = Waiters::new(channel_prefix, s.fair);
+        let instances = Instances::new(backends, redlock, &s, waiters);
         let core = Core {
             instances: Arc::new(instances),
             keyspace,
             defaults: s.defaults,
             poll_interval: s.poll_interval,
             fence_ttl: s.fence_ttl,
+            permits: s.permits,
+            fair: s.fair,
         };
         core.first_ttl(&core.defaults)?;
         Ok(core)
@@ -113,6 +148,62 @@ impl Core {
 
     pub(crate) fn keyspace(&self) -> &Keyspace {
         &self.keyspace
+    }
+
+    /// The semaphore's permit count (`None` for a lock).
+    pub(crate) fn permits(&self) -> Option<u32> {
+        self.permits
+    }
+
+    pub(crate) fn is_fair(&self) -> bool {
+        self.fair
+    }
+
+    /// The keys of `subject` for a holder of `weight` permits.
+    pub(crate) fn keys(&self, subject: &Subject, weight: u32) -> LockKeys {
+        match (self.permits, self.fair) {
+            (None, false) => LockKeys::new(&self.keyspace, subject),
+            (None, true) => LockKeys::permits(&self.keyspace, subject, 1, 1, true),
+            (Some(n), fair) => LockKeys::permits(&self.keyspace, subject, n, weight, fair),
+        }
+    }
+
+    /// Checks a weight against the permit count.
+    fn check_weight(&self, weight: u32) -> Result<()> {
+        let limit = self.permits.unwrap_or(1);
+        if weight == 0 {
+            return Err(Error::InvalidConfig(
+                "a holder takes at least 1 permit".into(),
+            ));
+        }
+        if weight > limit {
+            return Err(Error::PermitsExceedLimit {
+                requested: weight,
+                limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// How long a fair waiter's ticket lives unless refreshed: two rounds of
+    /// (poll + round trip), so a live waiter always refreshes it in time and
+    /// a dead one blocks the queue for at most this long.
+    fn ticket_ttl(&self) -> Duration {
+        (self.poll_interval + self.instances.timeout) * 2
+    }
+
+    /// Permits of `subject` in use now (semaphores and fair locks).
+    pub(crate) async fn in_use(&self, subject: &Subject) -> Result<u32> {
+        let keys = self.keys(subject, 1);
+        if keys.holders == Holders::One {
+            return Err(Error::InvalidConfig(
+                "permits are counted for semaphores and fair locks".into(),
+            ));
+        }
+        let backend = &self.instances.backends()[0];
+        tokio::time::timeout(self.instances.timeout, backend.permits_in_use(&keys))
+            .await
+            .map_err(|_| Error::Timeout(self.instances.timeout))?
     }
 
     /// The TTL of the first acquire (cut to `max_hold`), checked.
@@ -171,7 +262,7 @@ impl Core {
             Ok(
                 match core
                     .instances
-                    .attempt(&a.keys, a.first_ttl, a.fence_ttl)
+                    .attempt(&a.keys, a.first_ttl, a.fence_ttl, a.ticket.as_ref())
                     .await?
                 {
                     Attempt::Acquired(g) => Attempt::Acquired(Lease::start(
@@ -192,19 +283,30 @@ impl Core {
         join(task).await
     }
 
-    /// Acquires `subject`, waiting up to `options`' bound when `wait`.
+    /// Acquires `weight` of `subject`'s permits (1 for a lock), waiting up
+    /// to `options`' bound when `wait`.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         subject: Subject,
         options: &LockOptions,
         wait: bool,
+        weight: u32,
     ) -> Result<Lease> {
+        self.check_weight(weight)?;
         let first_ttl = self.first_ttl(options)?;
         let handle = Handle::try_current().map_err(|_| {
             Error::InvalidConfig("locks need a tokio runtime (timers, the watchdog)".into())
         })?;
+        let bound = if wait { options.wait_bound() } else { None };
+        // A fair waiter queues under one ticket for its whole wait; a try
+        // does not queue (it is admitted only when nobody waits).
+        let ticket = match (self.fair, bound) {
+            (true, Some(_)) => Some((new_token()?, self.ticket_ttl())),
+            _ => None,
+        };
         let ctx = Arc::new(AcquireCtx {
-            keys: LockKeys::new(&self.keyspace, &subject),
+            ticket,
+            keys: self.keys(&subject, weight),
             name: subject.as_encoded().to_owned(),
             fence_ttl: self.fence_ttl_for(options.ttl_duration()),
             options: options.clone(),
@@ -215,7 +317,6 @@ impl Core {
             name: ctx.name.clone(),
             retry_after: pttl,
         };
-        let bound = if wait { options.wait_bound() } else { None };
         let Some(bound) = bound else {
             return match self.attempt_detached(&ctx).await? {
                 Attempt::Acquired(lease) => Ok(lease),
@@ -231,6 +332,14 @@ impl Core {
             .waiters
             .start(instances.backends(), instances.timeout);
         let waiter = instances.waiters.register(&ctx.keys.channel);
+        // Leaves the queue however the wait ends without the permit (the
+        // bound, an error, the caller dropping this future).
+        let mut queued = ctx.ticket.as_ref().map(|(ticket, _)| QueueTicket {
+            instances: instances.clone(),
+            keys: ctx.keys.clone(),
+            ticket: ticket.clone(),
+            handle: ctx.handle.clone(),
+        });
         loop {
             let notified = waiter.notified();
             tokio::pin!(notified);
@@ -240,7 +349,18 @@ impl Core {
             // notifications do not cut short: contenders that woke together
             // must not retry together, or they split the votes forever.
             let (pause, interruptible, last) = match self.attempt_detached(&ctx).await? {
-                Attempt::Acquired(lease) => return Ok(lease),
+                Attempt::Acquired(lease) => {
+                    if let Some(mut q) = queued.take() {
+                        // The script took the ticket out with the permit.
+                        q.ticket.clear();
+                    }
+                    if self.permits.is_some_and(|n| n > 1) && !self.fair {
+                        // Permits may be left (a heavier holder released):
+                        // pass the wake-up on; a waiter that finds none sleeps.
+                        instances.waiters.wake_one(&ctx.keys.channel);
+                    }
+                    return Ok(lease);
+                }
                 Attempt::Held(pttl) => (self.pause(pttl), true, busy(pttl)),
                 Attempt::Split(elapsed) => (split_pause(elapsed), false, busy(None)),
                 Attempt::Refused(elapsed) => {
@@ -291,7 +411,7 @@ impl Core {
             let ttl = options.ttl_duration();
             options = options.wait(ttl);
         }
-        let lease = match self.acquire(subject, &options, true).await {
+        let lease = match self.acquire(subject, &options, true, 1).await {
             Ok(lease) => lease,
             Err(busy @ Error::Busy { .. }) => {
                 // The holder may have filled it just now.
@@ -311,6 +431,31 @@ impl Core {
         store(value.clone()).await?;
         release_quietly(lease).await;
         Ok(value)
+    }
+}
+
+/// A fair waiter's place in the queue: dropped without the permit, it takes
+/// the ticket out (in the background) so the next in line need not wait for
+/// the ticket to expire.
+struct QueueTicket {
+    instances: Arc<Instances>,
+    keys: LockKeys,
+    ticket: String,
+    handle: Handle,
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        let (instances, keys) = (self.instances.clone(), self.keys.clone());
+        let ticket = std::mem::take(&mut self.ticket);
+        if ticket.is_empty() {
+            return;
+        }
+        self.handle.spawn(async move {
+            if let Err(e) = instances.release_here(&keys, &ticket).await {
+                tracing::debug!(error = %e, "leaving the queue failed; the ticket expires by its TTL");
+            }
+        });
     }
 }
 

@@ -227,8 +227,12 @@ impl Instances {
         keys: &LockKeys,
         ttl: Duration,
         fence_ttl: Duration,
+        ticket: Option<&(String, Duration)>,
     ) -> Result<Attempt> {
-        let request = AcquireRequest::new(keys.clone(), new_token()?, ttl, fence_ttl);
+        let mut request = AcquireRequest::new(keys.clone(), new_token()?, ttl, fence_ttl);
+        if let Some((ticket, ttl)) = ticket {
+            request = request.with_ticket(ticket.clone(), *ttl);
+        }
         let start = Instant::now();
         let n = self.backends.len();
         let mut pending: FuturesUnordered<_> = self
@@ -478,7 +482,7 @@ mod tests {
         let backends = (0..n)
             .map(|_| Arc::new(MemoryBackend::new()) as Arc<dyn LockBackend>)
             .collect();
-        let waiters = Waiters::new("tollgate:lock:".into());
+        let waiters = Waiters::new("tollgate:lock:".into(), false);
         Instances::new(backends, redlock, &Settings::default(), waiters)
     }
 

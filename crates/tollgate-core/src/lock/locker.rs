@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,11 +80,7 @@ impl Locker {
 
     /// A builder for a locker over `backend`.
     pub fn builder(backend: impl LockBackend) -> LockerBuilder {
-        LockerBuilder {
-            backends: vec![Arc::new(backend)],
-            redlock: false,
-            settings: Settings::default(),
-        }
+        LockerBuilder::over(vec![Arc::new(backend)], false, Settings::default())
     }
 
     /// A Redlock: one lock over N independent Redis masters (not replicas, not a
@@ -156,14 +153,11 @@ impl Locker {
     pub fn redlock_builder<B: LockBackend>(
         instances: impl IntoIterator<Item = B>,
     ) -> LockerBuilder {
-        LockerBuilder {
-            backends: instances
-                .into_iter()
-                .map(|b| Arc::new(b) as Arc<dyn LockBackend>)
-                .collect(),
-            redlock: true,
-            settings: Settings::default(),
-        }
+        let backends = instances
+            .into_iter()
+            .map(|b| Arc::new(b) as Arc<dyn LockBackend>)
+            .collect();
+        LockerBuilder::over(backends, true, Settings::default())
     }
 
     /// Acquires the lock `name` (on a quorum of the instances, for a
@@ -185,7 +179,7 @@ impl Locker {
     /// behind — an attempt already sent completes in its own task, and a
     /// lock it got is released at once.
     pub async fn acquire(&self, name: impl Into<Subject>, options: &LockOptions) -> Result<Lease> {
-        self.core.acquire(name.into(), options, true).await
+        self.core.acquire(name.into(), options, true, 1).await
     }
 
     /// Acquires the lock `name` only if it is free now: never waits, whatever
@@ -195,7 +189,7 @@ impl Locker {
         name: impl Into<Subject>,
         options: &LockOptions,
     ) -> Result<Lease> {
-        self.core.acquire(name.into(), options, false).await
+        self.core.acquire(name.into(), options, false, 1).await
     }
 
     /// A double-checked cache fill: returns the cached value if `read` finds
@@ -312,7 +306,12 @@ impl Locker {
 
     /// The keys and channel of the lock `name` (the same on every instance).
     pub fn keys_for(&self, name: impl Into<Subject>) -> LockKeys {
-        LockKeys::new(self.core.keyspace(), &name.into())
+        self.core.keys(&name.into(), 1)
+    }
+
+    /// Whether waiters are served in arrival order ([`LockerBuilder::fair`]).
+    pub fn is_fair(&self) -> bool {
+        self.core.is_fair()
     }
 }
 
@@ -333,14 +332,61 @@ impl Locker {
 /// assert!(Locker::builder(MemoryBackend::new()).prefix("a{b").build().is_err());
 /// # Ok::<(), tollgate_core::Error>(())
 /// ```
+///
+/// The same builder makes a [`Semaphore`](super::Semaphore)
+/// ([`Semaphore::builder`](super::Semaphore::builder), a
+/// [`SemaphoreBuilder`](super::SemaphoreBuilder)): a lock is the one-permit
+/// case, with the same settings.
 #[must_use]
-pub struct LockerBuilder {
+pub struct LockerBuilder<T = Locker> {
     backends: Vec<Arc<dyn LockBackend>>,
     redlock: bool,
     settings: Settings,
+    built: PhantomData<fn() -> T>,
 }
 
-impl fmt::Debug for LockerBuilder {
+mod sealed {
+    use std::sync::Arc;
+
+    /// The engine a builder made (opaque).
+    #[derive(Debug)]
+    pub struct Engine(pub(crate) Arc<super::Core>, pub(crate) super::Settings);
+
+    /// What a [`LockerBuilder`](super::LockerBuilder) builds: a `Locker` or
+    /// a `Semaphore`, each over the one engine. Sealed.
+    pub trait Built: Sized {
+        #[doc(hidden)]
+        fn from_engine(engine: Engine) -> Self;
+    }
+}
+pub(crate) use sealed::{Built, Engine};
+
+impl Built for Locker {
+    fn from_engine(engine: Engine) -> Self {
+        Locker { core: engine.0 }
+    }
+}
+
+impl<T> LockerBuilder<T> {
+    pub(crate) fn settings_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
+
+    pub(crate) fn over(
+        backends: Vec<Arc<dyn LockBackend>>,
+        redlock: bool,
+        settings: Settings,
+    ) -> Self {
+        LockerBuilder {
+            backends,
+            redlock,
+            settings,
+            built: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for LockerBuilder<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("LockerBuilder");
         if self.redlock {
@@ -352,9 +398,9 @@ impl fmt::Debug for LockerBuilder {
     }
 }
 
-impl LockerBuilder {
+impl<T: Built> LockerBuilder<T> {
     /// The key prefix (default `tollgate`); keys are
-    /// `<prefix>:lock:{<name>}`.
+    /// `<prefix>:lock:{<name>}` (`<prefix>:sem:{<name>}` for a semaphore).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.settings.prefix = prefix.into();
         self
@@ -404,11 +450,27 @@ impl LockerBuilder {
         self
     }
 
+    /// Serves waiters in arrival order: a waiter takes the lock (or a
+    /// permit) only when everyone who started waiting before it has, or has
+    /// given up. Waiters queue under a ticket that each attempt refreshes and
+    /// that falls out after `2 × (poll interval + timeout)` (2 s by default)
+    /// when not refreshed, so a waiter that died blocks the queue for at most
+    /// that long; a lost release notification costs one fallback poll. A
+    /// `try_acquire` does not queue: it succeeds only when nobody waits.
+    ///
+    /// Every process must agree: a fair name is stored as permits, and an
+    /// unfair locker on the same name fails with the backend's `WRONGTYPE`
+    /// error rather than ignoring the other's holders. Not for a Redlock.
+    pub fn fair(mut self) -> Self {
+        self.settings.fair = true;
+        self
+    }
+
     /// Checks the settings and builds the locker (a Redlock needs at least
     /// one instance).
-    pub fn build(self) -> Result<Locker> {
-        Ok(Locker {
-            core: Arc::new(Core::new(self.backends, self.redlock, self.settings)?),
-        })
+    pub fn build(self) -> Result<T> {
+        let settings = self.settings.clone();
+        let core = Core::new(self.backends, self.redlock, self.settings)?;
+        Ok(T::from_engine(Engine(Arc::new(core), settings)))
     }
 }

@@ -11,8 +11,9 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::broadcast;
 
 use super::backend::{
-    AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
+    AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
 };
+use super::permits::memory::PermitSet;
 use super::FencingToken;
 use crate::backend::MemoryBackend;
 use crate::error::Result;
@@ -28,16 +29,18 @@ pub(crate) struct MemoryLocks {
 }
 
 #[derive(Default)]
-struct State {
+pub(crate) struct State {
     /// Lock key → holder.
-    held: HashMap<String, Holder>,
+    pub(crate) held: HashMap<String, Holder>,
     /// Fence key → last fence and its expiry.
     fences: HashMap<String, Fence>,
+    /// Semaphore (and fair lock) key → its holders and queue.
+    pub(crate) permits: HashMap<String, PermitSet>,
     ops: u64,
     next_sweep: u64,
 }
 
-struct Holder {
+pub(crate) struct Holder {
     token: String,
     /// Expiry on the backend clock, µs.
     expires_at: u64,
@@ -67,12 +70,12 @@ impl fmt::Debug for MemoryLocks {
     }
 }
 
-fn micros(d: Duration) -> u64 {
+pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
 impl MemoryLocks {
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // Entries are replaced whole, so a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -85,24 +88,32 @@ impl MemoryLocks {
         state.held.get_mut(key)
     }
 
-    fn sweep(state: &mut State, now: u64) {
+    pub(crate) fn sweep(state: &mut State, now: u64) {
         state.ops += 1;
         if state.ops >= state.next_sweep {
             state.held.retain(|_, h| h.expires_at > now);
             state.fences.retain(|_, f| f.expires_at > now);
-            state.next_sweep =
-                state.ops + ((state.held.len() + state.fences.len()) as u64).max(1024);
+            Self::sweep_permits(state, now);
+            let live = state.held.len() + state.fences.len() + state.permits.len();
+            state.next_sweep = state.ops + (live as u64).max(1024);
         }
     }
 
-    pub(crate) fn acquire(&self, req: &AcquireRequest, now: u64) -> AcquireReply {
+    pub(crate) fn acquire(&self, req: &AcquireRequest, now: u64) -> Result<AcquireReply> {
         let mut state = self.lock();
         Self::sweep(&mut state, now);
+        if state.permits.contains_key(&req.keys.lock) {
+            // Redis answers WRONGTYPE: a fair and an unfair locker on one name.
+            return Err(crate::Error::Backend(crate::BackendError::new(format!(
+                "WRONGTYPE: {} holds permits, not a lock",
+                req.keys.lock
+            ))));
+        }
         if let Some(h) = Self::live(&mut state, &req.keys.lock, now) {
             if h.token != req.token {
-                return AcquireReply::Held {
+                return Ok(AcquireReply::Held {
                     pttl: Some(Duration::from_micros(h.expires_at - now)),
-                };
+                });
             }
             // A retried request finds its own lock (as the script does):
             // acquired, with the fence it got.
@@ -111,12 +122,12 @@ impl MemoryLocks {
                 .get(&req.keys.fence)
                 .filter(|f| f.expires_at > now)
             {
-                return AcquireReply::Acquired {
+                return Ok(AcquireReply::Acquired {
                     fence: FencingToken(f.value),
-                };
+                });
             }
             let fence = Self::next_fence(&mut state, req, now);
-            return AcquireReply::Acquired { fence };
+            return Ok(AcquireReply::Acquired { fence });
         }
         state.held.insert(
             req.keys.lock.clone(),
@@ -126,11 +137,11 @@ impl MemoryLocks {
             },
         );
         let fence = Self::next_fence(&mut state, req, now);
-        AcquireReply::Acquired { fence }
+        Ok(AcquireReply::Acquired { fence })
     }
 
     /// `max(previous + 1, now)`, stored in the fence key with its TTL.
-    fn next_fence(state: &mut State, req: &AcquireRequest, now: u64) -> FencingToken {
+    pub(crate) fn next_fence(state: &mut State, req: &AcquireRequest, now: u64) -> FencingToken {
         let prev = state
             .fences
             .get(&req.keys.fence)
@@ -159,10 +170,14 @@ impl MemoryLocks {
             }
         };
         if released {
-            // No subscriber is fine: nobody waits.
-            let _ = self.events.send(keys.channel.clone());
+            self.notify(&keys.channel);
         }
         released
+    }
+
+    /// Announces a release on `channel` (no subscriber is fine: nobody waits).
+    pub(crate) fn notify(&self, channel: &str) {
+        let _ = self.events.send(channel.to_owned());
     }
 
     pub(crate) fn extend(&self, keys: &LockKeys, token: &str, ttl: Duration, now: u64) -> bool {
@@ -260,8 +275,12 @@ impl LockBackend for MemoryBackend {
         &'a self,
         request: &'a AcquireRequest,
     ) -> BoxFuture<'a, Result<AcquireReply>> {
-        let reply = self.locks().acquire(request, self.clock().now_micros());
-        futures_util::future::ready(Ok(reply)).boxed()
+        let (locks, now) = (self.locks(), self.clock().now_micros());
+        let reply = match request.keys.holders {
+            Holders::One => locks.acquire(request, now),
+            _ => locks.acquire_permits(request, now),
+        };
+        futures_util::future::ready(reply).boxed()
     }
 
     fn release_lock<'a>(
@@ -269,8 +288,12 @@ impl LockBackend for MemoryBackend {
         keys: &'a LockKeys,
         token: &'a str,
     ) -> BoxFuture<'a, Result<bool>> {
-        let ok = self.locks().release(keys, token, self.clock().now_micros());
-        futures_util::future::ready(Ok(ok)).boxed()
+        let (locks, now) = (self.locks(), self.clock().now_micros());
+        let ok = match keys.holders {
+            Holders::One => Ok(locks.release(keys, token, now)),
+            _ => locks.release_permits(keys, token, now),
+        };
+        futures_util::future::ready(ok).boxed()
     }
 
     fn extend_lock<'a>(
@@ -279,10 +302,17 @@ impl LockBackend for MemoryBackend {
         token: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool>> {
-        let ok = self
-            .locks()
-            .extend(keys, token, ttl, self.clock().now_micros());
-        futures_util::future::ready(Ok(ok)).boxed()
+        let (locks, now) = (self.locks(), self.clock().now_micros());
+        let ok = match keys.holders {
+            Holders::One => Ok(locks.extend(keys, token, ttl, now)),
+            _ => locks.extend_permits(keys, token, ttl, now),
+        };
+        futures_util::future::ready(ok).boxed()
+    }
+
+    fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        let n = self.locks().permits_in_use(keys, self.clock().now_micros());
+        futures_util::future::ready(n).boxed()
     }
 
     fn raise_fence<'a>(

@@ -140,13 +140,15 @@ mod lease;
 mod locker;
 pub(crate) mod memory;
 mod options;
+mod permits;
 mod redis;
+mod semaphore;
 mod settings;
 mod util;
 mod waiters;
 
 pub use self::backend::{
-    AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
+    AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
 };
 pub use self::lease::{Lease, LeaseLost};
 pub use self::locker::{Locker, LockerBuilder};
@@ -154,6 +156,8 @@ pub use self::options::{
     FencingToken, LockOptions, DEFAULT_MAX_HOLD_FLOOR, DEFAULT_MAX_HOLD_TTLS, DEFAULT_TTL,
     MAX_LOCK_DURATION,
 };
+pub use self::permits::MAX_PERMITS;
+pub use self::semaphore::{Permit, Semaphore, SemaphoreBuilder};
 pub use self::settings::{
     DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL, FENCE_TTL_TTLS,
 };
@@ -179,6 +183,8 @@ mod tests {
     fn public_types_are_thread_safe() {
         send_sync::<Locker>();
         send_sync::<LockerBuilder>();
+        send_sync::<Semaphore>();
+        send_sync::<SemaphoreBuilder>();
         send_sync::<Lease>();
         send_sync::<LockOptions>();
         send_sync::<FencingToken>();

@@ -7,8 +7,10 @@ use futures_util::{FutureExt, StreamExt};
 use redis::Value;
 
 use super::backend::{
-    millis_ceil, AcquireReply, AcquireRequest, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
+    millis_ceil, AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent,
+    ReleaseEvents,
 };
+use super::permits;
 use super::FencingToken;
 use crate::backend::redis::lua;
 use crate::backend::RedisBackend;
@@ -31,7 +33,7 @@ fn int(value: &Value) -> Result<i64> {
     }
 }
 
-fn parse_acquire(value: Value) -> Result<AcquireReply> {
+pub(super) fn parse_acquire(value: Value) -> Result<AcquireReply> {
     let Value::Array(items) = &value else {
         return Err(Error::Protocol(format!("expected an array, got {value:?}")));
     };
@@ -59,7 +61,7 @@ fn parse_acquire(value: Value) -> Result<AcquireReply> {
     }
 }
 
-fn parse_flag(value: Value) -> Result<bool> {
+pub(super) fn parse_flag(value: Value) -> Result<bool> {
     match int(&value)? {
         0 => Ok(false),
         1 => Ok(true),
@@ -81,6 +83,9 @@ fn glob_escape(s: &str) -> String {
 
 impl LockBackend for RedisBackend {
     fn acquire_lock<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<AcquireReply>> {
+        if req.keys.holders != Holders::One {
+            return permits::redis::acquire(self, req).boxed();
+        }
         async move {
             let value = self
                 .invoke(&LOCK_ACQUIRE, |cmd| {
@@ -102,6 +107,9 @@ impl LockBackend for RedisBackend {
         keys: &'a LockKeys,
         token: &'a str,
     ) -> BoxFuture<'a, Result<bool>> {
+        if keys.holders != Holders::One {
+            return permits::redis::release(self, keys, token).boxed();
+        }
         async move {
             let value = self
                 .invoke(&LOCK_RELEASE, |cmd| {
@@ -122,6 +130,9 @@ impl LockBackend for RedisBackend {
         token: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool>> {
+        if keys.holders != Holders::One {
+            return permits::redis::extend(self, keys, token, ttl).boxed();
+        }
         async move {
             let value = self
                 .invoke(&LOCK_EXTEND, |cmd| {
@@ -182,6 +193,10 @@ impl LockBackend for RedisBackend {
             }
             .boxed(),
         )
+    }
+
+    fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        permits::redis::in_use(self, keys).boxed()
     }
 
     fn lock_kind(&self) -> &'static str {

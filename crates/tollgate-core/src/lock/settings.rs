@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::options::LockOptions;
 use crate::keyspace::DEFAULT_PREFIX;
+use crate::rate::FailurePolicy;
 
 /// Default bound on one lock round trip.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(500);
@@ -33,6 +34,12 @@ pub(crate) struct Settings {
     pub(crate) timeout: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) fence_ttl: Duration,
+    /// `None`: a lock; `Some(n)`: a semaphore of n permits.
+    pub(crate) permits: Option<u32>,
+    /// Waiters are served in arrival order.
+    pub(crate) fair: bool,
+    /// Semaphores: what an acquire does when the backend fails.
+    pub(crate) failure: FailurePolicy,
 }
 
 impl Default for Settings {
@@ -45,6 +52,9 @@ impl Default for Settings {
             timeout: DEFAULT_LOCK_TIMEOUT,
             poll_interval: DEFAULT_POLL_INTERVAL,
             fence_ttl: DEFAULT_FENCE_TTL,
+            permits: None,
+            fair: false,
+            failure: FailurePolicy::Allow,
         }
     }
 }

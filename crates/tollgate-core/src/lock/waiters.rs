@@ -33,6 +33,9 @@ struct Shared {
     map: Mutex<HashMap<String, Arc<Notify>>>,
     /// Subscriptions currently established.
     live: AtomicUsize,
+    /// A release wakes every waiter of its channel, not one (fair names:
+    /// only the head of the queue may take it, and it may be any of them).
+    broadcast: bool,
 }
 
 impl Shared {
@@ -42,7 +45,11 @@ impl Shared {
 
     fn wake_one(&self, channel: &str) {
         if let Some(n) = self.map().get(channel) {
-            n.notify_one();
+            if self.broadcast {
+                n.notify_waiters();
+            } else {
+                n.notify_one();
+            }
         }
     }
 
@@ -72,9 +79,12 @@ impl Drop for LiveGuard {
 }
 
 impl Waiters {
-    pub(crate) fn new(channel_prefix: String) -> Self {
+    pub(crate) fn new(channel_prefix: String, broadcast: bool) -> Self {
         Waiters {
-            shared: Arc::default(),
+            shared: Arc::new(Shared {
+                broadcast,
+                ..Shared::default()
+            }),
             channel_prefix,
             tasks: Mutex::new(None),
             shutdown: watch::channel(()).0,
@@ -230,7 +240,7 @@ mod tests {
 
     #[tokio::test]
     async fn registrations_are_removed_with_the_last_waiter() {
-        let w = Waiters::new("p:lock:".into());
+        let w = Waiters::new("p:lock:".into(), false);
         let a = w.register("p:lock:{a}:released");
         let b = w.register("p:lock:{a}:released");
         let c = w.register("p:lock:{c}:released");
@@ -245,7 +255,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wake_before_the_wait_is_not_lost() {
-        let w = Waiters::new("p:lock:".into());
+        let w = Waiters::new("p:lock:".into(), false);
         let waiter = w.register("ch");
         let notified = waiter.notified();
         tokio::pin!(notified);

@@ -1,0 +1,26 @@
+-- Give back a holder's permits (compare-and-remove), or take a waiter's
+-- ticket out of a fair queue, and tell waiters.
+-- KEYS[1]: the holders. Fair names also pass KEYS[2] (queue), KEYS[3]
+-- (tickets). ARGV[1]: the owner token or ticket. ARGV[2]: the weight.
+-- ARGV[3]: the release channel.
+-- Returns 1 when the token held permits (now removed), 0 otherwise (expired,
+-- never held): other holders' permits are left alone.
+local weight = ARGV[2] + 0
+local removed = 0
+if weight == 1 then
+  removed = redis.call('ZREM', KEYS[1], ARGV[1])
+else
+  for i = 1, weight do
+    removed = removed + redis.call('ZREM', KEYS[1], ARGV[1] .. '#' .. i)
+  end
+end
+local dequeued = 0
+if KEYS[2] then
+  dequeued = redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
+end
+if removed > 0 or dequeued > 0 then
+  redis.call('PUBLISH', ARGV[3], 'released')
+end
+if removed > 0 then return 1 end
+return 0

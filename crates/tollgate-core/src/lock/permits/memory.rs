@@ -1,0 +1,233 @@
+//! The Rust twin of `lua/permit_*.lua` for the memory backend: the same
+//! decisions, wait hints and fences, timed by the backend's clock (µs).
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::super::backend::{AcquireReply, AcquireRequest, Holders, LockKeys};
+use super::super::memory::{micros, MemoryLocks, State};
+use crate::error::{Error, Result};
+
+/// One permit name: its holders and, when fair, its queue. Mirrors the
+/// sorted sets of the scripts (a holder of weight k is k members there).
+#[derive(Default)]
+pub(crate) struct PermitSet {
+    /// Owner token → (weight, expiry µs).
+    holders: HashMap<String, (u32, u64)>,
+    /// Permits held (the sum of the weights).
+    used: u32,
+    /// The holders key's TTL (µs): the longest any holder was given.
+    expires_at: u64,
+    /// (arrival µs, ticket): ZRANGE's order, ties by the ticket's bytes.
+    queue: BTreeSet<(u64, String)>,
+    /// Ticket → (arrival µs, expiry µs).
+    tickets: HashMap<String, (u64, u64)>,
+    /// The queue keys' TTL (µs).
+    queue_expires_at: u64,
+}
+
+impl PermitSet {
+    /// Drops expired holders (ZREMRANGEBYSCORE … now), and the whole set
+    /// once its key's TTL has passed.
+    fn expire(&mut self, now: u64) {
+        if self.expires_at <= now {
+            self.holders.clear();
+        }
+        if self.queue_expires_at <= now {
+            self.queue.clear();
+            self.tickets.clear();
+        }
+        self.holders.retain(|_, (_, exp)| *exp > now);
+        self.used = self.holders.values().map(|(w, _)| *w).sum();
+    }
+
+    /// Drops tickets whose expiry passed.
+    fn expire_tickets(&mut self, now: u64) {
+        let queue = &mut self.queue;
+        self.tickets.retain(|t, (arrival, exp)| {
+            let live = *exp > now;
+            if !live {
+                queue.remove(&(*arrival, t.clone()));
+            }
+            live
+        });
+    }
+
+    /// µs until `need` more permits are free: the need-th earliest expiry
+    /// counting each holder `weight` times; `None` when there is none.
+    fn wait(&self, need: u32, now: u64) -> Option<u64> {
+        let mut expiries: Vec<(u64, u32)> = self.holders.values().map(|(w, e)| (*e, *w)).collect();
+        expiries.sort_unstable();
+        let mut seen = 0;
+        for (exp, w) in expiries {
+            seen += w;
+            if seen >= need {
+                return Some(exp - now);
+            }
+        }
+        None
+    }
+
+    fn is_empty(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+}
+
+fn shape(keys: &LockKeys) -> Result<(u32, u32, bool)> {
+    match keys.holders {
+        Holders::Permits {
+            limit,
+            weight,
+            fair,
+        } => Ok((limit, weight, fair)),
+        Holders::One => Err(Error::InvalidConfig(
+            "a lock name was passed to a permit operation".into(),
+        )),
+    }
+}
+
+/// Redis answers WRONGTYPE when a lock and a permit name share a key (a
+/// fair and an unfair `Locker` on one name): so does the twin.
+fn wrong_type(state: &State, key: &str) -> Result<()> {
+    if state.held.contains_key(key) {
+        return Err(Error::Backend(crate::BackendError::new(format!(
+            "WRONGTYPE: {key} holds a lock, not permits"
+        ))));
+    }
+    Ok(())
+}
+
+/// Milliseconds rounded up, as the script's `math.ceil(µs / 1000)`.
+fn ceil_ms(us: u64) -> u64 {
+    us.div_ceil(1000)
+}
+
+impl MemoryLocks {
+    pub(crate) fn acquire_permits(&self, req: &AcquireRequest, now: u64) -> Result<AcquireReply> {
+        let (limit, weight, fair) = shape(&req.keys)?;
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        MemoryLocks::sweep(state, now);
+        wrong_type(state, &req.keys.lock)?;
+        let set = state.permits.entry(req.keys.lock.clone()).or_default();
+        set.expire(now);
+        let ttl = micros(req.ttl);
+        let ticket = req.ticket.as_ref().filter(|_| fair);
+        if !set.holders.contains_key(&req.token) {
+            if fair {
+                set.expire_tickets(now);
+                if let Some((ticket, tttl)) = ticket {
+                    let tttl = micros(*tttl);
+                    let arrival = match set.tickets.get(ticket) {
+                        Some((arrival, _)) => *arrival,
+                        None => {
+                            set.queue.insert((now, ticket.clone()));
+                            now
+                        }
+                    };
+                    set.tickets
+                        .insert(ticket.clone(), (arrival, now.saturating_add(tttl)));
+                    // As long as the longest-lived ticket (PEXPIRE only
+                    // when it lengthens the keys' TTL).
+                    set.queue_expires_at = set.queue_expires_at.max(now.saturating_add(tttl));
+                    if set.queue.first().map(|(_, t)| t) != Some(ticket) {
+                        return Ok(AcquireReply::Held { pttl: None });
+                    }
+                } else if !set.queue.is_empty() {
+                    return Ok(AcquireReply::Held { pttl: None });
+                }
+            }
+            let free = limit.saturating_sub(set.used);
+            if free < weight {
+                let pttl = set
+                    .wait(weight - free, now)
+                    .map(|us| std::time::Duration::from_millis(ceil_ms(us)));
+                return Ok(AcquireReply::Held { pttl });
+            }
+        }
+        let expiry = now.saturating_add(ttl);
+        let previous = set.holders.insert(req.token.clone(), (weight, expiry));
+        if previous.is_none() {
+            set.used += weight;
+        }
+        set.expires_at = set.expires_at.max(expiry);
+        if let Some((ticket, _)) = ticket {
+            if let Some((arrival, _)) = set.tickets.remove(ticket) {
+                set.queue.remove(&(arrival, ticket.clone()));
+            }
+        }
+        let next_in_line = fair && !set.queue.is_empty() && set.used < limit;
+        let fence = MemoryLocks::next_fence(state, req, now);
+        if next_in_line {
+            self.notify(&req.keys.channel);
+        }
+        Ok(AcquireReply::Acquired { fence })
+    }
+
+    pub(crate) fn release_permits(&self, keys: &LockKeys, token: &str, now: u64) -> Result<bool> {
+        shape(keys)?;
+        let (removed, dequeued) = {
+            let mut state = self.lock();
+            let Some(set) = state.permits.get_mut(&keys.lock) else {
+                return Ok(false);
+            };
+            set.expire(now);
+            let removed = set.holders.remove(token).is_some_and(|(w, _)| {
+                set.used -= w;
+                true
+            });
+            let dequeued = match set.tickets.remove(token) {
+                Some((arrival, _)) => set.queue.remove(&(arrival, token.to_owned())),
+                None => false,
+            };
+            if set.is_empty() {
+                state.permits.remove(&keys.lock);
+            }
+            (removed, dequeued)
+        };
+        if removed || dequeued {
+            self.notify(&keys.channel);
+        }
+        Ok(removed)
+    }
+
+    pub(crate) fn extend_permits(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ttl: std::time::Duration,
+        now: u64,
+    ) -> Result<bool> {
+        shape(keys)?;
+        let mut state = self.lock();
+        let Some(set) = state.permits.get_mut(&keys.lock) else {
+            return Ok(false);
+        };
+        set.expire(now);
+        match set.holders.get_mut(token) {
+            Some((_, exp)) => {
+                *exp = now.saturating_add(micros(ttl));
+                set.expires_at = set.expires_at.max(*exp);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    pub(crate) fn permits_in_use(&self, keys: &LockKeys, now: u64) -> Result<u32> {
+        shape(keys)?;
+        let mut state = self.lock();
+        Ok(state.permits.get_mut(&keys.lock).map_or(0, |set| {
+            set.expire(now);
+            set.used
+        }))
+    }
+
+    /// Sweeps permit names with nothing live left.
+    pub(crate) fn sweep_permits(state: &mut State, now: u64) {
+        state.permits.retain(|_, set| {
+            set.expire(now);
+            set.expire_tickets(now);
+            !set.is_empty()
+        });
+    }
+}

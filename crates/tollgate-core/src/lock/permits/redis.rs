@@ -1,0 +1,115 @@
+//! The permit scripts on a [`RedisBackend`].
+
+use redis::Value;
+
+use super::super::backend::{millis_ceil, AcquireRequest, Holders, LockKeys};
+use super::super::redis::{parse_acquire, parse_flag};
+use crate::backend::redis::lua;
+use crate::backend::RedisBackend;
+use crate::error::{Error, Result};
+use crate::lock::AcquireReply;
+
+lua!(
+    PERMIT_ACQUIRE,
+    include_str!("../../../lua/permit_acquire.lua")
+);
+lua!(
+    PERMIT_RELEASE,
+    include_str!("../../../lua/permit_release.lua")
+);
+lua!(
+    PERMIT_EXTEND,
+    include_str!("../../../lua/permit_extend.lua")
+);
+lua!(PERMIT_COUNT, include_str!("../../../lua/permit_count.lua"));
+
+/// `(limit, weight, fair)` of a permit name.
+fn shape(keys: &LockKeys) -> Result<(u32, u32, bool)> {
+    match keys.holders {
+        Holders::Permits {
+            limit,
+            weight,
+            fair,
+        } => Ok((limit, weight, fair)),
+        Holders::One => Err(Error::InvalidConfig(
+            "a lock name was passed to a permit script".into(),
+        )),
+    }
+}
+
+pub(crate) async fn acquire(backend: &RedisBackend, req: &AcquireRequest) -> Result<AcquireReply> {
+    let (limit, weight, fair) = shape(&req.keys)?;
+    let (queue, tickets) = (req.keys.queue(), req.keys.tickets());
+    let value = backend
+        .invoke(&PERMIT_ACQUIRE, |cmd| {
+            cmd.arg(if fair { 4 } else { 2 })
+                .arg(req.keys.lock.as_str())
+                .arg(req.keys.fence.as_str());
+            if fair {
+                cmd.arg(queue.as_str()).arg(tickets.as_str());
+            }
+            cmd.arg(req.token.as_str())
+                .arg(weight)
+                .arg(limit)
+                .arg(millis_ceil(req.ttl))
+                .arg(millis_ceil(req.fence_ttl));
+            if fair {
+                match &req.ticket {
+                    Some((ticket, ttl)) => cmd.arg(ticket.as_str()).arg(millis_ceil(*ttl)),
+                    None => cmd.arg("").arg(0),
+                };
+                cmd.arg(req.keys.channel.as_str());
+            }
+        })
+        .await?;
+    parse_acquire(value)
+}
+
+pub(crate) async fn release(backend: &RedisBackend, keys: &LockKeys, token: &str) -> Result<bool> {
+    let (_, weight, fair) = shape(keys)?;
+    let (queue, tickets) = (keys.queue(), keys.tickets());
+    let value = backend
+        .invoke(&PERMIT_RELEASE, |cmd| {
+            cmd.arg(if fair { 3 } else { 1 }).arg(keys.lock.as_str());
+            if fair {
+                cmd.arg(queue.as_str()).arg(tickets.as_str());
+            }
+            cmd.arg(token).arg(weight).arg(keys.channel.as_str());
+        })
+        .await?;
+    parse_flag(value)
+}
+
+pub(crate) async fn extend(
+    backend: &RedisBackend,
+    keys: &LockKeys,
+    token: &str,
+    ttl: std::time::Duration,
+) -> Result<bool> {
+    let (_, weight, _) = shape(keys)?;
+    let value = backend
+        .invoke(&PERMIT_EXTEND, |cmd| {
+            cmd.arg(1)
+                .arg(keys.lock.as_str())
+                .arg(token)
+                .arg(weight)
+                .arg(millis_ceil(ttl));
+        })
+        .await?;
+    parse_flag(value)
+}
+
+pub(crate) async fn in_use(backend: &RedisBackend, keys: &LockKeys) -> Result<u32> {
+    shape(keys)?;
+    match backend
+        .invoke(&PERMIT_COUNT, |cmd| {
+            cmd.arg(1).arg(keys.lock.as_str());
+        })
+        .await?
+    {
+        Value::Int(n) if n >= 0 => Ok(u32::try_from(n).unwrap_or(u32::MAX)),
+        other => Err(Error::Protocol(format!(
+            "expected a permit count, got {other:?}"
+        ))),
+    }
+}
