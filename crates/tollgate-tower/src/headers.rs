@@ -43,6 +43,20 @@ pub fn retry_after_secs(d: Duration) -> u64 {
     ceil_secs(d).max(1)
 }
 
+/// The draft-10 `RateLimit-Policy` of a concurrency limit: `permits`
+/// requests in flight, in the quota unit `concurrent-requests`, and no
+/// window.
+///
+/// ```
+/// use tollgate_tower::headers::concurrency_policy;
+///
+/// assert_eq!(concurrency_policy("generate", 2), r#""generate";q=2;qu="concurrent-requests""#);
+/// ```
+pub fn concurrency_policy(name: &str, permits: u32) -> HeaderValue {
+    let value = format!("{};q={permits};qu=\"concurrent-requests\"", sf_string(name));
+    HeaderValue::from_str(&value).expect("an sf-string and integers are a valid header value")
+}
+
 /// The draft-10 `RateLimit-Policy` / `RateLimit` headers of one limiter:
 /// one list member per quota, named after the limiter's policy (`-q0`, `-q1`,
 /// … with several quotas). `RateLimit-Policy` is fixed per limiter and made

@@ -7,6 +7,9 @@
 //!   and metrics.
 //! - [`lock`]: [`LockLayer`] → [`Lock`](lock::Lock): a per-resource fenced
 //!   mutex around the inner service.
+//! - [`concurrency`]: [`ConcurrencyLimitLayer`] →
+//!   [`ConcurrencyLimit`](concurrency::ConcurrencyLimit): at most N requests
+//!   in flight per key across every instance (a fenced semaphore).
 //! - [`key`]: [`KeyExtractor`](key::KeyExtractor), the one way a request
 //!   is keyed (by the layers here and by `tollgate-axum`'s extractors), and
 //!   the built-in keys (global, peer IP, client IP behind trusted proxies,
@@ -72,7 +75,9 @@
 //!   `denied`, `shadow_denied`, `too_costly`, `unavailable`, `key_error`;
 //!   source `backend`, `deny_cache`, `fail_open`, `fallback`, `none`) and
 //!   `tollgate_lock_requests_total{outcome}` (`acquired`, `busy`,
-//!   `unavailable`, `lost`, `error`, `key_error`).
+//!   `unavailable`, `lost`, `error`, `key_error`) and
+//!   `tollgate_concurrency_requests_total{outcome}` (the same, plus
+//!   `fail_open`).
 //!
 //! # Observability
 //!
@@ -84,6 +89,7 @@
 #![forbid(unsafe_code)]
 
 mod body;
+pub mod concurrency;
 pub mod grpc;
 pub mod headers;
 pub mod hold;
@@ -94,6 +100,7 @@ pub mod rate_limit;
 pub mod rejection;
 
 pub use body::{BoxError, ResponseBody};
+pub use concurrency::ConcurrencyLimitLayer;
 pub use lock::LockLayer;
 pub use rate_limit::RateLimitLayer;
 pub use rejection::{Rejection, RejectionReason};

@@ -134,13 +134,23 @@ where
                             req.extensions_mut().insert(lease.lost());
                             let cancel = shared.on_lost == OnLeaseLost::Cancel;
                             let head = cancel.then(|| head_of(&req));
-                            let lost = cancel.then(|| lease.lost());
+                            // Watched either way: a loss is always reported.
+                            let lost = Some(lease.lost());
                             let fut = inner.call(req);
                             this.state.set(State::Calling {
                                 fut,
                                 lease: Some(lease),
                                 lost,
                                 head,
+                                shared,
+                            });
+                        }
+                        Acquired::Pass => {
+                            this.state.set(State::Calling {
+                                fut: inner.call(req),
+                                lease: None,
+                                lost: None,
+                                head: None,
                                 shared,
                             });
                         }
@@ -166,8 +176,12 @@ where
                         if Pin::new(l).poll(cx).is_ready() {
                             *lost = None;
                             if lease.as_ref().is_some_and(Lease::is_lost) {
+                                let Some(head) = head.take() else {
+                                    // OnLeaseLost::Continue: reported, not cancelled.
+                                    shared.gate.lost(false);
+                                    continue;
+                                };
                                 shared.gate.lost(true);
-                                let head = head.take().expect("kept when cancelling");
                                 let response = shared.answer.reject(&head, Rejection::lease_lost());
                                 // Dropping the state drops the inner future.
                                 this.state.set(State::Reply {

@@ -1,9 +1,9 @@
-//! [`Gate`]: what a held request waits at — a lock, or (later) the permits
-//! of a concurrency limit — and how each one's outcomes are counted and
-//! traced.
+//! [`Gate`]: what a held request waits at — a lock, or the permits of a
+//! concurrency limit — and how each one's outcomes are counted and traced.
 
 use futures_util::future::BoxFuture;
-use tollgate_core::{Error, Lease, LockOptions, Locker, Subject};
+use http::HeaderValue;
+use tollgate_core::{Error, Lease, LockOptions, Locker, Semaphore, Subject};
 
 use crate::key::KeyError;
 use crate::rejection::{Middleware, Rejection};
@@ -13,15 +13,27 @@ use crate::rejection::{Middleware, Rejection};
 pub(crate) enum Gate {
     /// One holder per resource.
     Lock(Locker),
+    /// At most N in flight per key; `policy` is the `RateLimit-Policy` a
+    /// refusal carries.
+    Permits {
+        semaphore: Semaphore,
+        policy: HeaderValue,
+    },
 }
 
 /// How an acquire ended.
 pub(crate) enum Acquired {
     /// Held: the handler runs under this lease.
     Held(Lease),
+    /// The backend is unavailable and the failure policy lets the request
+    /// through without a permit.
+    Pass,
     /// Refused with this rejection.
     Refused(Box<Rejection>),
 }
+
+const LOCKS: &str = "tollgate_lock_requests_total";
+const PERMITS: &str = "tollgate_concurrency_requests_total";
 
 #[cfg(feature = "metrics")]
 fn count(name: &'static str, outcome: &'static str) {
@@ -36,6 +48,7 @@ impl Gate {
     pub(crate) fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
         match self {
             Gate::Lock(locker) => locker.check_options(options),
+            Gate::Permits { semaphore, .. } => semaphore.check_options(options),
         }
     }
 
@@ -53,6 +66,13 @@ impl Gate {
                     lock_outcome(&subject, result)
                 })
             }
+            Gate::Permits { semaphore, policy } => {
+                let (semaphore, policy) = (semaphore.clone(), policy.clone());
+                Box::pin(async move {
+                    let result = semaphore.acquire(subject.clone(), &options).await;
+                    permit_outcome(&semaphore, &policy, &subject, result)
+                })
+            }
         }
     }
 
@@ -60,8 +80,12 @@ impl Gate {
     pub(crate) fn key_error(&self, e: &KeyError) {
         match self {
             Gate::Lock(_) => {
-                count("tollgate_lock_requests_total", "key_error");
+                count(LOCKS, "key_error");
                 tracing::debug!(target: "tollgate_tower::lock", status = e.status().as_u16(), error = %e, "request could not be keyed");
+            }
+            Gate::Permits { .. } => {
+                count(PERMITS, "key_error");
+                tracing::debug!(target: "tollgate_tower::concurrency", status = e.status().as_u16(), error = %e, "request could not be keyed");
             }
         }
     }
@@ -71,15 +95,18 @@ impl Gate {
     pub(crate) fn lost(&self, cancel: bool) {
         match self {
             Gate::Lock(_) => {
-                count("tollgate_lock_requests_total", "lost");
+                count(LOCKS, "lost");
                 tracing::warn!(target: "tollgate_tower::lock", cancel, "lock lease lost mid-request");
+            }
+            Gate::Permits { .. } => {
+                count(PERMITS, "lost");
+                tracing::warn!(target: "tollgate_tower::concurrency", cancel, "concurrency permit lost mid-request");
             }
         }
     }
 }
 
 fn lock_outcome(resource: &Subject, result: Result<Lease, Error>) -> Acquired {
-    const LOCKS: &str = "tollgate_lock_requests_total";
     let e = match result {
         Ok(lease) => {
             count(LOCKS, "acquired");
@@ -103,4 +130,48 @@ fn lock_outcome(resource: &Subject, result: Result<Lease, Error>) -> Acquired {
         }
     }
     Acquired::Refused(Box::new(Rejection::from_error(Middleware::Lock, e)))
+}
+
+fn permit_outcome(
+    semaphore: &Semaphore,
+    policy: &HeaderValue,
+    key: &Subject,
+    result: Result<Lease, Error>,
+) -> Acquired {
+    const T: &str = "tollgate_tower::concurrency";
+    let e = match result {
+        Ok(permit) => {
+            count(PERMITS, "acquired");
+            tracing::debug!(target: T, key = %key.digest(), fence = permit.fence().get(), "permit acquired");
+            return Acquired::Held(permit);
+        }
+        Err(e) => e,
+    };
+    match &e {
+        Error::Busy { retry_after, .. } => {
+            count(PERMITS, "busy");
+            tracing::info!(target: T, key = %key.digest(), retry_after = ?retry_after, "too many in flight");
+            return Acquired::Refused(Box::new(Rejection::too_many_in_flight(
+                *retry_after,
+                Some(policy.clone()),
+            )));
+        }
+        e if semaphore.fails_open(e) => {
+            count(PERMITS, "fail_open");
+            tracing::warn!(target: T, key = %key.digest(), error = %e, "concurrency backend unavailable; request let through without a permit");
+            return Acquired::Pass;
+        }
+        e if e.is_unavailable() => {
+            count(PERMITS, "unavailable");
+            tracing::warn!(target: T, key = %key.digest(), error = %e, "concurrency backend unavailable");
+        }
+        e => {
+            count(PERMITS, "error");
+            tracing::warn!(target: T, key = %key.digest(), error = %e, "permit acquire failed");
+        }
+    }
+    Acquired::Refused(Box::new(Rejection::from_error(
+        Middleware::ConcurrencyLimit,
+        e,
+    )))
 }

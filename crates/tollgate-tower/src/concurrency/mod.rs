@@ -1,0 +1,78 @@
+//! [`ConcurrencyLimitLayer`]: at most N requests in flight per key, across
+//! every instance that shares the backend.
+//!
+//! tower's own `ConcurrencyLimit` counts one process (one service clone,
+//! even). This one holds a permit of a [`Semaphore`](tollgate_core::Semaphore)
+//! for each request — on Redis (standalone, Sentinel, Cluster) or in memory
+//! — so "2 in flight per API key" holds for the whole fleet. For each
+//! request, in the response future:
+//!
+//! 1. the [key extractor](crate::key) names the key (or lets the request
+//!    through unlimited, or refuses it);
+//! 2. a permit of that key is taken — without waiting by default, or up to a
+//!    [wait bound](tollgate_core::LockOptions::wait);
+//! 3. held: the permit's [`FencingToken`](tollgate_core::FencingToken) and
+//!    [`LeaseLost`](tollgate_core::LeaseLost) go into the request
+//!    extensions and the inner service is called; the permit is renewed
+//!    by its watchdog and held until the response body has been sent to the
+//!    end or dropped ([`HoldUntil::BodyEnd`], the default here), then
+//!    released;
+//! 4. all taken: **429** with `Retry-After` (until the earliest permit
+//!    expires, rounded up; 1 when unknown) and
+//!    `RateLimit-Policy: "<name>";q=<N>;qu="concurrent-requests"`; gRPC
+//!    RESOURCE_EXHAUSTED;
+//! 5. the backend unavailable: the semaphore's
+//!    [failure policy](tollgate_core::SemaphoreBuilder::on_failure) — let
+//!    through without a permit (the default, as for rate limits), **503**
+//!    (gRPC UNAVAILABLE), or a permit of a local semaphore with N divided
+//!    by the number of instances.
+//!
+//! A permit lost mid-request (Redis paused past its safe deadline, the key
+//! deleted) is reported — a `tracing` warning and
+//! `tollgate_concurrency_requests_total{outcome="lost"}` — and the request
+//! goes on ([`OnLeaseLost::Continue`], the default here); with
+//! [`OnLeaseLost::Cancel`] it is cancelled and answered 503 as the lock
+//! layer does. A holder that dies frees its permits when their TTL passes.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use axum::{body::Body, routing::post, Router};
+//! use http::{Request, StatusCode};
+//! use tollgate_core::{LockOptions, MemoryBackend, Semaphore};
+//! use tollgate_tower::key::HeaderKey;
+//! use tollgate_tower::ConcurrencyLimitLayer;
+//! use tower::ServiceExt;
+//!
+//! // One export per tenant at a time (the tenant from a trusted header).
+//! let exports = Semaphore::new(MemoryBackend::new(), 1)?;
+//! let app = Router::new().route("/export", post(|| async { "done" })).layer(
+//!     ConcurrencyLimitLayer::new(exports.clone(), HeaderKey::new("x-tenant"))
+//!         .namespace("export")
+//!         .options(LockOptions::new().ttl(Duration::from_secs(10))),
+//! );
+//! let req = || Request::post("/export").header("x-tenant", "acme").body(Body::empty()).unwrap();
+//!
+//! assert_eq!(app.clone().oneshot(req()).await?.status(), StatusCode::OK);
+//! // While another export of acme runs (here: a permit taken directly)...
+//! let key = tollgate_core::Subject::compound(["export", &tollgate_tower::key::KeyExtractor::extract(
+//!     &HeaderKey::new("x-tenant"), &req().into_parts().0)?.unwrap().as_encoded().to_owned()]);
+//! let running = exports.try_acquire(key, &LockOptions::new()).await?;
+//! let res = app.oneshot(req()).await?;
+//! assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(res.headers()["ratelimit-policy"], r#""export";q=1;qu="concurrent-requests""#);
+//! # drop(running);
+//! # Ok(()) }
+//! ```
+
+mod layer;
+
+pub use self::layer::ConcurrencyLimitLayer;
+pub use crate::hold::ResponseFuture;
+pub use crate::lock::{HoldUntil, OnLeaseLost};
+
+/// The service made by [`ConcurrencyLimitLayer`]: the inner service runs
+/// while one of the key's permits is held (the lock layer's service: a lock
+/// is a limit of one).
+pub type ConcurrencyLimit<S, K> = crate::hold::Hold<S, K>;
