@@ -17,6 +17,9 @@
 #[path = "../examples/quickstart/app.rs"]
 mod app;
 mod common;
+#[allow(dead_code)]
+#[path = "../examples/support/mod.rs"]
+mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -48,7 +51,7 @@ async fn start(router: Router) -> Instance {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
-        app::serve(listener, router).await.unwrap();
+        support::serve(listener, router).await.unwrap();
     });
     Instance { addr, task }
 }

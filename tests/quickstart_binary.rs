@@ -11,54 +11,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 use common::{
     assert_hello, check_down, check_jobs, check_rate_limit, check_recovered, example_bin, get,
-    job_fence, post,
+    job_fence, post, Example,
 };
 
-/// A running `quickstart` process; killed on drop.
-struct Example {
-    addr: SocketAddr,
-    line: String,
-    _child: Child,
-}
-
 async fn launch(env: &[(&str, &str)]) -> Example {
-    let mut cmd = Command::new(example_bin("quickstart"));
-    cmd.env_remove("REDIS_URL")
-        .env_remove("REDIS_CLUSTER")
-        .env("TOLLGATE_ADDR", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let mut child = cmd.spawn().expect("the example starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(30),
-        BufReader::new(stdout).read_line(&mut line),
-    )
-    .await
-    .expect("the example prints its address within 30 s")
-    .unwrap();
-    let line = line.trim_end().to_owned();
-    let addr = line
-        .strip_prefix("listening on http://")
-        .and_then(|rest| rest.split(' ').next())
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .parse()
-        .unwrap_or_else(|e| panic!("no address in {line:?}: {e}"));
-    Example {
-        addr,
-        line,
-        _child: child,
-    }
+    common::launch("quickstart", env).await
 }
 
 fn assert_line(e: &Example, backend: &str) {

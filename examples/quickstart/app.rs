@@ -2,40 +2,18 @@
 //! its own file so the end-to-end tests under `tests/` run exactly this
 //! router (`#[path = "../examples/quickstart/app.rs"] mod app;`).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::Path;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 use tollgate::axum::{HeldLock, LockResource};
 use tollgate::tower::key::{PathParam, PeerIp};
 use tollgate::tower::RateLimitLayer;
 use tollgate::{
-    Algorithm, Error, LockBackend, LockOptions, Locker, Quota, RateBackend, RateLimiter,
-    RedisBackend, Subject,
+    Algorithm, LockBackend, LockOptions, Locker, Quota, RateBackend, RateLimiter, Subject,
 };
-
-/// The Redis backend the environment names, if any: `REDIS_CLUSTER`
-/// (comma-separated `host:port` seeds) selects a cluster, else `REDIS_URL` a
-/// standalone Redis; `None` means this process's memory.
-///
-/// A standalone Redis is connected lazily: the server starts (and its limits
-/// fail open, its locks answer 503) while Redis is down, and recovers on its
-/// own when Redis is back. A cluster must be reachable at start, to learn its
-/// slots.
-pub(crate) async fn redis_from_env() -> Result<Option<RedisBackend>, Error> {
-    let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    if let Some(seeds) = var("REDIS_CLUSTER") {
-        let seeds = seeds.split(',').map(str::trim).filter(|s| !s.is_empty());
-        return Ok(Some(RedisBackend::connect_cluster(seeds).await?));
-    }
-    var("REDIS_URL")
-        .map(|url| RedisBackend::connect_lazy(&url))
-        .transpose()
-}
 
 /// `POST /jobs/{id}` locks the job `{id}`.
 struct Job;
@@ -96,17 +74,4 @@ where
         .route("/", get(hello).layer(limit))
         .route("/jobs/{id}", post(run_job))
         .with_state(Locker::new(backend))
-}
-
-/// Serves `router` on `listener`, recording each connection's peer address
-/// (the rate limit is per client IP).
-pub(crate) async fn serve(listener: TcpListener, router: Router) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await
 }

@@ -19,41 +19,17 @@
 
 use std::process::ExitCode;
 
-use tokio::net::TcpListener;
-use tollgate::{MemoryBackend, RateBackend};
+use tollgate::MemoryBackend;
 
 mod app;
+#[path = "../support/mod.rs"]
+mod support;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let redis = match app::redis_from_env().await {
-        Ok(redis) => redis,
-        Err(e) => {
-            eprintln!("quickstart: cannot set up the backend: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let listener = match TcpListener::bind(&addr).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            eprintln!("quickstart: cannot listen on {addr}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let local = listener
-        .local_addr()
-        .expect("a bound listener has an address");
-    let (kind, router) = match redis {
-        Some(redis) => (redis.kind(), app::router(redis)),
-        None => ("memory", app::router(MemoryBackend::new())),
-    };
-    println!("listening on http://{local} (backend: {kind})");
-    match app::serve(listener, router).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("quickstart: server error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    support::run("quickstart", |redis| match redis {
+        Some(redis) => app::router(redis),
+        None => app::router(MemoryBackend::new()),
+    })
+    .await
 }

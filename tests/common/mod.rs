@@ -8,8 +8,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use http::{Method, StatusCode};
+use tokio::io::AsyncBufReadExt;
 
 pub(crate) use tollgate_testkit::eventually;
+#[allow(unused_imports)] // used by some of the test binaries that include this module
+pub(crate) use tollgate_testkit::http::loopback::send;
 pub(crate) use tollgate_testkit::http::loopback::{get, post, send_from};
 pub(crate) use tollgate_testkit::http::Reply;
 
@@ -188,6 +191,46 @@ pub(crate) async fn check_recovered(a: SocketAddr, job: &str) {
 
 // ------------------------------------------------------------------------
 // Example binaries.
+
+/// A running example process; killed on drop.
+pub(crate) struct Example {
+    pub(crate) addr: SocketAddr,
+    pub(crate) line: String,
+    pub(crate) child: tokio::process::Child,
+}
+
+/// Starts the example `name` with `env` on a free port and reads its
+/// `listening on http://<addr> …` line.
+pub(crate) async fn launch(name: &str, env: &[(&str, &str)]) -> Example {
+    let mut cmd = tokio::process::Command::new(example_bin(name));
+    cmd.env_remove("REDIS_URL")
+        .env_remove("REDIS_CLUSTER")
+        .env("TOLLGATE_ADDR", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("the example starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await
+    .expect("the example prints its address within 30 s")
+    .unwrap();
+    let line = line.trim_end().to_owned();
+    let addr = line
+        .strip_prefix("listening on http://")
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("no address in {line:?}: {e}"));
+    Example { addr, line, child }
+}
 
 /// The path of the built example `name` (`<target>/<profile>/examples/name`).
 ///

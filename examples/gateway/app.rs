@@ -1,0 +1,196 @@
+//! The gateway's application: API keys and its routes. Kept apart from
+//! `main.rs` so the end-to-end tests run exactly this router.
+//!
+//! The contract (kept exactly; checked from outside):
+//!
+//! - Every `/v1/*` request needs `X-Api-Key`: 1–64 characters of
+//!   `[A-Za-z0-9_-]`. Missing or invalid → 401 with an
+//!   `application/problem+json` body. Keys that start with `pro-` are on the
+//!   pro plan, all others on the free plan.
+//! - `POST /v1/generate?ms=<n>` (n in 0..=10000, default 500; anything else
+//!   → 400): at most 2 requests in flight per API key across all instances
+//!   on the same backend. It works for n ms and answers 200 with JSON
+//!   `{"permit_fence": <integer>}`; a third concurrent request with the same
+//!   key gets 429 with `Retry-After` (whole seconds, ≥ 1). Permits have a
+//!   5 s TTL, renewed while held: a permit of an instance that was killed is
+//!   free again within 7 s.
+
+use std::fmt;
+use std::time::Duration;
+
+use axum::extract::{RawQuery, Request};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Extension, Json, Router};
+use serde_json::json;
+use tollgate::tower::key::ExtensionKey;
+use tollgate::tower::ConcurrencyLimitLayer;
+use tollgate::{FencingToken, LockBackend, LockOptions, RateBackend, Semaphore};
+
+/// Requests in flight per API key on `/v1/generate`.
+const GENERATE_IN_FLIGHT: u32 = 2;
+/// The TTL of a generate permit; renewed every third of it while held.
+const PERMIT_TTL: Duration = Duration::from_secs(5);
+
+/// A caller's API key, checked by [`require_api_key`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApiKey(String);
+
+impl ApiKey {
+    /// 1–64 characters of `[A-Za-z0-9_-]`.
+    fn parse(raw: &[u8]) -> Option<ApiKey> {
+        let valid = (1..=64).contains(&raw.len())
+            && raw
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-');
+        valid.then(|| ApiKey(String::from_utf8_lossy(raw).into_owned()))
+    }
+}
+
+impl fmt::Display for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// An RFC 9457 problem response.
+fn problem(status: StatusCode, detail: &str) -> Response {
+    let body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut res = (status, Json(body)).into_response();
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+/// 401 unless `X-Api-Key` is valid; puts the [`ApiKey`] (and so the plan)
+/// into the request for the layers and handlers behind it.
+async fn require_api_key(mut req: Request, next: Next) -> Response {
+    let key = req.headers().get("x-api-key").map(|v| v.as_bytes());
+    match key.and_then(ApiKey::parse) {
+        Some(key) => {
+            req.extensions_mut().insert(key);
+            next.run(req).await
+        }
+        None if key.is_none() => problem(StatusCode::UNAUTHORIZED, "missing X-Api-Key header"),
+        None => problem(
+            StatusCode::UNAUTHORIZED,
+            "X-Api-Key must be 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'",
+        ),
+    }
+}
+
+/// How long a generate request works, from `?ms=` (checked before a permit
+/// is taken).
+#[derive(Debug, Clone, Copy)]
+struct WorkMs(u64);
+
+/// `ms` in 0..=10000, default 500; anything else is refused with 400.
+fn work_ms(query: Option<&str>) -> Result<WorkMs, String> {
+    let mut ms = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "ms" {
+            continue;
+        }
+        if ms.is_some() {
+            return Err("ms is given more than once".into());
+        }
+        match value.parse::<u64>() {
+            Ok(n) if n <= 10_000 => ms = Some(n),
+            _ => {
+                return Err(format!(
+                    "ms must be an integer from 0 to 10000, got {value:?}"
+                ))
+            }
+        }
+    }
+    Ok(WorkMs(ms.unwrap_or(500)))
+}
+
+async fn check_work_ms(RawQuery(query): RawQuery, mut req: Request, next: Next) -> Response {
+    match work_ms(query.as_deref()) {
+        Ok(ms) => {
+            req.extensions_mut().insert(ms);
+            next.run(req).await
+        }
+        Err(detail) => problem(StatusCode::BAD_REQUEST, &detail),
+    }
+}
+
+/// Works `ms` milliseconds under one of the key's permits.
+async fn generate(
+    Extension(WorkMs(ms)): Extension<WorkMs>,
+    Extension(fence): Extension<FencingToken>,
+) -> Json<serde_json::Value> {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    Json(json!({ "permit_fence": fence.get() }))
+}
+
+/// The gateway's router on `backend` (see the module docs for the contract).
+pub(crate) fn router<B>(backend: B) -> Router
+where
+    B: RateBackend + LockBackend + Clone,
+{
+    let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
+        .prefix("gateway")
+        .build()
+        .expect("valid semaphore settings");
+    let in_flight = ConcurrencyLimitLayer::new(generate_permits, ExtensionKey::<ApiKey>::new())
+        .namespace("generate")
+        .options(LockOptions::new().ttl(PERMIT_TTL));
+    let v1 = Router::new().route(
+        "/generate",
+        post(generate)
+            .layer(in_flight)
+            .layer(middleware::from_fn(check_work_ms)),
+    );
+    Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys() {
+        assert!(ApiKey::parse(b"a").is_some());
+        assert!(ApiKey::parse(&[b'k'; 64]).is_some());
+        for bad in [
+            &b""[..],
+            &[b'k'; 65],
+            b"a b",
+            b"a:b",
+            b"\xc3\xa9",
+            b"a\r\nb",
+        ] {
+            assert!(ApiKey::parse(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn work_ms_bounds() {
+        assert_eq!(work_ms(None).unwrap().0, 500);
+        assert_eq!(work_ms(Some("ms=0")).unwrap().0, 0);
+        assert_eq!(work_ms(Some("x=1&ms=10000")).unwrap().0, 10_000);
+        for bad in [
+            "ms=10001",
+            "ms=-1",
+            "ms=abc",
+            "ms=",
+            "ms",
+            "ms=1&ms=2",
+            "ms=1.5",
+        ] {
+            assert!(work_ms(Some(bad)).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! An API gateway built only from tollgate's public API: API keys, a
+//! distributed concurrency limit per key, on memory, Redis or a cluster.
+//!
+//! ```text
+//! cargo run --example gateway                                   # in memory
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example gateway  # standalone Redis
+//! REDIS_CLUSTER=127.0.0.1:7000,127.0.0.1:7001 cargo run --example gateway
+//! TOLLGATE_ADDR=127.0.0.1:3001 cargo run --example gateway      # another port
+//! ```
+//!
+//! Then:
+//!
+//! ```text
+//! curl -i -X POST -H 'X-Api-Key: demo' 'http://127.0.0.1:3000/v1/generate?ms=2000'
+//! # {"permit_fence":...}; a third concurrent one with the same key is 429
+//! ```
+//!
+//! Several instances on one Redis share the limits. The contract is in
+//! `app.rs` and checked end to end by `tests/gateway.rs`.
+
+use std::process::ExitCode;
+
+use tollgate::MemoryBackend;
+
+mod app;
+#[path = "../support/mod.rs"]
+mod support;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    support::run("gateway", |redis| match redis {
+        Some(redis) => app::router(redis),
+        None => app::router(MemoryBackend::new()),
+    })
+    .await
+}

@@ -1,0 +1,282 @@
+//! The gateway's contract (`examples/gateway`), end to end over HTTP: the
+//! example binary itself (its startup line and environment variables, two
+//! processes sharing one Redis or one cluster, an instance killed while it
+//! holds permits) and its router in process on the memory backend. Real
+//! `redis-server` processes, no mocks.
+
+#[allow(dead_code)]
+#[path = "../examples/gateway/app.rs"]
+mod app;
+mod common;
+#[allow(dead_code)]
+#[path = "../examples/support/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use http::{Method, StatusCode};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tollgate::{LockBackend, MemoryBackend, RedisBackend, Semaphore, Subject};
+use tollgate_testkit::{unique, RedisCluster, RedisServer};
+
+use common::{launch, send, Reply};
+
+/// `POST /v1/generate?ms=<ms>` with `key` (no header when `None`).
+async fn generate(addr: SocketAddr, key: Option<&str>, ms: &str) -> Reply {
+    let path = format!("/v1/generate{ms}");
+    match key {
+        Some(key) => send(addr, Method::POST, &path, &[("x-api-key", key)]).await,
+        None => send(addr, Method::POST, &path, &[]).await,
+    }
+}
+
+/// The fence of a 200 generate reply.
+fn permit_fence(r: &Reply) -> u64 {
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+    v["permit_fence"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no integer permit_fence in {v}"))
+}
+
+fn assert_problem(r: &Reply, status: StatusCode) {
+    assert_eq!(r.status, status, "{r:?}");
+    assert_eq!(r.expect_header("content-type"), "application/problem+json");
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v["status"], status.as_u16(), "{v}");
+    assert!(v["title"].is_string() && v["detail"].is_string(), "{v}");
+}
+
+/// 401 for missing and invalid keys, 400 for a bad `ms`; both as problems.
+async fn check_validation(addr: SocketAddr) {
+    assert_problem(
+        &generate(addr, None, "?ms=0").await,
+        StatusCode::UNAUTHORIZED,
+    );
+    let long = "k".repeat(65);
+    for bad in ["", "a b", "a:b", "é", long.as_str()] {
+        let r = send(
+            addr,
+            Method::POST,
+            "/v1/generate?ms=0",
+            &[("x-api-key", bad)],
+        )
+        .await;
+        assert_problem(&r, StatusCode::UNAUTHORIZED);
+    }
+    let key = unique("ok");
+    for bad in ["?ms=10001", "?ms=-1", "?ms=abc", "?ms=", "?ms=1.5"] {
+        assert_problem(
+            &generate(addr, Some(&key), bad).await,
+            StatusCode::BAD_REQUEST,
+        );
+    }
+    permit_fence(&generate(addr, Some(&"k".repeat(64)), "?ms=0").await);
+    // No `ms`: 500 ms of work.
+    let r = generate(addr, Some(&key), "").await;
+    permit_fence(&r);
+    assert!(r.elapsed >= Duration::from_millis(500), "{r:?}");
+    permit_fence(&generate(addr, Some("pro-A_z-09"), "?x=1&ms=0").await);
+}
+
+/// The gateway's generate permits on the backend the instances share, read
+/// from outside (a probe request would take a permit itself).
+struct Permits(Semaphore);
+
+impl Permits {
+    fn new(backend: impl LockBackend) -> Permits {
+        Permits(
+            Semaphore::builder(backend, 2)
+                .prefix("gateway")
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// Waits until `key` has `n` permits in use.
+    async fn wait_for(&self, key: &str, n: u32) {
+        let subject = Subject::compound(["generate", Subject::new(key).as_encoded()]);
+        common::eventually(Duration::from_secs(10), "permits in use", || async {
+            (self.0.in_use(subject.clone()).await.unwrap() == n).then_some(())
+        })
+        .await;
+    }
+}
+
+/// At most 2 in flight per key across `a` and `b`: two long requests (one
+/// per instance) hold both permits; a third gets 429 with `Retry-After` ≥ 1
+/// from either instance; another key is not affected; once the two finish
+/// the key is free again; fences differ.
+async fn check_in_flight(permits: &Permits, a: SocketAddr, b: SocketAddr) {
+    let key = unique("busy");
+    let (k1, k2) = (key.clone(), key.clone());
+    let first = tokio::spawn(async move { generate(a, Some(&k1), "?ms=4000").await });
+    let second = tokio::spawn(async move { generate(b, Some(&k2), "?ms=4000").await });
+    permits.wait_for(&key, 2).await;
+    let refused = generate(a, Some(&key), "?ms=0").await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS, "{refused:?}");
+    assert!(refused.retry_after() >= 1, "{refused:?}");
+    let r = generate(b, Some(&key), "?ms=0").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert!(r.retry_after() >= 1);
+    permit_fence(&generate(b, Some(&unique("other")), "?ms=0").await);
+    let f1 = permit_fence(&first.await.unwrap());
+    let f2 = permit_fence(&second.await.unwrap());
+    assert_ne!(f1, f2);
+    permits.wait_for(&key, 0).await;
+    let f3 = permit_fence(&generate(a, Some(&key), "?ms=0").await);
+    assert!(f3 > f1.max(f2), "fences increase: {f1}, {f2}, then {f3}");
+}
+
+// ------------------------------------------------------------------ memory
+
+async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move { support::serve(listener, router).await.unwrap() });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_contract() {
+    let backend = MemoryBackend::new();
+    let (a, ta) = serve(app::router(backend.clone())).await;
+    let (b, tb) = serve(app::router(backend.clone())).await;
+    check_validation(a).await;
+    check_in_flight(&Permits::new(backend), a, b).await;
+    ta.abort();
+    tb.abort();
+}
+
+// ------------------------------------------------------------------ binaries
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_memory_by_default() {
+    let g = launch("gateway", &[]).await;
+    assert_eq!(
+        g.line,
+        format!("listening on http://{} (backend: memory)", g.addr)
+    );
+    check_validation(g.addr).await;
+    // The process's permits are not visible from here: two long requests
+    // hold both once a probe is refused (a probe that got a permit gave it
+    // back at once, and may have refused a long one: then all are retried).
+    let key = unique("busy");
+    let refused = common::eventually(
+        Duration::from_secs(20),
+        "a third request refused",
+        || async {
+            let (k1, k2, addr) = (key.clone(), key.clone(), g.addr);
+            let long = [
+                tokio::spawn(async move { generate(addr, Some(&k1), "?ms=1500").await }),
+                tokio::spawn(async move { generate(addr, Some(&k2), "?ms=1500").await }),
+            ];
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let probe = generate(g.addr, Some(&key), "?ms=0").await;
+            for r in long {
+                let r = r.await.unwrap();
+                if r.status != StatusCode::OK {
+                    return None;
+                }
+            }
+            (probe.status == StatusCode::TOO_MANY_REQUESTS).then_some(probe)
+        },
+    )
+    .await;
+    assert!(refused.retry_after() >= 1, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_two_processes_share_redis() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let a = launch("gateway", &[("REDIS_URL", &url)]).await;
+    let b = launch("gateway", &[("REDIS_URL", &url)]).await;
+    assert_eq!(
+        a.line,
+        format!("listening on http://{} (backend: redis)", a.addr)
+    );
+    check_validation(a.addr).await;
+    let permits = Permits::new(RedisBackend::connect(&url).await.unwrap());
+    check_in_flight(&permits, a.addr, b.addr).await;
+    check_killed_instance_frees_permits(&permits, a, b.addr).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_two_processes_share_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let seeds = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.addr())
+        .collect::<Vec<_>>()
+        .join(",");
+    let a = launch("gateway", &[("REDIS_CLUSTER", &seeds)]).await;
+    let b = launch("gateway", &[("REDIS_CLUSTER", &seeds)]).await;
+    assert_eq!(
+        a.line,
+        format!("listening on http://{} (backend: cluster)", a.addr)
+    );
+    let permits = Permits::new(
+        RedisBackend::connect_cluster(cluster.seeds())
+            .await
+            .unwrap(),
+    );
+    check_in_flight(&permits, a.addr, b.addr).await;
+    check_killed_instance_frees_permits(&permits, a, b.addr).await;
+}
+
+/// `a` holds both of a key's permits (two 10 s requests) and is SIGKILLed:
+/// from `b` the key is refused at first, and free again within 7 s of the
+/// kill (a 5 s TTL, renewed every 5/3 s while `a` lived).
+async fn check_killed_instance_frees_permits(
+    permits: &Permits,
+    mut a: common::Example,
+    b: SocketAddr,
+) {
+    let key = unique("killed");
+    let addr = a.addr;
+    let (k1, k2) = (key.clone(), key.clone());
+    let _first = tokio::spawn(async move {
+        send(
+            addr,
+            Method::POST,
+            "/v1/generate?ms=10000",
+            &[("x-api-key", &k1)],
+        )
+        .await
+    });
+    let _second = tokio::spawn(async move {
+        send(
+            addr,
+            Method::POST,
+            "/v1/generate?ms=10000",
+            &[("x-api-key", &k2)],
+        )
+        .await
+    });
+    permits.wait_for(&key, 2).await;
+    let r = generate(b, Some(&key), "?ms=0").await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    a.child.start_kill().unwrap();
+    a.child.wait().await.unwrap();
+    let killed = Instant::now();
+    let freed = loop {
+        let r = generate(b, Some(&key), "?ms=0").await;
+        if r.status == StatusCode::OK {
+            break killed.elapsed();
+        }
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+        // One second of slack over the contract's 7 s for a loaded machine.
+        assert!(
+            killed.elapsed() < Duration::from_secs(8),
+            "still refused after {:?}",
+            killed.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    eprintln!("permits of the killed instance free after {freed:?}");
+}
