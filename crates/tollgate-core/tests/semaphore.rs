@@ -1,0 +1,220 @@
+//! The semaphore suite (and fair locks), instantiated for the memory
+//! backend, a standalone redis-server and a 3-master Redis Cluster; plus
+//! memory-only cases (the backend's clock, configuration) and standalone
+//! faults (other OS processes, SIGKILL, SIGSTOP).
+
+mod lock_common;
+mod semaphore_common;
+
+use std::sync::OnceLock;
+
+use lock_common::{Cluster, Memory, Standalone};
+use tollgate_core::MemoryBackend;
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+/// The suite for one fixture expression; `$total` acquisitions in the
+/// contended test (a third of them for the fair one).
+macro_rules! semaphore_suite {
+    ($fixture:expr, $total:expr) => {
+        use tollgate_core::{Locker, Semaphore};
+
+        use crate::semaphore_common as sc;
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bound_under_contention() {
+            sc::bound_under_contention(&$fixture, false, 12, $total).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn bound_under_contention_fair() {
+            sc::bound_under_contention(&$fixture, true, 12, $total / 3).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn try_acquire_and_release() {
+            sc::try_acquire_and_release(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn weighted() {
+            sc::weighted(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn dead_holder_frees_by_ttl() {
+            sc::dead_holder_frees_by_ttl(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn waiter_wakes_on_release() {
+            sc::waiter_wakes_on_release(&$fixture, false).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_waiter_wakes_on_release() {
+            sc::waiter_wakes_on_release(&$fixture, true).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn renewal_and_loss() {
+            sc::renewal_and_loss(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_and_unfair_do_not_mix() {
+            sc::fair_and_unfair_do_not_mix(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_semaphore_arrival_order() {
+            sc::fair::arrival_order::<Semaphore, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_locker_arrival_order() {
+            sc::fair::arrival_order::<Locker, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_leavers_leave_at_once() {
+            sc::fair::leavers_leave_at_once::<Semaphore, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_locker_leavers_leave_at_once() {
+            sc::fair::leavers_leave_at_once::<Locker, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_dead_waiter_blocks_until_ticket_ttl() {
+            sc::fair::dead_waiter_blocks_until_ticket_ttl::<Semaphore, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_locker_dead_waiter_blocks_until_ticket_ttl() {
+            sc::fair::dead_waiter_blocks_until_ticket_ttl::<Locker, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_mixed_ticket_ttls_keep_arrival_order() {
+            sc::fair::mixed_ticket_ttls_keep_arrival_order(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_lost_notification_costs_one_poll() {
+            sc::fair::lost_notification_costs_one_poll(&$fixture).await;
+        }
+    };
+}
+
+mod memory {
+    use std::time::Duration;
+
+    use tollgate_core::lock::MAX_PERMITS;
+    use tollgate_core::{Error, LockOptions, ManualClock};
+
+    use super::*;
+
+    fn memory() -> Memory {
+        static M: OnceLock<MemoryBackend> = OnceLock::new();
+        Memory(M.get_or_init(MemoryBackend::new).clone())
+    }
+
+    semaphore_suite!(memory(), 1500);
+
+    /// Expiry follows the backend's clock: once it passes the TTL, the
+    /// permits are free and the holder's next renewal reports the loss.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clock_expiry_is_loss() {
+        let clock = ManualClock::starting_now();
+        let backend = MemoryBackend::with_clock(clock.clone());
+        let a = Semaphore::new(backend.clone(), 2).unwrap();
+        let b = Semaphore::new(backend, 2).unwrap();
+        let opts = LockOptions::new().ttl(Duration::from_millis(300));
+        let both = a.try_acquire_weighted("m", 2, &opts).await.unwrap();
+        sc::busy_after(b.try_acquire("m", &opts).await);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(b.in_use("m").await.unwrap(), 0);
+        let taken = b.try_acquire("m", &opts).await.unwrap();
+        assert!(taken.fence() > both.fence());
+        tokio::time::timeout(Duration::from_secs(2), both.lost())
+            .await
+            .expect("lost() never resolved");
+        assert!(both.is_lost());
+        assert!(!both.release().await.unwrap());
+        assert_eq!(b.in_use("m").await.unwrap(), 1);
+        assert!(taken.release().await.unwrap());
+    }
+
+    /// Permit counts out of 1..=MAX_PERMITS are refused, as are fair names
+    /// on a Redlock; the builder's settings are kept.
+    #[tokio::test]
+    async fn configuration_is_checked() {
+        for n in [0, MAX_PERMITS + 1, u32::MAX] {
+            let r = Semaphore::new(MemoryBackend::new(), n);
+            assert!(matches!(r, Err(Error::InvalidConfig(_))), "{n}: {r:?}");
+        }
+        let s = Semaphore::new(MemoryBackend::new(), MAX_PERMITS).unwrap();
+        let all = s
+            .try_acquire_weighted("max", MAX_PERMITS, &LockOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(s.available("max").await.unwrap(), 0);
+        assert!(all.release().await.unwrap());
+        let s = Semaphore::builder(MemoryBackend::new(), 4)
+            .prefix("render")
+            .fair()
+            .build()
+            .unwrap();
+        assert_eq!((s.permits(), s.is_fair()), (4, true));
+        assert_eq!(s.keys_for("farm").lock, "render:sem:{farm}");
+        assert_eq!(s.keys_for("farm").queue(), "render:sem:{farm}:queue");
+        sc::fair::redlock_refuses_fair();
+    }
+}
+
+mod standalone {
+    use super::*;
+
+    fn server() -> &'static RedisServer {
+        static S: OnceLock<RedisServer> = OnceLock::new();
+        S.get_or_init(|| RedisServer::start().expect("redis-server"))
+    }
+
+    semaphore_suite!(Standalone(server()), 600);
+
+    #[test]
+    fn four_processes_share_three_permits() {
+        sc::faults::four_processes_share_three_permits();
+    }
+
+    #[test]
+    fn killed_holder_process_frees_within_ttl() {
+        sc::faults::killed_holder_process_frees_within_ttl();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn paused_server_is_unavailable_not_a_hang() {
+        sc::faults::paused_server_is_unavailable_not_a_hang().await;
+    }
+}
+
+mod cluster {
+    use super::*;
+
+    fn cluster() -> &'static RedisCluster {
+        static C: OnceLock<RedisCluster> = OnceLock::new();
+        C.get_or_init(|| RedisCluster::start().expect("redis cluster"))
+    }
+
+    semaphore_suite!(Cluster(cluster()), 600);
+}
+
+/// A child process of the cross-process tests (`semaphore_common::faults`):
+/// they re-run this binary with `--exact semaphore_child --ignored` and its
+/// role in the environment. Run directly, it does nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a child process of the cross-process tests, spawned by them"]
+async fn semaphore_child() {
+    semaphore_common::faults::child_main().await;
+}
