@@ -9,6 +9,11 @@
 //!   wait bound and renewal) — [`RouteParams`] needs no impl.
 //!   When the guard is dropped — the handler returns, panics, or is cancelled
 //!   because the client went away — the lock is released without blocking.
+//! - [`HeldPermit<R>`] holds one of a key's N concurrency permits for the
+//!   handler (a [`Semaphore`](tollgate_core::Semaphore) from the state; `R`
+//!   implements [`PermitResource`]): at most N such handlers run at once
+//!   per key across every instance. It answers exactly as a
+//!   `ConcurrencyLimitLayer` with the same namespace.
 //! - [`RateLimited<P>`] limits one handler without a layer: `P` implements
 //!   [`RateLimitPolicy`] (which limiter, which key, what cost).
 //! - [`RateLimitStatus`] reads the decision a `RateLimitLayer` of
@@ -47,8 +52,10 @@
 
 mod limit;
 mod lock;
+mod permit;
 
 pub use limit::{RateLimitPolicy, RateLimitStatus, RateLimited};
 pub use lock::{HeldLock, LockResource};
+pub use permit::{HeldPermit, PermitResource};
 pub use tollgate_tower::key::RouteParams;
 pub use tollgate_tower::rejection::{Rejection, RejectionReason};

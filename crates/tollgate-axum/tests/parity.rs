@@ -17,20 +17,38 @@ use axum::Router;
 use http::request::Parts;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tollgate_axum::{HeldLock, LockResource, RateLimitPolicy, RateLimited};
+use tollgate_axum::{
+    HeldLock, HeldPermit, LockResource, PermitResource, RateLimitPolicy, RateLimited,
+};
 use tollgate_core::{
     Algorithm, FailurePolicy, LockBackend, LockOptions, Locker, ManualClock, MemoryBackend, Quota,
-    RateBackend, RateLimiter, RedisBackend, Subject,
+    RateBackend, RateLimiter, RedisBackend, Semaphore, Subject,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 use tollgate_tower::key::{HeaderKey, PathParam, PeerIp};
-use tollgate_tower::{LockLayer, RateLimitLayer};
+use tollgate_tower::{ConcurrencyLimitLayer, LockLayer, RateLimitLayer};
 use tower::ServiceExt;
 
 #[derive(Clone, FromRef)]
 struct State {
     limiter: RateLimiter,
     locker: Locker,
+    semaphore: Semaphore,
+}
+
+/// One in flight per `{id}`, namespaced `slots` (as the layer below).
+struct Slot;
+
+impl PermitResource<State> for Slot {
+    type Key = PathParam;
+
+    fn key(_: &State) -> PathParam {
+        PathParam::new("id")
+    }
+
+    fn namespace(_: &State) -> Option<&'static str> {
+        Some("slots")
+    }
 }
 
 /// Per `x-user`, on the state's limiter; `x-cost` units.
@@ -105,12 +123,24 @@ fn limiter(backend: impl RateBackend) -> RateLimiter {
         .unwrap()
 }
 
-fn app(limiter: RateLimiter, locker: Locker) -> Router {
+/// One permit per key, refusing when the backend is down (deny policy).
+fn semaphore(backend: impl LockBackend) -> Semaphore {
+    Semaphore::builder(backend, 1)
+        .prefix(format!("parity{}", tollgate_testkit::unique("")))
+        .timeout(Duration::from_millis(200))
+        .on_failure(FailurePolicy::Deny)
+        .build()
+        .unwrap()
+}
+
+fn app(limiter: RateLimiter, locker: Locker, semaphore: Semaphore) -> Router {
     let by_user = RateLimitLayer::new(limiter.clone())
         .key(HeaderKey::new("x-user").plain())
         .cost(cost);
     let by_peer = RateLimitLayer::new(limiter.clone()).key(PeerIp::new());
     let lock = LockLayer::new(locker.clone(), PathParam::new("id"));
+    let slots =
+        ConcurrencyLimitLayer::new(semaphore.clone(), PathParam::new("id")).namespace("slots");
     Router::new()
         .route("/layer/limit", get(|| async { "ok" }).layer(by_user))
         .route("/ext/limit", get(|_: RateLimited<PerUser>| async { "ok" }))
@@ -118,7 +148,16 @@ fn app(limiter: RateLimiter, locker: Locker) -> Router {
         .route("/ext/peer", get(|_: RateLimited<PerPeer>| async { "ok" }))
         .route("/layer/jobs/{id}", post(|| async { "ran" }).layer(lock))
         .route("/ext/jobs/{id}", post(|_: HeldLock<Job>| async { "ran" }))
-        .with_state(State { limiter, locker })
+        .route("/layer/slots/{id}", post(|| async { "ran" }).layer(slots))
+        .route(
+            "/ext/slots/{id}",
+            post(|_: HeldPermit<Slot>| async { "ran" }),
+        )
+        .with_state(State {
+            limiter,
+            locker,
+            semaphore,
+        })
 }
 
 /// Status, every header (in order) and the body.
@@ -175,7 +214,8 @@ where
     B: RateBackend + LockBackend + Clone,
 {
     let locker = Locker::new(backend.clone());
-    let app = app(limiter(backend), locker.clone());
+    let semaphore = semaphore(backend.clone());
+    let app = app(limiter(backend), locker.clone(), semaphore.clone());
 
     // Rate limited: 429, Retry-After, the draft headers.
     let user = [("x-user", "alice")];
@@ -233,6 +273,34 @@ where
         format!("resource is busy; retry in {wait} s\n").as_bytes()
     );
     holder.release().await.unwrap();
+
+    // Too many in flight: 429 until the holder's permit expires, rounded
+    // up, and the concurrency policy.
+    let holder = semaphore
+        .try_acquire(
+            Subject::compound(["slots", "9"]),
+            &LockOptions::new().ttl(Duration::from_millis(20_500)),
+        )
+        .await
+        .unwrap();
+    let full = same_answer(&app, "POST", "/slots/9", &[]).await;
+    assert_eq!(full.0, StatusCode::TOO_MANY_REQUESTS);
+    let wait: u64 = header(&full, "retry-after").unwrap().parse().unwrap();
+    assert!((20..=21).contains(&wait), "Retry-After {wait}");
+    assert_eq!(
+        header(&full, "ratelimit-policy"),
+        Some(r#""slots";q=1;qu="concurrent-requests""#)
+    );
+    assert_eq!(
+        full.2,
+        format!("too many requests in flight; retry in {wait} s\n").as_bytes()
+    );
+    // Another key is free, through either.
+    for path in ["/layer/slots/10", "/ext/slots/10"] {
+        let ok = answer(&app, Request::post(path).body(Body::empty()).unwrap()).await;
+        assert_eq!(ok.0, StatusCode::OK, "{path}");
+    }
+    holder.release().await.unwrap();
 }
 
 /// An unreachable backend under the deny policy: 503 + `Retry-After: 1`
@@ -242,7 +310,7 @@ async fn unavailable_parity(backend: RedisBackend) {
         .timeout(Duration::from_millis(200))
         .build()
         .unwrap();
-    let app = app(limiter(backend), locker);
+    let app = app(limiter(backend.clone()), locker, semaphore(backend));
     let limit = same_answer(&app, "GET", "/limit", &[("x-user", "carol")]).await;
     assert_eq!(limit.0, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&limit, "retry-after"), Some("1"));
@@ -251,6 +319,9 @@ async fn unavailable_parity(backend: RedisBackend) {
     assert_eq!(lock.0, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&lock, "retry-after"), Some("1"));
     assert_eq!(lock.2, b"lock service unavailable\n");
+    let slots = same_answer(&app, "POST", "/slots/1", &[]).await;
+    assert_eq!(slots.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&slots, "retry-after"), Some("1"));
 }
 
 fn dead_redis() -> RedisBackend {

@@ -68,6 +68,12 @@
 
 mod layer;
 
+use http::HeaderValue;
+use tollgate_core::{LockOptions, Permit, Semaphore, Subject};
+
+use crate::hold::gate::{permit_outcome, Acquired};
+use crate::rejection::Rejection;
+
 pub use self::layer::ConcurrencyLimitLayer;
 pub use crate::hold::ResponseFuture;
 pub use crate::lock::{HoldUntil, OnLeaseLost};
@@ -76,3 +82,39 @@ pub use crate::lock::{HoldUntil, OnLeaseLost};
 /// while one of the key's permits is held (the lock layer's service: a lock
 /// is a limit of one).
 pub type ConcurrencyLimit<S, K> = crate::hold::Hold<S, K>;
+
+/// Takes a permit of `key` the way the layer does, for extractors and
+/// custom middleware: `Ok(Some(permit))` when held; `Ok(None)` when the
+/// backend is unavailable and the semaphore fails open (go ahead without a
+/// permit); otherwise the [`Rejection`] the layer would answer with (429
+/// with `Retry-After` and `policy` as `RateLimit-Policy`, 503, 500). The
+/// outcome is counted and traced as the layer's.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// use tollgate_core::{LockOptions, MemoryBackend, Semaphore, Subject};
+/// use tollgate_tower::concurrency::acquire;
+/// use tollgate_tower::headers::concurrency_policy;
+///
+/// let one = Semaphore::new(MemoryBackend::new(), 1)?;
+/// let policy = concurrency_policy("jobs", 1);
+/// let held = acquire(&one, Subject::new("k"), &LockOptions::new(), &policy).await.unwrap();
+/// assert!(held.is_some());
+/// let refused = acquire(&one, Subject::new("k"), &LockOptions::new(), &policy).await.unwrap_err();
+/// assert_eq!(refused.status(), 429);
+/// # Ok(()) }
+/// ```
+pub async fn acquire(
+    semaphore: &Semaphore,
+    key: Subject,
+    options: &LockOptions,
+    policy: &HeaderValue,
+) -> Result<Option<Permit>, Rejection> {
+    let result = semaphore.acquire(key.clone(), options).await;
+    match permit_outcome(semaphore, policy, &key, result) {
+        Acquired::Held(permit) => Ok(Some(permit)),
+        Acquired::Pass => Ok(None),
+        Acquired::Refused(rejection) => Err(*rejection),
+    }
+}

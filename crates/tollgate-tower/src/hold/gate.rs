@@ -132,7 +132,7 @@ fn lock_outcome(resource: &Subject, result: Result<Lease, Error>) -> Acquired {
     Acquired::Refused(Box::new(Rejection::from_error(Middleware::Lock, e)))
 }
 
-fn permit_outcome(
+pub(crate) fn permit_outcome(
     semaphore: &Semaphore,
     policy: &HeaderValue,
     key: &Subject,

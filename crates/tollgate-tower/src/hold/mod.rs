@@ -4,7 +4,7 @@
 //! N = 1 case, so the acquire → call → release machinery exists once.
 
 mod future;
-mod gate;
+pub(crate) mod gate;
 mod service;
 
 pub use self::future::ResponseFuture;
