@@ -17,6 +17,7 @@
 pub mod backend;
 mod clock;
 mod error;
+pub mod idempotency;
 pub mod keyspace;
 pub mod lock;
 pub mod rate;

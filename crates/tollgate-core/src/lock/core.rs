@@ -122,7 +122,7 @@ impl Core {
                 )));
             }
         }
-        let policy = if s.permits.is_some() { "sem" } else { "lock" };
+        let policy = if s.permits.is_some() { "sem" } else { s.policy };
         let keyspace = Keyspace::new(s.prefix.clone(), policy)?;
         let channel_prefix = format!("{}:{}:", keyspace.prefix(), keyspace.policy());
         // A fair name wakes every local waiter on a release: only the head of
@@ -190,6 +190,41 @@ impl Core {
     /// a dead one blocks the queue for at most this long.
     fn ticket_ttl(&self) -> Duration {
         (self.poll_interval + self.instances.timeout) * 2
+    }
+
+    /// A lease on a lock that a script other than the lock's own acquire
+    /// granted (the idempotency store's claim): renewed, lost and released
+    /// like any other.
+    pub(crate) fn lease_for(
+        &self,
+        subject: &Subject,
+        token: String,
+        fence: super::FencingToken,
+        start: std::time::Instant,
+        options: &LockOptions,
+    ) -> Result<Lease> {
+        let handle = Handle::try_current().map_err(|_| {
+            Error::InvalidConfig("locks need a tokio runtime (timers, the watchdog)".into())
+        })?;
+        let granted = super::instances::Granted {
+            token,
+            fence,
+            start,
+        };
+        Ok(Lease::start(
+            self.instances.clone(),
+            subject.as_encoded().to_owned(),
+            self.keys(subject, 1),
+            granted,
+            options,
+            self.first_ttl(options)?,
+            handle,
+        ))
+    }
+
+    /// The round-trip bound of every call.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.instances.timeout
     }
 
     /// Permits of `subject` in use now (semaphores and fair locks).

@@ -468,6 +468,20 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// The owner token: the idempotency store's fenced writes check it.
+    pub(crate) fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// Marks the lease released without a round trip, because a script has
+    /// already deleted its lock (a completed or abandoned idempotency
+    /// record): renewal stops, and dropping it does nothing more.
+    pub(crate) fn settle(self) {
+        self.shared.mark_released();
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.shared.mark_released() {

@@ -17,6 +17,7 @@ use super::permits::memory::PermitSet;
 use super::FencingToken;
 use crate::backend::MemoryBackend;
 use crate::error::Result;
+use crate::idempotency::memory::Record;
 
 /// How many release notifications a slow subscriber may fall behind before
 /// it is told to resync.
@@ -36,14 +37,16 @@ pub(crate) struct State {
     fences: HashMap<String, Fence>,
     /// Semaphore (and fair lock) key → its holders and queue.
     pub(crate) permits: HashMap<String, PermitSet>,
+    /// Idempotency record key → the record.
+    pub(crate) records: HashMap<String, Record>,
     ops: u64,
     next_sweep: u64,
 }
 
 pub(crate) struct Holder {
-    token: String,
+    pub(crate) token: String,
     /// Expiry on the backend clock, µs.
-    expires_at: u64,
+    pub(crate) expires_at: u64,
 }
 
 struct Fence {
@@ -81,7 +84,7 @@ impl MemoryLocks {
     }
 
     /// The live holder of `key` at `now`, dropping an expired one.
-    fn live<'a>(state: &'a mut State, key: &str, now: u64) -> Option<&'a mut Holder> {
+    pub(crate) fn live<'a>(state: &'a mut State, key: &str, now: u64) -> Option<&'a mut Holder> {
         if state.held.get(key).is_some_and(|h| h.expires_at <= now) {
             state.held.remove(key);
         }
@@ -94,7 +97,9 @@ impl MemoryLocks {
             state.held.retain(|_, h| h.expires_at > now);
             state.fences.retain(|_, f| f.expires_at > now);
             Self::sweep_permits(state, now);
-            let live = state.held.len() + state.fences.len() + state.permits.len();
+            state.records.retain(|_, r| r.expires_at > now);
+            let live =
+                state.held.len() + state.fences.len() + state.permits.len() + state.records.len();
             state.next_sweep = state.ops + (live as u64).max(1024);
         }
     }

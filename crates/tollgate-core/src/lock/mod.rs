@@ -134,7 +134,7 @@
 // use util; instances use waiters; lease uses instances; core uses lease
 // and instances; locker uses core.
 pub mod backend;
-mod core;
+pub(crate) mod core;
 mod instances;
 mod lease;
 mod locker;
@@ -143,8 +143,8 @@ mod options;
 mod permits;
 mod redis;
 mod semaphore;
-mod settings;
-mod util;
+pub(crate) mod settings;
+pub(crate) mod util;
 mod waiters;
 
 pub use self::backend::{

@@ -40,6 +40,9 @@ pub(crate) struct Settings {
     pub(crate) fair: bool,
     /// Semaphores: what an acquire does when the backend fails.
     pub(crate) failure: FailurePolicy,
+    /// The keyspace policy of a lock's keys (`lock` by default; the
+    /// idempotency store's leases use `idem`).
+    pub(crate) policy: &'static str,
 }
 
 impl Default for Settings {
@@ -55,6 +58,7 @@ impl Default for Settings {
             permits: None,
             fair: false,
             failure: FailurePolicy::Allow,
+            policy: "lock",
         }
     }
 }

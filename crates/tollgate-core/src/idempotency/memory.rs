@@ -1,0 +1,159 @@
+//! The Rust twin of `lua/idem_*.lua` for the memory backend: the same
+//! records and leases, timed by the backend's clock (µs).
+
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use super::backend::{ClaimReply, ClaimRequest, IdempotencyBackend, RecordKeys};
+use super::StoredResponse;
+use crate::backend::MemoryBackend;
+use crate::error::Result;
+use crate::lock::memory::{micros, Holder, MemoryLocks};
+use crate::lock::AcquireRequest;
+use crate::FencingToken;
+
+/// One record: in flight (no response yet) or completed.
+pub(crate) struct Record {
+    fingerprint: String,
+    fence: u64,
+    done: Option<StoredResponse>,
+    pub(crate) expires_at: u64,
+}
+
+impl MemoryLocks {
+    fn claim(&self, req: &ClaimRequest, now: u64) -> ClaimReply {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        MemoryLocks::sweep(state, now);
+        let fingerprint = req.fingerprint.to_hex();
+        let record = state
+            .records
+            .get(&req.keys.record)
+            .filter(|r| r.expires_at > now);
+        let same_payload = record.is_none_or(|r| r.fingerprint == fingerprint);
+        if let Some(response) = record.and_then(|r| r.done.clone()) {
+            return ClaimReply::Completed {
+                same_payload,
+                response,
+            };
+        }
+        let own_fence = record.map(|r| r.fence);
+        match MemoryLocks::live(state, &req.keys.lease.lock, now) {
+            Some(h) if h.token != req.token => {
+                return ClaimReply::InFlight {
+                    same_payload,
+                    pttl: Some(Duration::from_micros(h.expires_at - now)),
+                }
+            }
+            // A retried claim finds its own lease.
+            Some(_) => {
+                if let Some(fence) = own_fence {
+                    return ClaimReply::Claimed {
+                        fence: FencingToken(fence),
+                    };
+                }
+            }
+            None => {
+                state.held.insert(
+                    req.keys.lease.lock.clone(),
+                    Holder {
+                        token: req.token.clone(),
+                        expires_at: now.saturating_add(micros(req.ttl)),
+                    },
+                );
+            }
+        }
+        let lease = AcquireRequest::new(
+            req.keys.lease.clone(),
+            req.token.clone(),
+            req.ttl,
+            req.fence_ttl,
+        );
+        let fence = MemoryLocks::next_fence(state, &lease, now);
+        state.records.insert(
+            req.keys.record.clone(),
+            Record {
+                fingerprint,
+                fence: fence.get(),
+                done: None,
+                expires_at: now.saturating_add(micros(req.record_ttl)),
+            },
+        );
+        ClaimReply::Claimed { fence }
+    }
+}
+
+impl IdempotencyBackend for MemoryBackend {
+    fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<ClaimReply>> {
+        let reply = self.locks().claim(request, self.clock().now_micros());
+        futures_util::future::ready(Ok(reply)).boxed()
+    }
+
+    fn complete<'a>(
+        &'a self,
+        keys: &'a RecordKeys,
+        token: &'a str,
+        fence: FencingToken,
+        response: &'a StoredResponse,
+        record_ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let now = self.clock().now_micros();
+        let locks = self.locks();
+        // The script checks the record's fence before it deletes the lease:
+        // a stale holder's lease is left alone.
+        let stored = {
+            let mut guard = locks.lock();
+            let state = &mut *guard;
+            let lease_ok =
+                MemoryLocks::live(state, &keys.lease.lock, now).is_some_and(|h| h.token == token);
+            let record_ok = state
+                .records
+                .get(&keys.record)
+                .is_some_and(|r| r.expires_at > now && r.fence == fence.get());
+            if lease_ok && record_ok {
+                if let Some(r) = state.records.get_mut(&keys.record) {
+                    r.done = Some(response.clone());
+                    r.expires_at = now.saturating_add(micros(record_ttl));
+                }
+                state.held.remove(&keys.lease.lock);
+            }
+            lease_ok && record_ok
+        };
+        if stored {
+            locks.notify(&keys.lease.channel);
+        }
+        futures_util::future::ready(Ok(stored)).boxed()
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        keys: &'a RecordKeys,
+        token: &'a str,
+        fence: FencingToken,
+    ) -> BoxFuture<'a, Result<bool>> {
+        let now = self.clock().now_micros();
+        let mut held = false;
+        let locks = self.locks();
+        {
+            let mut guard = locks.lock();
+            let state = &mut *guard;
+            if MemoryLocks::live(state, &keys.lease.lock, now).is_some_and(|h| h.token == token) {
+                held = true;
+                if state
+                    .records
+                    .get(&keys.record)
+                    .is_some_and(|r| r.fence == fence.get())
+                {
+                    state.records.remove(&keys.record);
+                }
+                state.held.remove(&keys.lease.lock);
+            }
+        }
+        if held {
+            locks.notify(&keys.lease.channel);
+        }
+        futures_util::future::ready(Ok(held)).boxed()
+    }
+}

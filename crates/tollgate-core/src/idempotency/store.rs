@@ -1,0 +1,331 @@
+//! [`IdempotencyStore`], [`Claim`] and [`Claimed`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::backend::{ClaimReply, ClaimRequest, IdempotencyBackend, RecordKeys};
+use super::{Fingerprint, StoredResponse};
+use crate::error::{Error, Result};
+use crate::keyspace::Subject;
+use crate::lock::core::Core;
+use crate::lock::settings::Settings;
+use crate::lock::util::new_token;
+use crate::lock::{LockBackend, DEFAULT_FENCE_TTL, FENCE_TTL_TTLS};
+use crate::{FencingToken, Lease, LeaseLost, LockOptions};
+
+/// Default TTL of a completed record: 24 hours.
+pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Idempotency records over one backend; see the [module docs](super).
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct IdempotencyStore {
+    core: Arc<Core>,
+    backend: Arc<dyn IdempotencyBackend>,
+    lease: LockOptions,
+    record_ttl: Duration,
+}
+
+impl fmt::Debug for IdempotencyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyStore")
+            .field("engine", &self.core)
+            .field("lease", &self.lease)
+            .field("record_ttl", &self.record_ttl)
+            .finish()
+    }
+}
+
+/// What a claim found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The key is this request's: run it, then [`complete`](Claimed::complete)
+    /// (or [`abandon`](Claimed::abandon)) the claim.
+    Claimed(Claimed),
+    /// The same request is in flight elsewhere; retry after this long
+    /// (its lease's remaining TTL, when known).
+    InFlight {
+        /// When to retry.
+        retry_after: Option<Duration>,
+    },
+    /// The same request completed: replay this.
+    Completed(StoredResponse),
+    /// The key was used with another payload (in flight or completed).
+    Mismatch,
+}
+
+/// A claimed key: the lease (renewed while held) and the fence that the
+/// completion is checked against. Dropping it without completing abandons
+/// the claim in the background, so a retry may run.
+#[must_use = "dropping a claim abandons it"]
+pub struct Claimed {
+    lease: Option<Lease>,
+    keys: RecordKeys,
+    fence: FencingToken,
+    store: IdempotencyStore,
+}
+
+impl fmt::Debug for Claimed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claimed")
+            .field("record", &self.keys.record)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyStore {
+    /// A store over `backend` with the defaults: prefix `tollgate`, keys
+    /// `tollgate:idem:{<key>}…`, a 30 s lease renewed while the request
+    /// runs, records kept 24 hours, a 500 ms round-trip bound.
+    pub fn new(backend: impl IdempotencyBackend) -> IdempotencyStore {
+        Self::builder(backend)
+            .build()
+            .expect("the default idempotency settings are valid")
+    }
+
+    /// A builder over `backend`.
+    pub fn builder(backend: impl IdempotencyBackend) -> IdempotencyStoreBuilder {
+        IdempotencyStoreBuilder {
+            backend: Arc::new(backend),
+            settings: Settings {
+                policy: "idem",
+                ..Settings::default()
+            },
+            lease: LockOptions::new(),
+            record_ttl: DEFAULT_RECORD_TTL,
+        }
+    }
+
+    /// How long a completed record lives.
+    pub fn record_ttl(&self) -> Duration {
+        self.record_ttl
+    }
+
+    /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …).
+    pub fn backend_kind(&self) -> &'static str {
+        self.core.kind()
+    }
+
+    /// The keys of `key`'s record.
+    pub fn keys_for(&self, key: &Subject) -> RecordKeys {
+        RecordKeys::new(self.core.keys(key, 1))
+    }
+
+    /// Claims `key` for a request whose payload is `fingerprint`: one
+    /// round trip, bounded by the timeout.
+    pub async fn claim(&self, key: Subject, fingerprint: Fingerprint) -> Result<Claim> {
+        let keys = self.keys_for(&key);
+        let ttl = self.lease.ttl_duration();
+        let request = ClaimRequest {
+            keys: keys.clone(),
+            token: new_token()?,
+            ttl,
+            fence_ttl: DEFAULT_FENCE_TTL.max(ttl.saturating_mul(FENCE_TTL_TTLS)),
+            record_ttl: self.record_ttl,
+            fingerprint,
+        };
+        let start = Instant::now();
+        let reply = self.bounded(self.backend.claim(&request)).await?;
+        Ok(match reply {
+            ClaimReply::Claimed { fence } => {
+                let lease = self
+                    .core
+                    .lease_for(&key, request.token, fence, start, &self.lease)?;
+                Claim::Claimed(Claimed {
+                    lease: Some(lease),
+                    keys,
+                    fence,
+                    store: self.clone(),
+                })
+            }
+            ClaimReply::InFlight {
+                same_payload: true,
+                pttl,
+            } => Claim::InFlight { retry_after: pttl },
+            ClaimReply::Completed {
+                same_payload: true,
+                response,
+            } => Claim::Completed(response),
+            _ => Claim::Mismatch,
+        })
+    }
+
+    async fn bounded<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let timeout = self.core.timeout();
+        tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| Error::Timeout(timeout))?
+    }
+}
+
+impl Claimed {
+    /// The claim's fencing token (pass it to writes the handler makes).
+    pub fn fence(&self) -> FencingToken {
+        self.fence
+    }
+
+    /// Resolves when the claim's lease is lost (or settled).
+    pub fn lost(&self) -> LeaseLost {
+        self.lease.as_ref().expect("held until settled").lost()
+    }
+
+    /// Whether the lease can still be trusted.
+    pub fn is_held(&self) -> bool {
+        self.lease.as_ref().is_some_and(Lease::is_held)
+    }
+
+    /// Stores `response` as the key's outcome. `Ok(false)` when the claim was
+    /// lost or superseded meanwhile: nothing is stored (a newer record is
+    /// never overwritten), and a warning is logged.
+    pub async fn complete(mut self, response: &StoredResponse) -> Result<bool> {
+        let lease = self.lease.take().expect("held until settled");
+        let store = self.store.clone();
+        let call = store.backend.complete(
+            &self.keys,
+            lease.token(),
+            self.fence,
+            response,
+            store.record_ttl,
+        );
+        let stored = store.bounded(call).await;
+        match &stored {
+            Ok(true) => lease.settle(),
+            Ok(false) => {
+                tracing::warn!(record = %self.keys.record, fence = self.fence.get(), "idempotency claim lost or superseded; the response was not stored");
+            }
+            Err(_) => {
+                // Unknown: the record may be stored. The lease is dropped
+                // (released), which a stored record does not need.
+            }
+        }
+        stored
+    }
+
+    /// Gives the claim up (the handler failed): the in-flight record and the
+    /// lease go, so a retry may run. `Ok(false)` when it was no longer ours.
+    pub async fn abandon(mut self) -> Result<bool> {
+        let lease = self.lease.take().expect("held until settled");
+        abandon(&self.store, &self.keys, lease, self.fence).await
+    }
+}
+
+async fn abandon(
+    store: &IdempotencyStore,
+    keys: &RecordKeys,
+    lease: Lease,
+    fence: FencingToken,
+) -> Result<bool> {
+    let done = store
+        .bounded(store.backend.abandon(keys, lease.token(), fence))
+        .await;
+    if let Ok(true) = done {
+        lease.settle();
+    }
+    done
+}
+
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let (store, keys, fence) = (self.store.clone(), self.keys.clone(), self.fence);
+        // Never block: abandon in the background (the lease's own drop
+        // releases the lock if this fails; the record then waits for a
+        // retry to replace it).
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = abandon(&store, &keys, lease, fence).await {
+                    tracing::debug!(error = %e, "abandoning an idempotency claim failed");
+                }
+            });
+        }
+    }
+}
+
+/// Builds an [`IdempotencyStore`].
+#[must_use]
+pub struct IdempotencyStoreBuilder {
+    backend: Arc<dyn IdempotencyBackendArc>,
+    settings: Settings,
+    lease: LockOptions,
+    record_ttl: Duration,
+}
+
+/// Both views of one backend: as a lock backend (leases) and as an
+/// idempotency backend (records).
+trait IdempotencyBackendArc: Send + Sync {
+    fn locks(self: Arc<Self>) -> Arc<dyn LockBackend>;
+    fn records(self: Arc<Self>) -> Arc<dyn IdempotencyBackend>;
+}
+
+impl<B: IdempotencyBackend> IdempotencyBackendArc for B {
+    fn locks(self: Arc<Self>) -> Arc<dyn LockBackend> {
+        self
+    }
+    fn records(self: Arc<Self>) -> Arc<dyn IdempotencyBackend> {
+        self
+    }
+}
+
+impl fmt::Debug for IdempotencyStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyStoreBuilder")
+            .field("settings", &self.settings)
+            .field("lease", &self.lease)
+            .field("record_ttl", &self.record_ttl)
+            .finish()
+    }
+}
+
+impl IdempotencyStoreBuilder {
+    /// The key prefix (default `tollgate`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Bounds every round trip (default 500 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// How the in-flight lease is taken: its TTL (renewed every third of it
+    /// while the request runs) and hold cap. Default: [`LockOptions::new`].
+    pub fn lease(mut self, options: LockOptions) -> Self {
+        self.lease = options;
+        self
+    }
+
+    /// How long a completed record is kept (default 24 hours; 1 s to one
+    /// year).
+    pub fn record_ttl(mut self, ttl: Duration) -> Self {
+        self.record_ttl = ttl;
+        self
+    }
+
+    /// Checks the settings and builds the store.
+    pub fn build(self) -> Result<IdempotencyStore> {
+        if self.record_ttl < Duration::from_secs(1)
+            || self.record_ttl > crate::lock::MAX_LOCK_DURATION
+        {
+            return Err(Error::InvalidConfig(format!(
+                "the record TTL must be between 1 s and one year, got {:?}",
+                self.record_ttl
+            )));
+        }
+        let backend = self.backend;
+        let core = Core::new(vec![backend.clone().locks()], false, self.settings)?;
+        core.first_ttl(&self.lease)?;
+        Ok(IdempotencyStore {
+            core: Arc::new(core),
+            backend: backend.records(),
+            lease: self.lease,
+            record_ttl: self.record_ttl,
+        })
+    }
+}
