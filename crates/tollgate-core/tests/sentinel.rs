@@ -107,3 +107,60 @@ async fn follows_a_failover_away_from_a_paused_master() {
     until_checks_reach(&t.replica, &t.limiter).await;
     t.master.resume();
 }
+
+/// Semaphores and idempotency records on a Sentinel backend: the bound and
+/// the replay hold, and after a failover permits are taken on the promoted
+/// replica (its key is there: a check that fails if the write went
+/// elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_and_idempotency_follow_a_failover() {
+    use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore, StoredResponse};
+    use tollgate_core::{Error, LockOptions, Semaphore, Subject};
+
+    let t = topology(Duration::from_secs(2)).await;
+    let backend = || RedisBackend::sentinel(&[t.sentinel.url()], "main").unwrap();
+    let permits = Semaphore::new(backend(), 2).unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let a = permits.try_acquire("s", &opts).await.unwrap();
+    let _b = permits.try_acquire("s", &opts).await.unwrap();
+    assert!(matches!(
+        permits.try_acquire("s", &opts).await,
+        Err(Error::Busy { .. })
+    ));
+    assert!(a.release().await.unwrap());
+
+    let store = IdempotencyStore::new(backend());
+    let key = Subject::new("order-1");
+    let fp = Fingerprint::of(b"body");
+    let Claim::Claimed(claim) = store.claim(key.clone(), fp).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    let stored = StoredResponse::new(201, vec![], b"done".to_vec());
+    assert!(claim.complete(&stored).await.unwrap());
+    assert!(matches!(store.claim(key, fp).await.unwrap(), Claim::Completed(r) if r == stored));
+
+    assert_eq!(t.sentinel.cli(&["SENTINEL", "FAILOVER", "main"]), "OK");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while !t.replica.cli(&["ROLE"]).starts_with("master") {
+        assert!(Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The old master may take writes until it is reconfigured (the
+    // failover's window): wait until a permit lands on the new master.
+    let key = permits.keys_for("after").lock;
+    loop {
+        match permits.try_acquire("after", &opts).await {
+            Ok(p) if t.replica.cli(&["EXISTS", &key]) == "1" => {
+                assert!(p.release().await.unwrap());
+                break;
+            }
+            Ok(p) => drop(p),
+            Err(e) => assert!(e.is_unavailable(), "{e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no permit on the new master after the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
