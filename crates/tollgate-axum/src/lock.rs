@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum_core::extract::{FromRef, FromRequestParts};
 use http::request::Parts;
-use tollgate_core::{FencingToken, Lease, LeaseLost, LockOptions, Locker, Result};
+use tollgate_core::{FencingToken, Lease, LeaseLost, LockOptions, Locker, Result, Subject};
 use tollgate_tower::grpc::Protocol;
 use tollgate_tower::key::{KeyExtractor, RouteParams};
 use tollgate_tower::rejection::{Middleware, Rejection};
@@ -162,21 +162,31 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
         let shape = |r: Rejection| r.for_protocol(Protocol::Auto, &parts.headers);
-        let name = match R::key(state).extract(parts) {
-            Ok(Some(name)) => name,
-            Ok(None) => {
-                return Err(shape(Rejection::misconfigured(
-                    "the HeldLock resource's key extractor named no resource for this request",
-                )))
-            }
-            Err(e) => return Err(shape(Rejection::key(e))),
-        };
+        let name = required_key(&R::key(state), parts, "HeldLock")?;
         let options = R::options(state);
         let locker = Locker::from_ref(state);
         match locker.acquire(name, &options).await {
             Ok(lease) => Ok(HeldLock::from_lease(lease)),
             Err(e) => Err(shape(Rejection::from_error(Middleware::Lock, e))),
         }
+    }
+}
+
+/// The key `extractor` names for a request to an extractor (`what`) that
+/// always needs one: unkeyed is a 500, a key error its status; rejections
+/// shaped for the request's protocol.
+pub(crate) fn required_key(
+    extractor: &impl KeyExtractor,
+    parts: &Parts,
+    what: &str,
+) -> Result<Subject, Rejection> {
+    let shape = |r: Rejection| r.for_protocol(Protocol::Auto, &parts.headers);
+    match extractor.extract(parts) {
+        Ok(Some(key)) => Ok(key),
+        Ok(None) => Err(shape(Rejection::misconfigured(format!(
+            "the {what} resource's key extractor named no key for this request"
+        )))),
+        Err(e) => Err(shape(Rejection::key(e))),
     }
 }
 

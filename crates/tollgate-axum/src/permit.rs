@@ -137,15 +137,7 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
         let shape = |r: Rejection| r.for_protocol(Protocol::Auto, &parts.headers);
-        let key = match R::key(state).extract(parts) {
-            Ok(Some(key)) => key,
-            Ok(None) => {
-                return Err(shape(Rejection::misconfigured(
-                    "the HeldPermit resource's key extractor named no key for this request",
-                )))
-            }
-            Err(e) => return Err(shape(Rejection::key(e))),
-        };
+        let key = crate::lock::required_key(&R::key(state), parts, "HeldPermit")?;
         let namespace = R::namespace(state);
         let key = match namespace {
             Some(ns) => Subject::compound([ns, key.as_encoded()]),

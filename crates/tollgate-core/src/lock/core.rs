@@ -3,7 +3,6 @@
 //! by [`Instances`]), the lease hand-out, and the cache fill.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -418,55 +417,6 @@ impl Core {
             }
         }
     }
-
-    /// See [`Locker::fill_once`](super::Locker::fill_once).
-    pub(crate) async fn fill_once<T, E, R, RF, C, CF, S, SF>(
-        self: &Arc<Self>,
-        subject: Subject,
-        options: &LockOptions,
-        read: R,
-        compute: C,
-        store: S,
-    ) -> Result<T, E>
-    where
-        T: Clone,
-        E: From<Error>,
-        R: Fn() -> RF,
-        RF: Future<Output = Result<Option<T>, E>>,
-        C: FnOnce() -> CF,
-        CF: Future<Output = Result<T, E>>,
-        S: FnOnce(T) -> SF,
-        SF: Future<Output = Result<(), E>>,
-    {
-        if let Some(v) = read().await? {
-            return Ok(v);
-        }
-        let mut options = options.clone();
-        if options.wait_bound().is_none() {
-            let ttl = options.ttl_duration();
-            options = options.wait(ttl);
-        }
-        let lease = match self.acquire(subject, &options, true, 1).await {
-            Ok(lease) => lease,
-            Err(busy @ Error::Busy { .. }) => {
-                // The holder may have filled it just now.
-                return match read().await? {
-                    Some(v) => Ok(v),
-                    None => Err(busy.into()),
-                };
-            }
-            Err(e) => return Err(e.into()),
-        };
-        // Double check: whoever held the lock before us may have filled it.
-        if let Some(v) = read().await? {
-            release_quietly(lease).await;
-            return Ok(v);
-        }
-        let value = compute().await?;
-        store(value.clone()).await?;
-        release_quietly(lease).await;
-        Ok(value)
-    }
 }
 
 /// A fair waiter's place in the queue: dropped without the permit, it takes
@@ -491,12 +441,6 @@ impl Drop for QueueTicket {
                 tracing::debug!(error = %e, "leaving the queue failed; the ticket expires by its TTL");
             }
         });
-    }
-}
-
-async fn release_quietly(lease: Lease) {
-    if let Err(e) = lease.release().await {
-        tracing::debug!(error = %e, "release after a cache fill failed; the lock expires by its TTL");
     }
 }
 

@@ -245,9 +245,34 @@ impl Locker {
         S: FnOnce(T) -> SF,
         SF: Future<Output = Result<(), E>>,
     {
-        self.core
-            .fill_once(name.into(), options, read, compute, store)
-            .await
+        if let Some(v) = read().await? {
+            return Ok(v);
+        }
+        let mut options = options.clone();
+        if options.wait_bound().is_none() {
+            let ttl = options.ttl_duration();
+            options = options.wait(ttl);
+        }
+        let lease = match self.core.acquire(name.into(), &options, true, 1).await {
+            Ok(lease) => lease,
+            Err(busy @ Error::Busy { .. }) => {
+                // The holder may have filled it just now.
+                return match read().await? {
+                    Some(v) => Ok(v),
+                    None => Err(busy.into()),
+                };
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // Double check: whoever held the lock before us may have filled it.
+        if let Some(v) = read().await? {
+            release_quietly(lease).await;
+            return Ok(v);
+        }
+        let value = compute().await?;
+        store(value.clone()).await?;
+        release_quietly(lease).await;
+        Ok(value)
     }
 
     /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …), or
@@ -312,6 +337,12 @@ impl Locker {
     /// Whether waiters are served in arrival order ([`LockerBuilder::fair`]).
     pub fn is_fair(&self) -> bool {
         self.core.is_fair()
+    }
+}
+
+async fn release_quietly(lease: Lease) {
+    if let Err(e) = lease.release().await {
+        tracing::debug!(error = %e, "release after a cache fill failed; the lock expires by its TTL");
     }
 }
 

@@ -3,8 +3,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::super::backend::{AcquireReply, AcquireRequest, Holders, LockKeys};
+use super::super::backend::{AcquireReply, AcquireRequest, LockKeys};
 use super::super::memory::{micros, MemoryLocks, State};
+use super::shape;
 use crate::error::{Error, Result};
 
 /// One permit name: its holders and, when fair, its queue. Mirrors the
@@ -69,19 +70,6 @@ impl PermitSet {
 
     fn is_empty(&self) -> bool {
         self.holders.is_empty() && self.queue.is_empty()
-    }
-}
-
-fn shape(keys: &LockKeys) -> Result<(u32, u32, bool)> {
-    match keys.holders {
-        Holders::Permits {
-            limit,
-            weight,
-            fair,
-        } => Ok((limit, weight, fair)),
-        Holders::One => Err(Error::InvalidConfig(
-            "a lock name was passed to a permit operation".into(),
-        )),
     }
 }
 

@@ -11,3 +11,20 @@ pub(crate) mod redis;
 /// members of a sorted set, so the bound keeps every script call short
 /// (the sliding log caps its limit for the same reason).
 pub const MAX_PERMITS: u32 = 10_000;
+
+use super::backend::{Holders, LockKeys};
+use crate::error::{Error, Result};
+
+/// `(limit, weight, fair)` of a permit name; an error for a lock's keys.
+pub(crate) fn shape(keys: &LockKeys) -> Result<(u32, u32, bool)> {
+    match keys.holders {
+        Holders::Permits {
+            limit,
+            weight,
+            fair,
+        } => Ok((limit, weight, fair)),
+        Holders::One => Err(Error::InvalidConfig(
+            "a lock name was passed to a permit operation".into(),
+        )),
+    }
+}

@@ -2,8 +2,9 @@
 
 use redis::Value;
 
-use super::super::backend::{millis_ceil, AcquireRequest, Holders, LockKeys};
+use super::super::backend::{millis_ceil, AcquireRequest, LockKeys};
 use super::super::redis::{parse_acquire, parse_flag};
+use super::shape;
 use crate::backend::redis::lua;
 use crate::backend::RedisBackend;
 use crate::error::{Error, Result};
@@ -22,20 +23,6 @@ lua!(
     include_str!("../../../lua/permit_extend.lua")
 );
 lua!(PERMIT_COUNT, include_str!("../../../lua/permit_count.lua"));
-
-/// `(limit, weight, fair)` of a permit name.
-fn shape(keys: &LockKeys) -> Result<(u32, u32, bool)> {
-    match keys.holders {
-        Holders::Permits {
-            limit,
-            weight,
-            fair,
-        } => Ok((limit, weight, fair)),
-        Holders::One => Err(Error::InvalidConfig(
-            "a lock name was passed to a permit script".into(),
-        )),
-    }
-}
 
 pub(crate) async fn acquire(backend: &RedisBackend, req: &AcquireRequest) -> Result<AcquireReply> {
     let (limit, weight, fair) = shape(&req.keys)?;
