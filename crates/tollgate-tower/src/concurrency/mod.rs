@@ -74,7 +74,7 @@ use tollgate_core::{LockOptions, Permit, Semaphore, Subject};
 use crate::hold::gate::{permit_outcome, Acquired};
 use crate::rejection::Rejection;
 
-pub use self::layer::ConcurrencyLimitLayer;
+pub use self::layer::{ConcurrencyLimitLayer, ForPermits};
 pub use crate::hold::ResponseFuture;
 pub use crate::lock::{HoldUntil, OnLeaseLost};
 

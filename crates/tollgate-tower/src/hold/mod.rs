@@ -5,9 +5,11 @@
 
 mod future;
 pub(crate) mod gate;
+mod layer;
 mod service;
 
 pub use self::future::ResponseFuture;
 pub(crate) use self::gate::Gate;
+pub use self::layer::{HoldKind, HoldLayer};
 pub use self::service::Hold;
 pub(crate) use self::service::Shared;

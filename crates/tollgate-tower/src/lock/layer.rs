@@ -1,19 +1,11 @@
-//! [`LockLayer`]: the locker, the lock options and the HTTP concerns.
+//! [`LockLayer`]: the locker, the lock options and the HTTP concerns (the
+//! setters are [`HoldLayer`]'s, shared with the concurrency limit).
 
-use std::fmt;
-use std::sync::Arc;
+use tollgate_core::Locker;
 
-use bytes::Bytes;
-use http::request::Parts;
-use http::Response;
-use tollgate_core::{Error, LockOptions, Locker};
-use tower_layer::Layer;
-
-use super::{HoldUntil, Lock, OnLeaseLost};
-use crate::grpc::Protocol;
-use crate::hold::{Gate, Shared};
+use super::{HoldUntil, OnLeaseLost};
+use crate::hold::{Gate, HoldKind, HoldLayer, Shared};
 use crate::middleware::Answer;
-use crate::rejection::Rejection;
 
 /// Wraps the inner service in a per-resource lock; see the
 /// [module docs](super).
@@ -35,29 +27,26 @@ use crate::rejection::Rejection;
 ///     .on_lease_lost(OnLeaseLost::Cancel);
 /// # let _ = layer;
 /// ```
-#[derive(Clone)]
-pub struct LockLayer<K> {
-    shared: Shared,
-    key: K,
-}
+pub type LockLayer<K> = HoldLayer<K, ForLock>;
 
-impl<K: fmt::Debug> fmt::Debug for LockLayer<K> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LockLayer")
-            .field("shared", &self.shared)
-            .field("key", &self.key)
-            .finish()
-    }
+/// Marks a [`HoldLayer`] as a [`LockLayer`].
+#[derive(Debug)]
+pub enum ForLock {}
+
+impl HoldKind for ForLock {
+    const NAME: &'static str = "LockLayer";
 }
 
 impl<K> LockLayer<K> {
     /// Locks the resource named by `key` around each request, with
-    /// `locker`'s default [`LockOptions`] (unless configured otherwise: TTL
-    /// 30 s, renewed, no waiting, and a hold cap of max(20 × TTL, 10 min) —
-    /// a stuck handler loses its lease then).
+    /// `locker`'s default [`LockOptions`](tollgate_core::LockOptions) (unless
+    /// configured otherwise: TTL 30 s, renewed, no waiting, and a hold cap of
+    /// max(20 × TTL, 10 min) — a stuck handler loses its lease then). The
+    /// lease is held until the response ([`HoldUntil::Response`]); a lost
+    /// lease cancels the handler ([`OnLeaseLost::Cancel`]).
     pub fn new(locker: Locker, key: K) -> Self {
-        LockLayer {
-            shared: Shared {
+        HoldLayer::with(
+            Shared {
                 options: locker.default_options().clone(),
                 gate: Gate::Lock(locker),
                 hold: HoldUntil::default(),
@@ -66,85 +55,6 @@ impl<K> LockLayer<K> {
                 answer: Answer::default(),
             },
             key,
-        }
-    }
-
-    /// Takes the lease with `options` (TTL, wait bound, renewal, hold cap).
-    ///
-    /// # Panics
-    ///
-    /// If the locker refuses `options` (a zero TTL, a TTL left with no
-    /// validity by the locker's drift allowance, …): a configuration error
-    /// at startup, not a 500 on every request. Use
-    /// [`try_options`](Self::try_options) for options computed at runtime.
-    pub fn options(self, options: LockOptions) -> Self {
-        match self.try_options(options) {
-            Ok(layer) => layer,
-            Err(e) => panic!("tollgate: invalid LockLayer options: {e}"),
-        }
-    }
-
-    /// Takes the lease with `options`, or says why the locker refuses them.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tollgate_core::{Error, LockOptions, Locker, MemoryBackend};
-    /// use tollgate_tower::key::GlobalKey;
-    /// use tollgate_tower::LockLayer;
-    ///
-    /// let locker = Locker::new(MemoryBackend::new());
-    /// let ok = LockLayer::new(locker.clone(), GlobalKey).try_options(LockOptions::new().ttl(Duration::from_secs(10)));
-    /// assert!(ok.is_ok());
-    /// let err = LockLayer::new(locker, GlobalKey).try_options(LockOptions::new().ttl(Duration::ZERO)).unwrap_err();
-    /// assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
-    /// ```
-    pub fn try_options(mut self, options: LockOptions) -> Result<Self, Error> {
-        self.shared.gate.check_options(&options)?;
-        self.shared.options = options;
-        Ok(self)
-    }
-
-    /// How long the lease is held (default [`HoldUntil::Response`]).
-    pub fn hold_until(mut self, hold: HoldUntil) -> Self {
-        self.shared.hold = hold;
-        self
-    }
-
-    /// What to do when the lease is lost mid-request (default
-    /// [`OnLeaseLost::Cancel`]).
-    pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
-        self.shared.on_lost = on_lost;
-        self
-    }
-
-    /// Prefixes every lock name with `namespace`, so two layers keyed the
-    /// same way (say by user) lock different things.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.shared.namespace = Some(namespace.into());
-        self
-    }
-
-    /// How rejections are shaped (default [`Protocol::Auto`]).
-    pub fn protocol(mut self, protocol: Protocol) -> Self {
-        self.shared.answer.protocol = protocol;
-        self
-    }
-
-    /// Replaces every rejection response (409, 503, key errors) with
-    /// `responder`'s, given the [`Rejection`] and the request's head.
-    pub fn responder(
-        mut self,
-        responder: impl Fn(&Rejection, &Parts) -> Response<Bytes> + Send + Sync + 'static,
-    ) -> Self {
-        self.shared.answer.responder = Some(Arc::new(responder));
-        self
-    }
-}
-
-impl<S, K: Clone> Layer<S> for LockLayer<K> {
-    type Service = Lock<S, K>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Lock::new(inner, Arc::new(self.shared.clone()), self.key.clone())
+        )
     }
 }

@@ -64,7 +64,7 @@
 
 mod layer;
 
-pub use self::layer::LockLayer;
+pub use self::layer::{ForLock, LockLayer};
 pub use crate::hold::ResponseFuture;
 
 /// The locking service made by [`LockLayer`]: the inner service runs while
