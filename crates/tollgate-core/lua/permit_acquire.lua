@@ -35,9 +35,13 @@ local function wait_ms(need)
   return math.ceil((at - now) / 1000)
 end
 
+local function mine()
+  return redis.call('ZSCORE', KEYS[1], member(1))
+end
+
 local ticket = fair and ARGV[6] or ''
-if not redis.call('ZSCORE', KEYS[1], member(1)) then
-  if fair then
+if fair then
+  if not mine() then
     local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
     for i = 1, #dead do
       redis.call('ZREM', KEYS[3], dead[i])
@@ -58,9 +62,15 @@ if not redis.call('ZSCORE', KEYS[1], member(1)) then
     elseif redis.call('ZCARD', KEYS[3]) > 0 then
       return {0, -1}
     end
+    local free = (ARGV[3] + 0) - redis.call('ZCARD', KEYS[1])
+    if free < weight then return {0, wait_ms(weight - free)} end
   end
+else
+  -- Capacity first: a holder retrying its own attempt (same token) is only
+  -- looked up when it would otherwise be refused; re-adding its members
+  -- counts nothing twice.
   local free = (ARGV[3] + 0) - redis.call('ZCARD', KEYS[1])
-  if free < weight then return {0, wait_ms(weight - free)} end
+  if free < weight and not mine() then return {0, wait_ms(weight - free)} end
 end
 
 local expiry = now + ttl * 1000
