@@ -118,13 +118,25 @@ impl IdempotencyStore {
     /// round trip, bounded by the timeout.
     pub async fn claim(&self, key: Subject, fingerprint: Fingerprint) -> Result<Claim> {
         let keys = self.keys_for(&key);
-        let ttl = self.lease.ttl_duration();
+        // The lease's first TTL, as the lock engine takes it: the TTL, or
+        // the hold cap when that is shorter (the lease ends there).
+        let ttl = self.core.first_ttl(&self.lease)?;
+        let fence_ttl = self.lease.ttl_duration().saturating_mul(FENCE_TTL_TTLS);
         let request = ClaimRequest {
             keys: keys.clone(),
             token: new_token()?,
             ttl,
-            fence_ttl: DEFAULT_FENCE_TTL.max(ttl.saturating_mul(FENCE_TTL_TTLS)),
-            record_ttl: self.record_ttl,
+            fence_ttl: DEFAULT_FENCE_TTL.max(fence_ttl),
+            // The in-flight record must last as long as the lease can be
+            // renewed (its hold cap), or a request that outlives the record
+            // TTL loses its record: its completion stores nothing and a
+            // retry runs it again. Completion sets the record TTL.
+            record_ttl: self.record_ttl.max(
+                self.lease
+                    .max_hold_duration()
+                    .map_or(Duration::ZERO, |cap| cap.saturating_add(ttl))
+                    .min(crate::lock::MAX_LOCK_DURATION),
+            ),
             fingerprint,
         };
         let start = Instant::now();
