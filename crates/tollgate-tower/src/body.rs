@@ -11,6 +11,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tollgate_core::{Lease, LeaseLost};
 
+use crate::hold::Gate;
+
 /// The boxed error of [`ResponseBody`]: the inner body's error, or the
 /// error a body ends with when its lock's lease is lost mid-stream.
 ///
@@ -39,24 +41,37 @@ pub(crate) fn release(lease: Lease) -> BoxFuture<'static, ()> {
 
 /// A lease kept until the body ends: released (and the release awaited)
 /// when the last frame has been read, dropped (released in the background)
-/// when the body is dropped early, and — when `cancel` is set — ending the
-/// body with an error if the lease is lost while the body is streaming.
+/// when the body is dropped early. A loss while the body is streaming is
+/// reported through the gate (warning, `lost` counter) and — when `cancel`
+/// is set — ends the body with an error.
 pub(crate) struct LeaseGuard {
     lease: Option<Lease>,
     lost: Option<LeaseLost>,
+    cancel: bool,
+    gate: Gate,
     releasing: Option<BoxFuture<'static, ()>>,
 }
 
 impl LeaseGuard {
-    pub(crate) fn new(lease: Lease, cancel_on_loss: bool) -> Self {
+    /// `lost` watches the lease (`None` when its loss was already
+    /// reported while the handler ran).
+    pub(crate) fn new(
+        lease: Lease,
+        lost: Option<LeaseLost>,
+        cancel_on_loss: bool,
+        gate: Gate,
+    ) -> Self {
         LeaseGuard {
-            lost: cancel_on_loss.then(|| lease.lost()),
+            lost,
             lease: Some(lease),
+            cancel: cancel_on_loss,
+            gate,
             releasing: None,
         }
     }
 
-    /// Whether the lease was lost (and the body must be cut off).
+    /// Whether the lease was lost and the body must be cut off (a loss is
+    /// reported either way).
     fn poll_lost(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(lost) = self.lost.as_mut() else {
             return false;
@@ -65,7 +80,11 @@ impl LeaseGuard {
             return false;
         }
         self.lost = None;
-        self.lease.as_ref().is_some_and(Lease::is_lost)
+        if !self.lease.as_ref().is_some_and(Lease::is_lost) {
+            return false;
+        }
+        self.gate.lost(self.cancel);
+        self.cancel
     }
 
     /// Releases the lease and waits for the release (bounded by the

@@ -197,8 +197,12 @@ where
                     };
                     match shared.hold {
                         HoldUntil::BodyEnd => {
-                            let guard =
-                                LeaseGuard::new(lease, shared.on_lost == OnLeaseLost::Cancel);
+                            let guard = LeaseGuard::new(
+                                lease,
+                                lost.take(),
+                                shared.on_lost == OnLeaseLost::Cancel,
+                                shared.gate.clone(),
+                            );
                             return Poll::Ready(Ok(
                                 response.map(|b| ResponseBody::new(b).with_guard(guard))
                             ));
