@@ -77,6 +77,8 @@ pub enum GrpcCode {
     PermissionDenied,
     /// 8
     ResourceExhausted,
+    /// 9
+    FailedPrecondition,
     /// 10
     Aborted,
     /// 13
@@ -94,6 +96,7 @@ impl GrpcCode {
             GrpcCode::InvalidArgument => 3,
             GrpcCode::PermissionDenied => 7,
             GrpcCode::ResourceExhausted => 8,
+            GrpcCode::FailedPrecondition => 9,
             GrpcCode::Aborted => 10,
             GrpcCode::Internal => 13,
             GrpcCode::Unavailable => 14,

@@ -16,10 +16,19 @@
 //! | [`LeaseLost`](RejectionReason::LeaseLost) | 503 | ABORTED | none |
 //! | [`Key`](RejectionReason::Key) | the extractor's status | matching code | none |
 //! | [`Internal`](RejectionReason::Internal) | 500 | INTERNAL | none |
+//! | [`IdempotencyConflict`](RejectionReason::IdempotencyConflict) | 409 | ABORTED | in flight: the holder's remaining lease, or 1 |
+//! | [`IdempotencyMismatch`](RejectionReason::IdempotencyMismatch) | 422 | FAILED_PRECONDITION | none |
+//! | [`InvalidIdempotencyKey`](RejectionReason::InvalidIdempotencyKey) | 400 | INVALID_ARGUMENT | none |
+//! | [`PayloadTooLarge`](RejectionReason::PayloadTooLarge) | 413 | RESOURCE_EXHAUSTED | none |
 //!
 //! `Retry-After` is whole seconds, rounded up, never 0. HTTP bodies are the
-//! [message](Rejection::message) and a newline, as `text/plain`; gRPC
-//! requests get a trailers-only response (see [`crate::grpc`]).
+//! [message](Rejection::message) and a newline, as `text/plain` — except
+//! the [idempotency layer](crate::idempotency)'s own rejections (the four
+//! idempotency reasons above, and its 503), which are RFC 9457
+//! `application/problem+json` documents as the idempotency-key draft
+//! shows them: `{"type":"about:blank","title":<the status' reason
+//! phrase>,"status":<status>,"detail":<the message>}`. gRPC requests get a
+//! trailers-only response (see [`crate::grpc`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -73,6 +82,15 @@ pub enum RejectionReason {
     },
     /// The middleware is misconfigured or failed unexpectedly.
     Internal,
+    /// The request's `Idempotency-Key` is in flight (or its completed
+    /// response could not be stored, so it cannot be replayed).
+    IdempotencyConflict,
+    /// The `Idempotency-Key` was used with another payload.
+    IdempotencyMismatch,
+    /// The `Idempotency-Key` is missing (where required) or malformed.
+    InvalidIdempotencyKey,
+    /// The request body is larger than the middleware accepts.
+    PayloadTooLarge,
 }
 
 impl RejectionReason {
@@ -82,13 +100,17 @@ impl RejectionReason {
             RejectionReason::RateLimited | RejectionReason::TooManyInFlight => {
                 StatusCode::TOO_MANY_REQUESTS
             }
-            RejectionReason::CostExceedsCapacity { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            RejectionReason::CostExceedsCapacity { .. } | RejectionReason::PayloadTooLarge => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             RejectionReason::Unavailable | RejectionReason::LeaseLost => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            RejectionReason::Busy => StatusCode::CONFLICT,
+            RejectionReason::Busy | RejectionReason::IdempotencyConflict => StatusCode::CONFLICT,
             RejectionReason::Key { status } => *status,
             RejectionReason::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            RejectionReason::IdempotencyMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            RejectionReason::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -97,11 +119,16 @@ impl RejectionReason {
         match self {
             RejectionReason::RateLimited
             | RejectionReason::TooManyInFlight
-            | RejectionReason::CostExceedsCapacity { .. } => GrpcCode::ResourceExhausted,
+            | RejectionReason::CostExceedsCapacity { .. }
+            | RejectionReason::PayloadTooLarge => GrpcCode::ResourceExhausted,
             RejectionReason::Unavailable => GrpcCode::Unavailable,
-            RejectionReason::Busy | RejectionReason::LeaseLost => GrpcCode::Aborted,
+            RejectionReason::Busy
+            | RejectionReason::LeaseLost
+            | RejectionReason::IdempotencyConflict => GrpcCode::Aborted,
             RejectionReason::Key { status } => GrpcCode::from_http(*status),
             RejectionReason::Internal => GrpcCode::Internal,
+            RejectionReason::IdempotencyMismatch => GrpcCode::FailedPrecondition,
+            RejectionReason::InvalidIdempotencyKey => GrpcCode::InvalidArgument,
         }
     }
 }
@@ -122,6 +149,8 @@ pub enum Middleware {
     Lock,
     /// A concurrency limit (layer or extractor).
     ConcurrencyLimit,
+    /// Idempotency keys (its rejections are `application/problem+json`).
+    Idempotency,
 }
 
 /// A refused request: why ([`reason`](Rejection::reason)), the message,
@@ -314,6 +343,9 @@ impl Rejection {
             Middleware::RateLimit => "rate limiter unavailable",
             Middleware::Lock => "lock service unavailable",
             Middleware::ConcurrencyLimit => "concurrency limiter unavailable",
+            Middleware::Idempotency => {
+                "idempotency store unavailable; the request cannot be processed safely now"
+            }
         };
         let mut r = Self::new(RejectionReason::Unavailable, Some(middleware), message);
         r.retry_after = Some(Duration::from_secs(1));
@@ -349,6 +381,82 @@ impl Rejection {
     /// ```
     pub fn bad_request(message: impl Into<Cow<'static, str>>) -> Self {
         Self::key(KeyError::bad_request(message))
+    }
+
+    /// The `Idempotency-Key` is in flight, its holder's lease running
+    /// `retry_after` more when known: 409 with `Retry-After` (1 when
+    /// unknown).
+    ///
+    /// ```
+    /// use tollgate_tower::rejection::Rejection;
+    /// let res = Rejection::idempotency_in_flight(None).default_response();
+    /// assert_eq!(res.status(), 409);
+    /// assert_eq!(res.headers()["retry-after"], "1");
+    /// assert_eq!(res.headers()["content-type"], "application/problem+json");
+    /// ```
+    pub fn idempotency_in_flight(retry_after: Option<Duration>) -> Self {
+        let wait = whole_secs(retry_after.unwrap_or_default());
+        let mut r = Self::new(
+            RejectionReason::IdempotencyConflict,
+            Some(Middleware::Idempotency),
+            format!(
+                "a request with this Idempotency-Key is still being processed; retry in {} s",
+                wait.as_secs()
+            ),
+        );
+        r.retry_after = Some(wait);
+        r
+    }
+
+    /// The `Idempotency-Key`'s request completed, but its response was not
+    /// stored (too large, or streamed with trailers): 409, no `Retry-After`.
+    pub fn idempotency_not_replayable(status: u16) -> Self {
+        Self::new(
+            RejectionReason::IdempotencyConflict,
+            Some(Middleware::Idempotency),
+            format!(
+                "the request with this Idempotency-Key was already processed (status {status}), \
+                 but its response was too large to store and cannot be replayed"
+            ),
+        )
+    }
+
+    /// The `Idempotency-Key` was used with another payload: 422.
+    pub fn idempotency_mismatch() -> Self {
+        Self::new(
+            RejectionReason::IdempotencyMismatch,
+            Some(Middleware::Idempotency),
+            "this Idempotency-Key was already used with a different request payload",
+        )
+    }
+
+    /// The `Idempotency-Key` is missing or malformed: 400 with `message`.
+    pub fn invalid_idempotency_key(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(
+            RejectionReason::InvalidIdempotencyKey,
+            Some(Middleware::Idempotency),
+            message,
+        )
+    }
+
+    /// The request body exceeds `limit` bytes: 413, no `Retry-After`.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            RejectionReason::PayloadTooLarge,
+            Some(Middleware::Idempotency),
+            format!("the request body exceeds {limit} bytes"),
+        )
+    }
+
+    /// The request body could not be read: 400 (problem+json).
+    pub(crate) fn unreadable_body() -> Self {
+        Self::new(
+            RejectionReason::Key {
+                status: StatusCode::BAD_REQUEST,
+            },
+            Some(Middleware::Idempotency),
+            "the request body could not be read",
+        )
     }
 
     /// The server is misconfigured: 500 with `message` (say what to add).
@@ -469,19 +577,46 @@ impl Rejection {
                 &self.headers,
             );
         }
-        let mut res = Response::new(Bytes::from(format!("{}\n", self.message)));
-        *res.status_mut() = self.reason.status();
+        let status = self.reason.status();
+        let problem = self.middleware == Some(Middleware::Idempotency);
+        let (body, content_type) = if problem {
+            (
+                problem_json(status, &self.message),
+                "application/problem+json",
+            )
+        } else {
+            (format!("{}\n", self.message), "text/plain; charset=utf-8")
+        };
+        let mut res = Response::new(Bytes::from(body));
+        *res.status_mut() = status;
         let h = res.headers_mut();
         if let Some(wait) = self.retry_after {
             h.insert(RETRY_AFTER, HeaderValue::from(wait.as_secs()));
         }
         h.extend(self.headers.clone());
-        h.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         res
     }
+}
+
+/// An RFC 9457 problem document: `type` about:blank, `title` the status'
+/// reason phrase, `status`, `detail`.
+fn problem_json(status: StatusCode, detail: &str) -> String {
+    let title = status.canonical_reason().unwrap_or("Error");
+    let mut out = format!(
+        r#"{{"type":"about:blank","title":"{title}","status":{},"detail":""#,
+        status.as_u16()
+    );
+    for c in detail.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push_str("\"}");
+    out
 }
 
 #[cfg(feature = "axum")]
@@ -500,96 +635,4 @@ impl axum_core::response::IntoResponse for Rejection {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A busy lock's wait is whole seconds, rounded up, never 0, and 1 when
-    /// unknown — the same answer from every constructor.
-    #[test]
-    fn busy_rounds_up_and_is_never_zero() {
-        let ms = Duration::from_millis;
-        for (wait, secs) in [
-            (None, "1"),
-            (Some(Duration::ZERO), "1"),
-            (Some(ms(1)), "1"),
-            (Some(ms(1000)), "1"),
-            (Some(ms(1001)), "2"),
-        ] {
-            let error = Error::Busy {
-                name: "job".into(),
-                retry_after: wait,
-            };
-            for r in [
-                Rejection::busy(wait),
-                Rejection::from_error(Middleware::Lock, error),
-            ] {
-                let res = r.default_response();
-                assert_eq!(res.status(), StatusCode::CONFLICT);
-                assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
-                let body = format!("resource is busy; retry in {secs} s\n");
-                assert_eq!(res.body().as_ref(), body.as_bytes());
-
-                // gRPC: ABORTED, the same wait in metadata and RetryInfo.
-                let res = r
-                    .for_protocol(Protocol::Grpc, &HeaderMap::new())
-                    .default_response();
-                assert_eq!(res.status(), StatusCode::OK);
-                assert_eq!(res.headers()["grpc-status"], "10", "{wait:?}");
-                assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
-                assert!(res.headers().contains_key("grpc-status-details-bin"));
-                assert_eq!(
-                    res.headers()["grpc-message"],
-                    format!("resource is busy; retry in {secs} s").as_str()
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn a_cost_beyond_capacity_is_413_without_retry_after() {
-        let res = Rejection::from_error(
-            Middleware::RateLimit,
-            Error::CostExceedsCapacity {
-                cost: 5,
-                capacity: 2,
-            },
-        )
-        .default_response();
-        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
-        assert!(!res.headers().contains_key(RETRY_AFTER));
-        assert_eq!(res.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
-    }
-
-    /// The table: every reason's HTTP status and gRPC code.
-    #[test]
-    fn one_table_for_every_reason() {
-        use RejectionReason as R;
-        let cases = [
-            (R::RateLimited, 429, 8),
-            (
-                R::CostExceedsCapacity {
-                    cost: 2,
-                    capacity: 1,
-                },
-                413,
-                8,
-            ),
-            (R::Unavailable, 503, 14),
-            (R::Busy, 409, 10),
-            (R::TooManyInFlight, 429, 8),
-            (R::LeaseLost, 503, 10),
-            (
-                R::Key {
-                    status: StatusCode::UNAUTHORIZED,
-                },
-                401,
-                16,
-            ),
-            (R::Internal, 500, 13),
-        ];
-        for (reason, status, code) in cases {
-            assert_eq!(reason.status(), status, "{reason:?}");
-            assert_eq!(reason.grpc_code().code(), code, "{reason:?}");
-        }
-    }
-}
+mod tests;

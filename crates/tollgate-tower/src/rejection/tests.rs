@@ -1,0 +1,151 @@
+//! The rejection table and default responses.
+
+use super::*;
+
+/// A busy lock's wait is whole seconds, rounded up, never 0, and 1 when
+/// unknown — the same answer from every constructor.
+#[test]
+fn busy_rounds_up_and_is_never_zero() {
+    let ms = Duration::from_millis;
+    for (wait, secs) in [
+        (None, "1"),
+        (Some(Duration::ZERO), "1"),
+        (Some(ms(1)), "1"),
+        (Some(ms(1000)), "1"),
+        (Some(ms(1001)), "2"),
+    ] {
+        let error = Error::Busy {
+            name: "job".into(),
+            retry_after: wait,
+        };
+        for r in [
+            Rejection::busy(wait),
+            Rejection::from_error(Middleware::Lock, error),
+        ] {
+            let res = r.default_response();
+            assert_eq!(res.status(), StatusCode::CONFLICT);
+            assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
+            let body = format!("resource is busy; retry in {secs} s\n");
+            assert_eq!(res.body().as_ref(), body.as_bytes());
+
+            // gRPC: ABORTED, the same wait in metadata and RetryInfo.
+            let res = r
+                .for_protocol(Protocol::Grpc, &HeaderMap::new())
+                .default_response();
+            assert_eq!(res.status(), StatusCode::OK);
+            assert_eq!(res.headers()["grpc-status"], "10", "{wait:?}");
+            assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
+            assert!(res.headers().contains_key("grpc-status-details-bin"));
+            assert_eq!(
+                res.headers()["grpc-message"],
+                format!("resource is busy; retry in {secs} s").as_str()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cost_beyond_capacity_is_413_without_retry_after() {
+    let res = Rejection::from_error(
+        Middleware::RateLimit,
+        Error::CostExceedsCapacity {
+            cost: 5,
+            capacity: 2,
+        },
+    )
+    .default_response();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(!res.headers().contains_key(RETRY_AFTER));
+    assert_eq!(res.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
+}
+
+/// The table: every reason's HTTP status and gRPC code.
+#[test]
+fn one_table_for_every_reason() {
+    use RejectionReason as R;
+    let cases = [
+        (R::RateLimited, 429, 8),
+        (
+            R::CostExceedsCapacity {
+                cost: 2,
+                capacity: 1,
+            },
+            413,
+            8,
+        ),
+        (R::Unavailable, 503, 14),
+        (R::Busy, 409, 10),
+        (R::TooManyInFlight, 429, 8),
+        (R::LeaseLost, 503, 10),
+        (
+            R::Key {
+                status: StatusCode::UNAUTHORIZED,
+            },
+            401,
+            16,
+        ),
+        (R::Internal, 500, 13),
+        (R::IdempotencyConflict, 409, 10),
+        (R::IdempotencyMismatch, 422, 9),
+        (R::InvalidIdempotencyKey, 400, 3),
+        (R::PayloadTooLarge, 413, 8),
+    ];
+    for (reason, status, code) in cases {
+        assert_eq!(reason.status(), status, "{reason:?}");
+        assert_eq!(reason.grpc_code().code(), code, "{reason:?}");
+    }
+}
+
+/// The idempotency layer's answers are problem+json (the other layers'
+/// bodies are unchanged text); gRPC requests still get trailers-only.
+#[test]
+fn idempotency_rejections_are_problem_documents() {
+    let cases = [
+        (
+            Rejection::idempotency_in_flight(Some(Duration::from_millis(1500))),
+            409,
+            Some("2"),
+        ),
+        (Rejection::idempotency_not_replayable(201), 409, None),
+        (Rejection::idempotency_mismatch(), 422, None),
+        (
+            Rejection::invalid_idempotency_key("bad \"key\"\n"),
+            400,
+            None,
+        ),
+        (Rejection::payload_too_large(10), 413, None),
+        (
+            Rejection::unavailable(Middleware::Idempotency, None),
+            503,
+            Some("1"),
+        ),
+    ];
+    for (r, status, wait) in cases {
+        let res = r.default_response();
+        assert_eq!(res.status(), status);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(
+            res.headers().get(RETRY_AFTER).map(|v| v.to_str().unwrap()),
+            wait
+        );
+        let body = std::str::from_utf8(res.body()).unwrap();
+        let start = format!(
+            r#"{{"type":"about:blank","title":"{}","status":{status},"detail":""#,
+            StatusCode::from_u16(status)
+                .unwrap()
+                .canonical_reason()
+                .unwrap()
+        );
+        assert!(body.starts_with(&start), "{body}");
+        assert!(body.ends_with("\"}"), "{body}");
+    }
+    let res = Rejection::invalid_idempotency_key("bad \"key\"\n").default_response();
+    assert!(res.body().ends_with(br#""detail":"bad \"key\"\u000a"}"#));
+    let grpc = Rejection::idempotency_mismatch()
+        .for_protocol(Protocol::Grpc, &HeaderMap::new())
+        .default_response();
+    assert_eq!(grpc.headers()["grpc-status"], "9");
+    // Other layers' 503 keeps its text body.
+    let res = Rejection::unavailable(Middleware::Lock, None).default_response();
+    assert_eq!(res.body().as_ref(), b"lock service unavailable\n");
+}
