@@ -107,7 +107,9 @@ impl LeaseGuard {
 pin_project! {
     /// The response body of [`RateLimit`](crate::rate_limit::RateLimit) and
     /// [`Lock`](crate::lock::Lock): the inner service's body, or the short
-    /// body of a rejection built by the middleware.
+    /// body of a rejection built by the middleware, or a response the
+    /// [idempotency layer](crate::idempotency) read to its end (to store
+    /// it) or replayed from its record.
     ///
     /// Like tower-http's `ResponseBody` types, it wraps the inner body so
     /// that rejections can carry a text body whatever the inner body type
@@ -141,8 +143,15 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes> },
+        Full { data: Option<Bytes>, tail: Option<Tail> },
     }
+}
+
+/// What a buffered body ends with after its data: the inner body's
+/// trailers, or the error it failed with.
+pub(crate) enum Tail {
+    Trailers(http::HeaderMap),
+    Error(BoxError),
 }
 
 impl<B> ResponseBody<B> {
@@ -153,15 +162,24 @@ impl<B> ResponseBody<B> {
 
     /// A body of `data`, in one frame.
     pub fn full(data: impl Into<Bytes>) -> Self {
-        let data: Bytes = data.into();
+        Self::buffered(data.into(), None)
+    }
+
+    /// A body the middleware read to its end (the idempotency layer's):
+    /// `data` in one frame, then `tail`, if any.
+    pub(crate) fn buffered(data: Bytes, tail: Option<Tail>) -> Self {
         Self::of(Kind::Full {
             data: (!data.is_empty()).then_some(data),
+            tail,
         })
     }
 
     /// An empty body (a gRPC trailers-only response).
     pub fn empty() -> Self {
-        Self::of(Kind::Full { data: None })
+        Self::of(Kind::Full {
+            data: None,
+            tail: None,
+        })
     }
 
     fn of(kind: Kind<B>) -> Self {
@@ -242,7 +260,15 @@ where
         }
         let polled = match this.kind.project() {
             KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
-            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Full { data, tail } => Poll::Ready(match (data.take(), tail.take()) {
+                (Some(d), t) => {
+                    *tail = t;
+                    Some(Ok(Frame::data(d)))
+                }
+                (None, Some(Tail::Trailers(t))) => Some(Ok(Frame::trailers(t))),
+                (None, Some(Tail::Error(e))) => Some(Err(e)),
+                (None, None) => None,
+            }),
         };
         match polled {
             Poll::Ready(None) => {
@@ -273,16 +299,44 @@ where
         self.done
             || match &self.kind {
                 Kind::Inner { body } => body.is_end_stream(),
-                Kind::Full { data } => data.is_none(),
+                Kind::Full { data, tail } => data.is_none() && tail.is_none(),
             }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data } => {
+            Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::{BodyExt, Empty};
+
+    use super::*;
+
+    type Buffered = ResponseBody<Empty<Bytes>>;
+
+    /// A buffered body gives its data, then its trailers or its error.
+    #[tokio::test]
+    async fn buffered_bodies_end_with_their_tail() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let body = Buffered::buffered(Bytes::from("ab"), Some(Tail::Trailers(trailers.clone())));
+        let collected = body.collect().await.unwrap();
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "ab");
+
+        let mut body = Buffered::buffered(Bytes::from("ab"), Some(Tail::Error("cut".into())));
+        assert!(!body.is_end_stream());
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(data, "ab");
+        assert_eq!(body.frame().await.unwrap().unwrap_err().to_string(), "cut");
+        assert!(body.frame().await.is_none());
+        assert!(body.is_end_stream());
     }
 }

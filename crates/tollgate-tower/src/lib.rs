@@ -10,6 +10,11 @@
 //! - [`concurrency`]: [`ConcurrencyLimitLayer`] →
 //!   [`ConcurrencyLimit`](concurrency::ConcurrencyLimit): at most N requests
 //!   in flight per key across every instance (a fenced semaphore).
+//! - [`idempotency`]: [`IdempotencyLayer`] →
+//!   [`Idempotency`](idempotency::Idempotency): `Idempotency-Key` per the
+//!   IETF draft — the first request runs, a retry gets the stored response
+//!   (`Idempotent-Replayed: true`), 409 while in flight, 422 for another
+//!   payload, 400 for a missing or malformed key — on fenced leases.
 //! - [`key`]: [`KeyExtractor`](key::KeyExtractor), the one way a request
 //!   is keyed (by the layers here and by `tollgate-axum`'s extractors), and
 //!   the built-in keys (global, peer IP, client IP behind trusted proxies,
@@ -77,13 +82,16 @@
 //!   `tollgate_lock_requests_total{outcome}` (`acquired`, `busy`,
 //!   `unavailable`, `lost`, `error`, `key_error`) and
 //!   `tollgate_concurrency_requests_total{outcome}` (the same, plus
-//!   `fail_open`).
+//!   `fail_open`) and `tollgate_idempotency_requests_total{outcome}` (see
+//!   [`idempotency`]).
 //!
 //! # Observability
 //!
 //! One `tracing` event per decision (target `tollgate_tower::rate_limit`,
-//! or `tollgate_tower::lock`): admissions at DEBUG, denials and busy locks
-//! at INFO, backend failures and lost leases at WARN. Subjects appear only
+//! `tollgate_tower::lock`, `tollgate_tower::concurrency` or
+//! `tollgate_tower::idempotency`): admissions at DEBUG, denials, busy locks,
+//! keys in flight and mismatches at INFO, backend failures and lost leases
+//! at WARN. Subjects appear only
 //! as [`Subject::digest`](tollgate_core::Subject::digest), never raw: they
 //! may be IP addresses or API keys.
 #![forbid(unsafe_code)]
@@ -93,6 +101,7 @@ pub mod concurrency;
 pub mod grpc;
 pub mod headers;
 pub mod hold;
+pub mod idempotency;
 pub mod key;
 pub mod lock;
 mod middleware;
@@ -101,6 +110,7 @@ pub mod rejection;
 
 pub use body::{BoxError, ResponseBody};
 pub use concurrency::ConcurrencyLimitLayer;
+pub use idempotency::IdempotencyLayer;
 pub use lock::LockLayer;
 pub use rate_limit::RateLimitLayer;
 pub use rejection::{Rejection, RejectionReason};

@@ -39,6 +39,7 @@ pub use self::compound::Or;
 pub use self::forwarded::{ClientIp, ForwardedHeader};
 pub use self::header::{ExtensionKey, HeaderKey};
 pub use self::ip::{peer_addr, PeerIp};
+pub(crate) use self::route::route_of;
 pub use self::route::RouteKey;
 #[cfg(feature = "axum")]
 pub use self::route::{PathParam, RouteParams};

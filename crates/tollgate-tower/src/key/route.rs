@@ -43,16 +43,19 @@ impl RouteKey {
     }
 }
 
+/// The route of `req`: axum's `MatchedPath` (with feature `axum`), else the
+/// URI path.
+pub(crate) fn route_of(req: &Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(m) = req.extensions.get::<axum::extract::MatchedPath>() {
+        return m.as_str();
+    }
+    req.uri.path()
+}
+
 impl KeyExtractor for RouteKey {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
-        #[cfg(feature = "axum")]
-        let path = req
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .map(|m| m.as_str())
-            .unwrap_or_else(|| req.uri.path());
-        #[cfg(not(feature = "axum"))]
-        let path = req.uri.path();
+        let path = route_of(req);
         Ok(Some(if self.method {
             Subject::compound([req.method.as_str(), path])
         } else {

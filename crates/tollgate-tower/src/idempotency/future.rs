@@ -1,0 +1,358 @@
+//! [`ResponseFuture`]: reads the body, claims the key, then replays, refuses,
+//! or runs the inner service and stores its response.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::future::BoxFuture;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use pin_project_lite::pin_project;
+use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
+use tollgate_core::Subject;
+use tower_service::Service;
+
+use super::service::Shared;
+use super::{count, fingerprint, OnUnavailable, IDEMPOTENT_REPLAYED};
+use crate::body::{BoxError, ResponseBody, Tail};
+use crate::middleware::Reply;
+use crate::rejection::{Middleware, Rejection};
+
+const T: &str = "tollgate_tower::idempotency";
+
+/// A response the layer read to its end, or made (a replay, a rejection).
+pub(crate) struct Buffered {
+    data: Bytes,
+    tail: Option<Tail>,
+}
+
+/// Where a claimed (or refused) request goes next.
+// Moved once, out of the boxed future: boxing `Done` would only add an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Step<F> {
+    /// Call the inner service unprotected (the store is unavailable and the
+    /// layer passes through): its body streams as it comes.
+    Call(F),
+    /// Answer with this response.
+    Done(Response<Buffered>),
+}
+
+impl<F> Step<F> {
+    fn made(response: Response<Bytes>) -> Self {
+        Step::Done(response.map(|data| Buffered { data, tail: None }))
+    }
+}
+
+type Run<F, E> = BoxFuture<'static, Result<Step<F>, E>>;
+
+pin_project! {
+    /// The response future of [`Idempotency`](super::Idempotency): reads the
+    /// request body, claims the key, then replays, refuses, or runs the inner
+    /// service and stores its response. Nothing happens until it is polled.
+    pub struct ResponseFuture<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        #[pin]
+        state: State<S, ReqB>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqB>
+    where
+        S: Service<Request<ReqB>>,
+    {
+        Running { run: Run<S::Future, S::Error> },
+        Calling { #[pin] fut: S::Future },
+        Reply { reply: Reply },
+    }
+}
+
+impl<S, ReqB> ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    pub(crate) fn running(run: Run<S::Future, S::Error>) -> Self {
+        ResponseFuture {
+            state: State::Running { run },
+        }
+    }
+
+    pub(crate) fn calling(fut: S::Future) -> Self {
+        ResponseFuture {
+            state: State::Calling { fut },
+        }
+    }
+
+    pub(crate) fn reply(response: Response<Bytes>) -> Self {
+        ResponseFuture {
+            state: State::Reply {
+                reply: Reply::new(response),
+            },
+        }
+    }
+}
+
+impl<S, ReqB> fmt::Debug for ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Running { .. } => "running",
+            State::Calling { .. } => "calling",
+            State::Reply { .. } => "reply",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Running { run } => match ready!(run.as_mut().poll(cx))? {
+                    Step::Call(fut) => this.state.set(State::Calling { fut }),
+                    Step::Done(response) => {
+                        return Poll::Ready(Ok(
+                            response.map(|b| ResponseBody::buffered(b.data, b.tail))
+                        ));
+                    }
+                },
+                StateProj::Calling { fut } => {
+                    let response = ready!(fut.poll(cx))?;
+                    return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                }
+                StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
+            }
+        }
+    }
+}
+
+/// The claimed path, after the key was validated and scoped.
+pub(crate) async fn run<S, ReqB, ResB>(
+    mut inner: S,
+    parts: Parts,
+    body: ReqB,
+    record: Subject,
+    shared: Arc<Shared>,
+) -> Result<Step<S::Future>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ReqB: Body<Data = Bytes> + From<Bytes>,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes>,
+    ResB::Error: Into<BoxError>,
+{
+    let reject = |r: Rejection| Ok(Step::made(shared.answer.reject(&parts, r)));
+    let digest = record.digest();
+    let bytes = match Limited::new(body, shared.max_request_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            count("too_large");
+            tracing::debug!(target: T, record = %digest, "request body over the limit");
+            return reject(Rejection::payload_too_large(shared.max_request_body));
+        }
+        Err(e) => {
+            tracing::debug!(target: T, record = %digest, error = %e, "request body could not be read");
+            return reject(Rejection::unreadable_body());
+        }
+    };
+    let claim = shared
+        .store
+        .claim(record, fingerprint(&parts, &bytes))
+        .await;
+    let claimed = match claim {
+        Ok(Claim::Claimed(claimed)) => claimed,
+        Ok(Claim::Completed(stored)) => return Ok(replay(&shared, &parts, stored, &digest)),
+        Ok(Claim::InFlight { retry_after }) => {
+            count("in_flight");
+            tracing::info!(target: T, record = %digest, ?retry_after, "Idempotency-Key in flight");
+            return reject(Rejection::idempotency_in_flight(retry_after));
+        }
+        Ok(Claim::Mismatch) => {
+            count("mismatch");
+            tracing::info!(target: T, record = %digest, "Idempotency-Key reused with another payload");
+            return reject(Rejection::idempotency_mismatch());
+        }
+        Ok(other) => {
+            tracing::error!(target: T, record = %digest, claim = ?other, "unknown claim outcome");
+            return reject(Rejection::misconfigured(
+                "unknown idempotency claim outcome",
+            ));
+        }
+        Err(e) if e.is_unavailable() && shared.on_unavailable == OnUnavailable::PassThrough => {
+            count("pass_through");
+            tracing::warn!(target: T, record = %digest, error = %e, "idempotency store unavailable; the request runs unprotected");
+            let req = Request::from_parts(parts, ReqB::from(bytes));
+            return Ok(Step::Call(inner.call(req)));
+        }
+        Err(e) => {
+            count("unavailable");
+            tracing::warn!(target: T, record = %digest, error = %e, "idempotency store unavailable");
+            return reject(Rejection::from_error(Middleware::Idempotency, e));
+        }
+    };
+    count("claimed");
+    tracing::debug!(target: T, record = %digest, fence = claimed.fence().get(), "Idempotency-Key claimed");
+    let mut req = Request::from_parts(parts, ReqB::from(bytes));
+    req.extensions_mut().insert(claimed.fence());
+    req.extensions_mut().insert(claimed.lost());
+    let mut holding = Holding {
+        claim: Some(claimed),
+        digest,
+    };
+    let response = match inner.call(req).await {
+        Ok(response) => response,
+        Err(e) => {
+            holding
+                .abandon("abandoned", "the inner service failed")
+                .await;
+            return Err(e);
+        }
+    };
+    let (head, body) = response.into_parts();
+    let (data, tail) = read_to_end(body).await;
+    if let Some(Tail::Error(_)) = tail {
+        holding
+            .abandon("abandoned", "the response body failed")
+            .await;
+    } else if !(shared.store_when)(head.status) {
+        holding
+            .abandon("not_stored", "the status is not stored")
+            .await;
+    } else {
+        let stored = if tail.is_some() || data.len() > shared.max_stored_body {
+            StoredResponse::not_replayable(head.status.as_u16())
+        } else {
+            let headers = head.headers.iter().filter(|(n, _)| shared.replays(n));
+            let headers = headers.map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()));
+            StoredResponse::new(head.status.as_u16(), headers.collect(), data.to_vec())
+        };
+        holding.complete(&stored).await;
+    }
+    Ok(Step::Done(Response::from_parts(
+        head,
+        Buffered { data, tail },
+    )))
+}
+
+/// The stored response, replayed: status, allow-listed headers, the body
+/// byte for byte, and `Idempotent-Replayed: true`.
+fn replay<F>(shared: &Shared, parts: &Parts, stored: StoredResponse, digest: &str) -> Step<F> {
+    let Some(body) = stored.body else {
+        count("not_replayable");
+        tracing::info!(target: T, record = %digest, "Idempotency-Key completed; its response was not stored");
+        let r = Rejection::idempotency_not_replayable(stored.status);
+        return Step::made(shared.answer.reject(parts, r));
+    };
+    count("replayed");
+    tracing::debug!(target: T, record = %digest, status = stored.status, "stored response replayed");
+    let mut res = Response::new(Bytes::from(body));
+    *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let h = res.headers_mut();
+    for (name, value) in stored.headers {
+        let name = HeaderName::from_bytes(name.as_bytes());
+        let value = HeaderValue::from_bytes(&value);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            if shared.replays(&name) {
+                h.append(name, value);
+            }
+        }
+    }
+    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    Step::made(res)
+}
+
+/// Reads `body` to its end: the data, then its trailers or its error.
+async fn read_to_end<B>(body: B) -> (Bytes, Option<Tail>)
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = pin!(body);
+    let mut data = BytesMut::new();
+    while let Some(frame) = body.as_mut().frame().await {
+        match frame.map(|f| f.into_data()) {
+            Ok(Ok(chunk)) => data.extend_from_slice(&chunk),
+            Ok(Err(frame)) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    return (data.freeze(), Some(Tail::Trailers(trailers)));
+                }
+            }
+            Err(e) => return (data.freeze(), Some(Tail::Error(e.into()))),
+        }
+    }
+    (data.freeze(), None)
+}
+
+/// A claim while its request runs. Dropped before it was settled (the
+/// request future dropped: the client went away), it is counted as
+/// abandoned, and [`Claimed`]'s own drop abandons it in the background.
+struct Holding {
+    claim: Option<Claimed>,
+    digest: String,
+}
+
+impl Holding {
+    /// Gives the claim up and waits for it, so that a retry right after
+    /// this response runs again.
+    async fn abandon(&mut self, outcome: &'static str, why: &'static str) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        count(outcome);
+        tracing::debug!(target: T, record = %self.digest, why, "Idempotency-Key claim abandoned");
+        if let Err(e) = claim.abandon().await {
+            tracing::debug!(target: T, record = %self.digest, error = %e, "abandoning the claim failed; it expires by its lease");
+        }
+    }
+
+    /// Stores `response` (fenced: nothing when the claim was lost).
+    async fn complete(&mut self, response: &StoredResponse) {
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
+        let digest = &self.digest;
+        match claim.complete(response).await {
+            Ok(true) => {
+                count("stored");
+                tracing::debug!(target: T, record = %digest, status = response.status, replayable = response.body.is_some(), "response stored");
+            }
+            Ok(false) => {
+                count("lost");
+                tracing::warn!(target: T, record = %digest, "the claim was lost or superseded; the response was not stored");
+            }
+            Err(e) => {
+                count("unavailable");
+                tracing::warn!(target: T, record = %digest, error = %e, "storing the response failed");
+            }
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if self.claim.is_some() {
+            count("abandoned");
+            tracing::debug!(target: T, record = %self.digest, "request dropped; Idempotency-Key claim abandoned");
+        }
+    }
+}

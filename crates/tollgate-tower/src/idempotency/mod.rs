@@ -1,0 +1,344 @@
+//! [`IdempotencyLayer`]: `Idempotency-Key` as tower middleware, after
+//! draft-ietf-httpapi-idempotency-key-header (Stripe's API as the
+//! behavioural anchor), on an [`IdempotencyStore`](tollgate_core::idempotency::IdempotencyStore)
+//! — the library's own fenced leases, on Redis (standalone, Sentinel,
+//! Cluster) or in memory.
+//!
+//! Only the methods that are not idempotent by nature are handled: `POST`
+//! and `PATCH`; every other method passes through untouched. For each such
+//! request, in the response future:
+//!
+//! 1. the `Idempotency-Key` header is read: a structured-field string
+//!    (`"8e03978e-…"`) or a bare token, 1 to 255 visible ASCII characters
+//!    (spaces allowed inside quotes). Missing (when [required](IdempotencyLayer::required),
+//!    the default), malformed, or sent twice: **400**;
+//! 2. the record is keyed by the caller (the layer's scope
+//!    [key extractor](crate::key): an API key, a user, …), the method, the
+//!    route (axum's `MatchedPath`, else the path) and the key — one tenant
+//!    never sees another's record;
+//! 3. the request body is read, up to [`max_request_body`](IdempotencyLayer::max_request_body)
+//!    (1 MiB): larger, **413** and nothing stored. The payload's
+//!    fingerprint is a SHA-256 of the method, path and query, content type
+//!    and body;
+//! 4. the key is claimed, in one round trip:
+//!    - **claimed**: the inner service is called (the claim's
+//!      [`FencingToken`](tollgate_core::FencingToken) and
+//!      [`LeaseLost`](tollgate_core::LeaseLost) are in the request
+//!      extensions); its response is **read to the end** — the layer
+//!      buffers responses — and, when [`store_when`](IdempotencyLayer::store_when)
+//!      says so (2xx and 4xx except 408, 409 and 429 by default), stored
+//!      with the [allow-listed headers](IdempotencyLayer::replay_headers)
+//!      before it is returned. Otherwise, and when the inner service fails,
+//!      the response body fails or the request is dropped (the client went
+//!      away), the claim is abandoned so that a retry runs again;
+//!    - **completed**: the stored status, headers and byte-identical body
+//!      are replayed with `Idempotent-Replayed: true` — never the original's
+//!      `Set-Cookie` or rate-limit headers. A response larger than
+//!      [`max_stored_body`](IdempotencyLayer::max_stored_body) (or one with
+//!      trailers) is stored as "completed, not replayable": a retry gets
+//!      **409** saying so, and the handler never runs twice for one key
+//!      while its record lives;
+//!    - **in flight**: **409** with `Retry-After` (the holder's remaining
+//!      lease, whole seconds, at least 1);
+//!    - another payload under the same key: **422**;
+//!    - the store unavailable (error or timeout): **503** with
+//!      `Retry-After: 1` ([`OnUnavailable::Deny`], the default: idempotency
+//!      cannot be promised), or the request runs unprotected
+//!      ([`OnUnavailable::PassThrough`]).
+//!
+//! The layer's answers are RFC 9457 `application/problem+json` documents
+//! (gRPC requests get trailers-only responses); see
+//! [`crate::rejection`]. A completion whose claim was lost or superseded
+//! meanwhile (Redis paused past the lease) stores nothing — a newer record
+//! is never overwritten — and the response still goes to its client.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{body::Body, routing::post, Router};
+//! use http::{Request, StatusCode};
+//! use http_body_util::BodyExt;
+//! use tollgate_core::idempotency::IdempotencyStore;
+//! use tollgate_core::MemoryBackend;
+//! use tollgate_tower::key::HeaderKey;
+//! use tollgate_tower::IdempotencyLayer;
+//! use tower::ServiceExt;
+//!
+//! let store = IdempotencyStore::new(MemoryBackend::new());
+//! let app = Router::new()
+//!     .route("/orders", post(|body: String| async move { (StatusCode::CREATED, format!("order for {body}")) }))
+//!     .layer(IdempotencyLayer::new(store, HeaderKey::new("x-api-key")));
+//! let order = |key: &str, body: &'static str| {
+//!     Request::post("/orders")
+//!         .header("x-api-key", "tenant-1")
+//!         .header("idempotency-key", key)
+//!         .body(Body::from(body))
+//!         .unwrap()
+//! };
+//!
+//! let first = app.clone().oneshot(order("k-1", "2 apples")).await?;
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! let replay = app.clone().oneshot(order("k-1", "2 apples")).await?;
+//! assert_eq!(replay.status(), StatusCode::CREATED);
+//! assert_eq!(replay.headers()["idempotent-replayed"], "true");
+//! assert_eq!(replay.into_body().collect().await?.to_bytes(), "order for 2 apples");
+//!
+//! // The same key with another payload.
+//! let other = app.clone().oneshot(order("k-1", "3 pears")).await?;
+//! assert_eq!(other.status(), StatusCode::UNPROCESSABLE_ENTITY);
+//! assert_eq!(other.headers()["content-type"], "application/problem+json");
+//! # Ok(()) }
+//! ```
+//!
+//! # Observability
+//!
+//! One `tracing` event per outcome (target `tollgate_tower::idempotency`;
+//! records appear only as [`Subject::digest`](tollgate_core::Subject::digest))
+//! and, with feature `metrics`, `tollgate_idempotency_requests_total{outcome}`:
+//! at the claim `claimed`, `replayed`, `not_replayable`, `in_flight`,
+//! `mismatch`, `invalid_key`, `too_large`, `key_error`, `unavailable`,
+//! `pass_through`; after a claimed request `stored`, `not_stored` (the
+//! status is not stored; the claim is abandoned), `abandoned` (inner
+//! error, body error, request dropped), `lost` (the claim was lost or
+//! superseded: nothing stored) or `unavailable` (the completion failed).
+
+mod future;
+mod layer;
+mod service;
+
+use http::header::{HeaderName, CONTENT_TYPE};
+use http::request::Parts;
+use http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
+use tollgate_core::idempotency::Fingerprint;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::IdempotencyLayer;
+pub use self::service::Idempotency;
+
+/// The request header: `Idempotency-Key`.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// The header on a replayed response: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The longest key accepted, in characters.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// What the layer does when the store cannot be reached (an error or a
+/// timeout).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnUnavailable {
+    /// Answer 503 with `Retry-After: 1` (the default).
+    #[default]
+    Deny,
+    /// Run the request without protection, with a warning.
+    PassThrough,
+}
+
+/// The default of [`IdempotencyLayer::store_when`]: 2xx and 4xx, except
+/// 408, 409 and 429 (worth retrying: they are not the request's outcome).
+///
+/// ```
+/// use http::StatusCode;
+/// use tollgate_tower::idempotency::default_store_when;
+///
+/// assert!(default_store_when(StatusCode::CREATED));
+/// assert!(default_store_when(StatusCode::UNPROCESSABLE_ENTITY));
+/// assert!(!default_store_when(StatusCode::TOO_MANY_REQUESTS));
+/// assert!(!default_store_when(StatusCode::BAD_GATEWAY));
+/// ```
+pub fn default_store_when(status: StatusCode) -> bool {
+    status.is_success() || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 429))
+}
+
+/// The headers replayed by default.
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 6] = [
+    CONTENT_TYPE,
+    http::header::LOCATION,
+    http::header::ETAG,
+    http::header::LINK,
+    http::header::CONTENT_LOCATION,
+    http::header::LAST_MODIFIED,
+];
+
+/// Headers never replayed, whatever the allow-list says: cookies, the
+/// original's rate-limit headers, and what the server computes per
+/// response.
+fn never_replayed(name: &HeaderName) -> bool {
+    let n = name.as_str();
+    matches!(
+        n,
+        "set-cookie"
+            | "set-cookie2"
+            | "retry-after"
+            | "content-length"
+            | "transfer-encoding"
+            | "connection"
+            | "idempotent-replayed"
+    ) || n.starts_with("ratelimit")
+        || n.starts_with("x-ratelimit")
+}
+
+/// The `Idempotency-Key` of a request: `Ok(None)` when absent, `Err` with
+/// the reason when malformed or repeated.
+///
+/// The draft makes the key a structured-field string; clients mostly send
+/// a bare token. A quoted value is parsed as an RFC 8941 sf-string right
+/// here — `sfv` would also accept parameters and the other item types,
+/// and the bare form is no sf-item at all (a UUID starting with a digit).
+pub(crate) fn parse_key(headers: &HeaderMap) -> Result<Option<String>, &'static str> {
+    const INVALID: &str = "Idempotency-Key must be 1 to 255 visible ASCII characters, \
+                           as a bare token or a quoted string";
+    let mut all = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err("send one Idempotency-Key header, not several");
+    }
+    let raw = value.as_bytes();
+    let start = raw.iter().position(|b| *b != b' ').unwrap_or(raw.len());
+    let end = raw
+        .iter()
+        .rposition(|b| *b != b' ')
+        .map_or(start, |i| i + 1);
+    let raw = &raw[start..end];
+    let key = match raw.strip_prefix(b"\"") {
+        Some(quoted) => sf_string(quoted).ok_or(INVALID)?,
+        None if raw.iter().all(|b| (0x21..=0x7e).contains(b)) => raw.to_vec(),
+        None => return Err(INVALID),
+    };
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(INVALID);
+    }
+    String::from_utf8(key).map(Some).map_err(|_| INVALID)
+}
+
+/// The content of an sf-string after its opening quote: printable ASCII,
+/// `\"` and `\\` escapes, the closing quote last (no parameters).
+fn sf_string(rest: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(rest.len());
+    let mut bytes = rest.iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'\\' => match bytes.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return None,
+            },
+            b'"' => return bytes.next().is_none().then_some(out),
+            0x20..=0x7e => out.push(b),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The payload's fingerprint: a SHA-256 over the method, path and query,
+/// content type and body, each length-prefixed (so no two splits collide).
+pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let content_type = parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
+    let mut h = Sha256::new();
+    for field in [
+        parts.method.as_str().as_bytes(),
+        path.as_bytes(),
+        content_type.unwrap_or(b"\0none"),
+        body,
+    ] {
+        h.update((field.len() as u64).to_be_bytes());
+        h.update(field);
+    }
+    Fingerprint::from_digest(h.finalize().into())
+}
+
+#[cfg(feature = "metrics")]
+pub(crate) fn count(outcome: &'static str) {
+    metrics::counter!("tollgate_idempotency_requests_total", "outcome" => outcome).increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) fn count(_outcome: &'static str) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn key(values: &[&[u8]]) -> Result<Option<String>, &'static str> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(v).unwrap());
+        }
+        parse_key(&h)
+    }
+
+    #[test]
+    fn keys() {
+        let ok = |v: &[u8], k: &str| assert_eq!(key(&[v]), Ok(Some(k.to_owned())), "{v:?}");
+        ok(b"abc", "abc");
+        ok(b"123e4567-e89b-12d3", "123e4567-e89b-12d3");
+        ok(b"\"abc\"", "abc");
+        ok(b" \"a b\" ", "a b");
+        ok(br#""a\"b\\c""#, r#"a"b\c"#);
+        ok(b"a\"b", "a\"b");
+        ok(&[b'x'; 255], &"x".repeat(255));
+        assert_eq!(key(&[]), Ok(None));
+        for bad in [
+            &b""[..],
+            b"\"\"",
+            b"   ",
+            &[b'x'; 256],
+            b"a b",
+            b"a\tb",
+            b"a\x80b",
+            "é".as_bytes(),
+            b"\"abc",
+            b"\"abc\";p=1",
+            b"\"a\\nb\"",
+            b"\"a\tb\"",
+        ] {
+            assert!(key(&[bad]).is_err(), "{bad:?}");
+        }
+        assert!(key(&[b"a", b"a"]).is_err());
+    }
+
+    #[test]
+    fn fingerprints_tell_every_field_apart() {
+        let parts = |m: &str, uri: &str, ct: Option<&str>| {
+            let mut b = http::Request::builder().method(m).uri(uri);
+            if let Some(ct) = ct {
+                b = b.header(CONTENT_TYPE, ct);
+            }
+            b.body(()).unwrap().into_parts().0
+        };
+        let base = fingerprint(&parts("POST", "/a?x=1", Some("a/b")), b"{}");
+        assert_eq!(
+            base,
+            fingerprint(&parts("POST", "/a?x=1", Some("a/b")), b"{}")
+        );
+        for other in [
+            fingerprint(&parts("PATCH", "/a?x=1", Some("a/b")), b"{}"),
+            fingerprint(&parts("POST", "/a?x=2", Some("a/b")), b"{}"),
+            fingerprint(&parts("POST", "/a?x=1", Some("a/c")), b"{}"),
+            fingerprint(&parts("POST", "/a?x=1", None), b"{}"),
+            fingerprint(&parts("POST", "/a?x=1", Some("a/b")), b"{ }"),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
+    #[test]
+    fn never_replayed_headers() {
+        for n in [
+            "set-cookie",
+            "ratelimit",
+            "ratelimit-policy",
+            "x-ratelimit-limit",
+        ] {
+            assert!(never_replayed(&HeaderName::from_static(n)), "{n}");
+        }
+        assert!(DEFAULT_REPLAY_HEADERS.iter().all(|n| !never_replayed(n)));
+    }
+}
