@@ -1,0 +1,635 @@
+//! `IdempotencyLayer`: the draft's statuses on memory, a standalone Redis
+//! and a three-master cluster — a first run and a byte-identical replay,
+//! 422 for another payload, 409 while in flight, 400 for bad keys, 413 for a
+//! big body, a 5xx or a dropped request abandoned so a retry runs, exactly
+//! one handler run under concurrent retries, scopes kept apart — and a dead
+//! Redis with either `OnUnavailable`.
+//!
+//! Handlers are held in flight with a `tokio::sync::Notify` the test
+//! releases, never by sleeps; every wait is bounded.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::Notify;
+use tollgate_core::idempotency::IdempotencyStore;
+use tollgate_core::{MemoryBackend, RedisBackend, Subject};
+use tollgate_testkit::eventually;
+use tollgate_tower::idempotency::OnUnavailable;
+use tollgate_tower::key::{HeaderKey, KeyExtractor};
+use tollgate_tower::IdempotencyLayer;
+use tower::ServiceExt;
+
+use common::unique;
+
+/// Far above anything these tests wait for, far below a hang.
+const BOUND: Duration = Duration::from_secs(15);
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Memory,
+    Redis,
+    Cluster,
+}
+
+async fn store(kind: Kind) -> IdempotencyStore {
+    match kind {
+        Kind::Memory => IdempotencyStore::new(MemoryBackend::new()),
+        Kind::Redis => IdempotencyStore::new(
+            RedisBackend::connect(&common::shared_redis().url())
+                .await
+                .unwrap(),
+        ),
+        Kind::Cluster => IdempotencyStore::new(
+            RedisBackend::connect_cluster(common::shared_cluster().seeds())
+                .await
+                .unwrap(),
+        ),
+    }
+}
+
+/// What the handler shares with the test: how often it ran, and a gate
+/// that holds requests sent with `x-hold`.
+#[derive(Clone, Default)]
+struct Handler {
+    runs: Arc<AtomicUsize>,
+    entered: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+impl Handler {
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// Answers `x-status` (default 201) with an order id unique per run, the
+/// body echoed, allow-listed headers and headers that must never replay.
+async fn order(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
+    let n = h.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    if headers.contains_key("x-hold") {
+        h.entered.notify_one();
+        h.release.notified().await;
+    }
+    let status = headers
+        .get("x-status")
+        .map_or(201, |v| v.to_str().unwrap().parse().unwrap());
+    let body = format!(
+        r#"{{"order":"{n}-{}","echo":{}}}"#,
+        unique("o"),
+        String::from_utf8_lossy(&body)
+    );
+    let mut res = (StatusCode::from_u16(status).unwrap(), body).into_response();
+    let h = res.headers_mut();
+    h.insert("content-type", HeaderValue::from_static("application/json"));
+    h.insert("location", format!("/orders/{n}").parse().unwrap());
+    h.insert("set-cookie", HeaderValue::from_static("session=secret"));
+    h.insert("ratelimit", HeaderValue::from_static(r#""api";r=9;t=1"#));
+    h.insert("x-internal", HeaderValue::from_static("1"));
+    res
+}
+
+fn app(layer: IdempotencyLayer<HeaderKey>, handler: &Handler) -> Router {
+    Router::new()
+        .route("/orders", post(order).get(|| async { "list" }))
+        .route("/refunds", post(order))
+        .layer(layer)
+        .with_state(handler.clone())
+}
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Reply {
+    fn assert_problem(&self, status: u16) {
+        assert_eq!(self.status, status, "{:?}", self.body);
+        assert_eq!(self.headers["content-type"], "application/problem+json");
+        let body = std::str::from_utf8(&self.body).unwrap();
+        assert!(
+            body.contains(&format!(r#""status":{status},"detail":""#)),
+            "{body}"
+        );
+    }
+
+    fn retry_after(&self) -> u64 {
+        self.headers["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Reply {
+    let res = tokio::time::timeout(BOUND, app.clone().oneshot(req))
+        .await
+        .expect("bounded")
+        .unwrap();
+    let (head, body) = res.into_parts();
+    Reply {
+        status: head.status,
+        headers: head.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// `POST path` from `tenant` with `key` (raw bytes; none when `None`).
+fn req(path: &str, tenant: &str, key: Option<&[u8]>, body: &str) -> Request<Body> {
+    let mut b = Request::post(path)
+        .header("x-api-key", tenant)
+        .header("content-type", "application/json");
+    if let Some(key) = key {
+        b = b.header("idempotency-key", HeaderValue::from_bytes(key).unwrap());
+    }
+    b.body(Body::from(body.to_owned())).unwrap()
+}
+
+fn with(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body> {
+    req.headers_mut().insert(name, value.parse().unwrap());
+    req
+}
+
+/// Every check, on one backend.
+async fn suite(kind: Kind) {
+    first_run_and_byte_identical_replay(kind).await;
+    another_payload_is_422(kind).await;
+    in_flight_is_409_with_retry_after(kind).await;
+    bad_keys_are_400(kind).await;
+    a_big_body_is_413_and_nothing_is_stored(kind).await;
+    failures_are_abandoned_so_a_retry_runs(kind).await;
+    a_dropped_request_is_abandoned(kind).await;
+    concurrent_retries_run_the_handler_once(kind).await;
+    scopes_and_routes_are_apart(kind).await;
+    a_response_too_large_to_store_is_not_replayed(kind).await;
+    other_methods_and_optional_keys_pass_through(kind).await;
+    a_lost_claim_stores_nothing(kind).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory() {
+    suite(Kind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_standalone() {
+    suite(Kind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cluster() {
+    suite(Kind::Cluster).await;
+}
+
+async fn first_run_and_byte_identical_replay(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let first = send(
+        &app,
+        req("/orders", "t1", Some(key.as_bytes()), r#"{"qty":1}"#),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // The first response is the handler's own, whole.
+    assert_eq!(first.headers["set-cookie"], "session=secret");
+    assert!(first.headers.contains_key("ratelimit"));
+    assert!(!first.headers.contains_key("idempotent-replayed"));
+
+    for _ in 0..2 {
+        let replay = send(
+            &app,
+            req("/orders", "t1", Some(key.as_bytes()), r#"{"qty":1}"#),
+        )
+        .await;
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert_eq!(replay.body, first.body, "byte-identical");
+        assert_eq!(replay.headers["idempotent-replayed"], "true");
+        assert_eq!(replay.headers["content-type"], "application/json");
+        assert_eq!(replay.headers["location"], first.headers["location"]);
+        for never in ["set-cookie", "ratelimit", "x-internal"] {
+            assert!(!replay.headers.contains_key(never), "{never} replayed");
+        }
+    }
+    // A quoted key is the same key.
+    let quoted = format!("\"{key}\"");
+    let replay = send(
+        &app,
+        req("/orders", "t1", Some(quoted.as_bytes()), r#"{"qty":1}"#),
+    )
+    .await;
+    assert_eq!(replay.body, first.body);
+    assert_eq!(h.runs(), 1, "{kind:?}");
+}
+
+async fn another_payload_is_422(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let k = Some(key.as_bytes());
+    assert_eq!(send(&app, req("/orders", "t1", k, "1")).await.status, 201);
+    send(&app, req("/orders", "t1", k, "2"))
+        .await
+        .assert_problem(422);
+    // The query and the content type are part of the payload too.
+    send(&app, req("/orders?x=1", "t1", k, "1"))
+        .await
+        .assert_problem(422);
+    let other_type = with(req("/orders", "t1", k, "1"), "content-type", "text/plain");
+    send(&app, other_type).await.assert_problem(422);
+    assert_eq!(h.runs(), 1);
+}
+
+async fn in_flight_is_409_with_retry_after(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let first = {
+        let (app, key) = (app.clone(), key.clone());
+        let r = with(
+            req("/orders", "t1", Some(key.as_bytes()), "1"),
+            "x-hold",
+            "1",
+        );
+        tokio::spawn(async move { send(&app, r).await })
+    };
+    tokio::time::timeout(BOUND, h.entered.notified())
+        .await
+        .unwrap();
+    let busy = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    busy.assert_problem(409);
+    assert!((1..=30).contains(&busy.retry_after()), "{:?}", busy.headers);
+    // Another payload while in flight: still the wrong payload.
+    send(&app, req("/orders", "t1", Some(key.as_bytes()), "2"))
+        .await
+        .assert_problem(422);
+    h.release.notify_one();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    let replay = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(replay.body, first.body);
+    assert_eq!(h.runs(), 1);
+}
+
+async fn bad_keys_are_400(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let long = "k".repeat(256);
+    let bad: [&[u8]; 8] = [
+        b"",
+        b"\"\"",
+        long.as_bytes(),
+        b"a\tb",
+        b"a b",
+        "clé".as_bytes(),
+        b"\xff\xfe",
+        b"\"unterminated",
+    ];
+    for key in bad {
+        let r = send(&app, req("/orders", "t1", Some(key), "1")).await;
+        r.assert_problem(400);
+        assert!(std::str::from_utf8(&r.body)
+            .unwrap()
+            .contains("Idempotency-Key"));
+    }
+    send(&app, req("/orders", "t1", None, "1"))
+        .await
+        .assert_problem(400);
+    let mut twice = req("/orders", "t1", Some(b"a"), "1");
+    twice
+        .headers_mut()
+        .append("idempotency-key", HeaderValue::from_static("a"));
+    send(&app, twice).await.assert_problem(400);
+    assert_eq!(h.runs(), 0);
+    // 255 visible characters are a key.
+    let max = format!("{}-{}", unique("k"), "k".repeat(255));
+    let max = &max.as_bytes()[..255];
+    assert_eq!(
+        send(&app, req("/orders", "t1", Some(max), "1"))
+            .await
+            .status,
+        201
+    );
+}
+
+async fn a_big_body_is_413_and_nothing_is_stored(kind: Kind) {
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"))
+        .max_request_body(1024);
+    let app = app(layer, &h);
+    let key = unique("k");
+    let big = "x".repeat(1025);
+    // Streamed without a length, and announced by Content-Length.
+    send(&app, req("/orders", "t1", Some(key.as_bytes()), &big))
+        .await
+        .assert_problem(413);
+    let announced = with(
+        req("/orders", "t1", Some(key.as_bytes()), &big),
+        "content-length",
+        "1025",
+    );
+    send(&app, announced).await.assert_problem(413);
+    assert_eq!(h.runs(), 0);
+    let fits = "x".repeat(1024);
+    assert_eq!(
+        send(&app, req("/orders", "t1", Some(key.as_bytes()), &fits))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+async fn failures_are_abandoned_so_a_retry_runs(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let k = Some(key.as_bytes());
+    for status in ["500", "503", "429", "409"] {
+        let r = send(&app, with(req("/orders", "t1", k, "1"), "x-status", status)).await;
+        assert_eq!(r.status.as_str(), status);
+    }
+    assert_eq!(h.runs(), 4, "none of them stored");
+    let ok = send(&app, req("/orders", "t1", k, "1")).await;
+    assert_eq!(ok.status, 201);
+    // A stored 4xx replays as it was.
+    let key = unique("k");
+    let k = Some(key.as_bytes());
+    let r = send(&app, with(req("/orders", "t1", k, "1"), "x-status", "404")).await;
+    assert_eq!(r.status, 404);
+    let replay = send(&app, req("/orders", "t1", k, "1")).await;
+    assert_eq!((replay.status, replay.body), (r.status, r.body));
+    assert_eq!(h.runs(), 6);
+}
+
+async fn a_dropped_request_is_abandoned(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let first = {
+        let (app, key) = (app.clone(), key.clone());
+        let r = with(
+            req("/orders", "t1", Some(key.as_bytes()), "1"),
+            "x-hold",
+            "1",
+        );
+        tokio::spawn(async move { send(&app, r).await })
+    };
+    tokio::time::timeout(BOUND, h.entered.notified())
+        .await
+        .unwrap();
+    // The client goes away: the future is dropped mid-handler.
+    first.abort();
+    let _ = first.await;
+    let retried = eventually(BOUND, "the dropped claim is abandoned", || async {
+        let r = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+        (r.status == 201).then_some(r)
+    })
+    .await;
+    assert!(!retried.headers.contains_key("idempotent-replayed"));
+    assert_eq!(h.runs(), 2);
+}
+
+async fn concurrent_retries_run_the_handler_once(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    for _ in 0..3 {
+        let before = h.runs();
+        let key = unique("k");
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (app, key) = (app.clone(), key.clone());
+                tokio::spawn(async move {
+                    send(
+                        &app,
+                        req("/orders", "t1", Some(key.as_bytes()), r#"{"a":1}"#),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut bodies = Vec::new();
+        for t in tasks {
+            let r = t.await.unwrap();
+            match r.status.as_u16() {
+                201 => bodies.push(r.body),
+                409 => assert!(r.retry_after() >= 1),
+                other => panic!("unexpected {other}: {:?}", r.body),
+            }
+        }
+        assert_eq!(h.runs(), before + 1, "{kind:?}: one run per key");
+        assert!(!bodies.is_empty());
+        assert!(bodies.iter().all(|b| *b == bodies[0]), "one response");
+        let replay = send(
+            &app,
+            req("/orders", "t1", Some(key.as_bytes()), r#"{"a":1}"#),
+        )
+        .await;
+        assert_eq!(replay.body, bodies[0]);
+    }
+}
+
+async fn scopes_and_routes_are_apart(kind: Kind) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let k = Some(key.as_bytes());
+    let a = send(&app, req("/orders", "tenant-a", k, "1")).await;
+    let b = send(&app, req("/orders", "tenant-b", k, "1")).await;
+    let refund = send(&app, req("/refunds", "tenant-a", k, "1")).await;
+    for r in [&a, &b, &refund] {
+        assert_eq!(r.status, 201);
+        assert!(!r.headers.contains_key("idempotent-replayed"));
+    }
+    assert_ne!(a.body, b.body);
+    assert_eq!(h.runs(), 3);
+    // Another tenant's payload under the same key is no mismatch of yours.
+    let b2 = send(&app, req("/orders", "tenant-b", k, "1")).await;
+    assert_eq!(b2.body, b.body);
+    // A missing scope key answers as the key extractor does.
+    let mut anonymous = req("/orders", "x", k, "1");
+    anonymous.headers_mut().remove("x-api-key");
+    assert_eq!(send(&app, anonymous).await.status, 401);
+}
+
+async fn a_response_too_large_to_store_is_not_replayed(kind: Kind) {
+    let h = Handler::default();
+    let layer =
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")).max_stored_body(16);
+    let app = app(layer, &h);
+    let key = unique("k");
+    let first = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(first.status, 201);
+    assert!(first.body.len() > 16, "returned whole to its client");
+    let retry = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    retry.assert_problem(409);
+    assert!(!retry.headers.contains_key("retry-after"));
+    assert!(std::str::from_utf8(&retry.body)
+        .unwrap()
+        .contains("too large"));
+    assert_eq!(h.runs(), 1, "never twice for one key");
+}
+
+async fn other_methods_and_optional_keys_pass_through(kind: Kind) {
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = app(layer.clone(), &h);
+    let get = Request::get("/orders").body(Body::empty()).unwrap();
+    let r = send(&app, get).await;
+    assert_eq!((r.status, &r.body[..]), (StatusCode::OK, &b"list"[..]));
+    let optional = self::app(layer.required(false), &h);
+    for _ in 0..2 {
+        let r = send(&optional, req("/orders", "t1", None, "1")).await;
+        assert_eq!(r.status, 201);
+    }
+    assert_eq!(h.runs(), 2, "no key, no protection");
+}
+
+/// A claim lost mid-handler (its lease deleted behind its back) stores
+/// nothing: the newer claim's record stands, and the stale holder's client
+/// still gets its response.
+async fn a_lost_claim_stores_nothing(kind: Kind) {
+    let memory = MemoryBackend::new();
+    let store = match kind {
+        Kind::Memory => IdempotencyStore::new(memory.clone()),
+        _ => store(kind).await,
+    };
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store.clone(), HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let key = unique("k");
+    let first = {
+        let (app, key) = (app.clone(), key.clone());
+        let r = with(
+            req("/orders", "t1", Some(key.as_bytes()), "1"),
+            "x-hold",
+            "1",
+        );
+        tokio::spawn(async move { send(&app, r).await })
+    };
+    tokio::time::timeout(BOUND, h.entered.notified())
+        .await
+        .unwrap();
+    // The record's key, as the layer builds it.
+    let head = req("/orders", "t1", None, "").into_parts().0;
+    let scope = HeaderKey::new("x-api-key").extract(&head).unwrap().unwrap();
+    let record = Subject::compound([scope.as_encoded(), "POST", "/orders", key.as_str()]);
+    let lease = store.keys_for(&record).lease.lock;
+    match kind {
+        Kind::Memory => assert!(memory.break_lock(&lease)),
+        Kind::Redis => {
+            let mut conn = common::shared_redis().connection_manager().await;
+            let n: i64 = redis::cmd("DEL")
+                .arg(&lease)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(n, 1);
+        }
+        Kind::Cluster => {
+            let mut conn = common::shared_cluster().connection().await;
+            let n: i64 = redis::cmd("DEL")
+                .arg(&lease)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(n, 1);
+        }
+    }
+    let newer = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(newer.status, 201);
+    h.release.notify_one();
+    let stale = first.await.unwrap();
+    assert_eq!(
+        stale.status, 201,
+        "the stale holder's client still gets its response"
+    );
+    assert_ne!(stale.body, newer.body);
+    let replay = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(
+        replay.body, newer.body,
+        "the newer record is not overwritten"
+    );
+    assert_eq!(h.runs(), 2);
+}
+
+/// A Redis that is not there: every round trip fails fast.
+fn dead_store() -> IdempotencyStore {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let backend = RedisBackend::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+    IdempotencyStore::builder(backend)
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_dead_redis_denies_by_default() {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(dead_store(), HeaderKey::new("x-api-key")),
+        &h,
+    );
+    let r = send(&app, req("/orders", "t1", Some(b"k"), "1")).await;
+    r.assert_problem(503);
+    assert_eq!(r.retry_after(), 1);
+    assert_eq!(h.runs(), 0);
+}
+
+#[tokio::test]
+async fn a_dead_redis_passes_through_when_told() {
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(dead_store(), HeaderKey::new("x-api-key"))
+        .on_unavailable(OnUnavailable::PassThrough);
+    let app = app(layer, &h);
+    for _ in 0..2 {
+        let r = send(&app, req("/orders", "t1", Some(b"k"), "1")).await;
+        assert_eq!(r.status, 201);
+        assert!(!r.headers.contains_key("idempotent-replayed"));
+        // Unprotected: the response streams as the handler made it.
+        assert_eq!(r.headers["set-cookie"], "session=secret");
+    }
+    assert_eq!(h.runs(), 2);
+}
