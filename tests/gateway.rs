@@ -21,7 +21,9 @@ use tokio::net::TcpListener;
 use tollgate::{LockBackend, MemoryBackend, RedisBackend, Semaphore, Subject};
 use tollgate_testkit::{unique, RedisCluster, RedisServer};
 
+use axum::body::Bytes;
 use common::{launch, send, Reply};
+use tollgate_testkit::http::loopback::send_with;
 
 /// `POST /v1/generate?ms=<ms>` with `key` (no header when `None`).
 async fn generate(addr: SocketAddr, key: Option<&str>, ms: &str) -> Reply {
@@ -131,6 +133,79 @@ async fn check_in_flight(permits: &Permits, a: SocketAddr, b: SocketAddr) {
     assert!(f3 > f1.max(f2), "fences increase: {f1}, {f2}, then {f3}");
 }
 
+/// `POST /v1/orders` as `api_key` with `Idempotency-Key: idem` (none when
+/// `None`) and a JSON `body`.
+async fn order(addr: SocketAddr, api_key: &str, idem: Option<&str>, body: &str) -> Reply {
+    let mut headers = vec![("x-api-key", api_key), ("content-type", "application/json")];
+    if let Some(idem) = idem {
+        headers.push(("idempotency-key", idem));
+    }
+    let body = Bytes::from(body.to_owned());
+    send_with(addr, Method::POST, "/v1/orders", &headers, None, body).await
+}
+
+/// The order id of a 201 reply, checking its echo.
+fn order_id(r: &Reply, echo: &str) -> String {
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let expected: Value = serde_json::from_str(echo).unwrap();
+    assert_eq!(v["echo"], expected, "{v}");
+    v["order"].as_str().expect("an order id").to_owned()
+}
+
+/// The orders contract across `a` and `b`: one order per (API key,
+/// Idempotency-Key); replays are byte-identical with
+/// `Idempotent-Replayed: true`; another body → 422; in flight → 409 with
+/// `Retry-After`; a missing or invalid key → 400.
+async fn check_orders(a: SocketAddr, b: SocketAddr) {
+    let (alice, bob) = (unique("alice"), unique("bob"));
+    let idem = unique("order");
+    let body = r#"{"sku":"tea","qty":2}"#;
+    let first = order(a, &alice, Some(&idem), body).await;
+    let id = order_id(&first, body);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    for instance in [a, b] {
+        let replay = order(instance, &alice, Some(&idem), body).await;
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert_eq!(replay.body, first.body, "byte-identical replay");
+        assert_eq!(replay.expect_header("idempotent-replayed"), "true");
+        assert_eq!(order_id(&replay, body), id);
+    }
+    let other_body = order(b, &alice, Some(&idem), r#"{"sku":"tea","qty":3}"#).await;
+    assert_eq!(
+        other_body.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{other_body:?}"
+    );
+    let other_caller = order(b, &bob, Some(&idem), body).await;
+    assert_ne!(
+        order_id(&other_caller, body),
+        id,
+        "another API key, another order"
+    );
+    assert_eq!(
+        order(a, &alice, None, body).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let long = "k".repeat(256);
+    assert_eq!(
+        order(a, &alice, Some(&long), body).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    // In flight: a second request while the first works its 300 ms.
+    let conflict = common::eventually(Duration::from_secs(20), "a 409 while in flight", || async {
+        let idem = unique("race");
+        let (alice2, idem2) = (alice.clone(), idem.clone());
+        let first = tokio::spawn(async move { order(a, &alice2, Some(&idem2), body).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = order(b, &alice, Some(&idem), body).await;
+        order_id(&first.await.unwrap(), body);
+        (second.status == StatusCode::CONFLICT).then_some(second)
+    })
+    .await;
+    assert!(conflict.retry_after() >= 1, "{conflict:?}");
+}
+
 // ------------------------------------------------------------------ memory
 
 async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -147,6 +222,7 @@ async fn memory_contract() {
     let (b, tb) = serve(app::router(backend.clone())).await;
     check_validation(a).await;
     check_in_flight(&Permits::new(backend), a, b).await;
+    check_orders(a, b).await;
     ta.abort();
     tb.abort();
 }
@@ -202,7 +278,24 @@ async fn binary_two_processes_share_redis() {
     check_validation(a.addr).await;
     let permits = Permits::new(RedisBackend::connect(&url).await.unwrap());
     check_in_flight(&permits, a.addr, b.addr).await;
+    check_orders(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
+    assert_every_key_expires(&server);
+}
+
+/// Every key the gateway wrote has a TTL (the orders' records: 1 hour).
+fn assert_every_key_expires(server: &RedisServer) {
+    let mut con = server.client().get_connection().unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert!(keys.iter().any(|k| k.contains(":record")), "{keys:?}");
+    for key in keys {
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut con).unwrap();
+        assert!(pttl > 0 || pttl == -2, "{key} has no TTL ({pttl})");
+        assert!(
+            pttl <= 3_600_000,
+            "{key} lives longer than an hour ({pttl} ms)"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,9 +14,19 @@
 //!   key gets 429 with `Retry-After` (whole seconds, ≥ 1). Permits have a
 //!   5 s TTL, renewed while held: a permit of an instance that was killed is
 //!   free again within 7 s.
+//! - `POST /v1/orders` with `Idempotency-Key` and a JSON body: works 300 ms
+//!   and answers 201 with JSON `{"order":"<unique id>","echo":<the request
+//!   body>}`. The same API key + the same Idempotency-Key + the same body →
+//!   the stored response (same status, same body) plus
+//!   `Idempotent-Replayed: true`; the same key with another body → 422;
+//!   repeated while the first is in flight → 409 with `Retry-After`; a
+//!   missing or invalid key → 400; the same Idempotency-Key under another
+//!   API key creates another order. Holds across instances sharing Redis;
+//!   records live 1 hour.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{RawQuery, Request};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -25,14 +35,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
 use serde_json::json;
+use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::ExtensionKey;
-use tollgate::tower::ConcurrencyLimitLayer;
-use tollgate::{FencingToken, LockBackend, LockOptions, RateBackend, Semaphore};
+use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer};
+use tollgate::{FencingToken, LockOptions, RateBackend, Semaphore};
 
 /// Requests in flight per API key on `/v1/generate`.
 const GENERATE_IN_FLIGHT: u32 = 2;
 /// The TTL of a generate permit; renewed every third of it while held.
 const PERMIT_TTL: Duration = Duration::from_secs(5);
+/// How long an order's idempotency record is kept.
+const ORDER_RECORD_TTL: Duration = Duration::from_secs(3600);
 
 /// A caller's API key, checked by [`require_api_key`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -135,11 +148,35 @@ async fn generate(
     Json(json!({ "permit_fence": fence.get() }))
 }
 
+/// A new order id: unique across instances (time, process, counter).
+fn order_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("ord_{nanos:x}_{:x}_{n:x}", std::process::id())
+}
+
+/// Creates an order: 300 ms of work, then 201 with the order id and the
+/// request body echoed.
+async fn create_order(Json(body): Json<serde_json::Value>) -> Response {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let order = json!({ "order": order_id(), "echo": body });
+    (StatusCode::CREATED, Json(order)).into_response()
+}
+
 /// The gateway's router on `backend` (see the module docs for the contract).
 pub(crate) fn router<B>(backend: B) -> Router
 where
-    B: RateBackend + LockBackend + Clone,
+    B: RateBackend + IdempotencyBackend + Clone,
 {
+    let orders = IdempotencyStore::builder(backend.clone())
+        .prefix("gateway")
+        .record_ttl(ORDER_RECORD_TTL)
+        .build()
+        .expect("valid idempotency settings");
+    let once_per_key = IdempotencyLayer::new(orders, ExtensionKey::<ApiKey>::new());
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
         .prefix("gateway")
         .build()
@@ -147,12 +184,14 @@ where
     let in_flight = ConcurrencyLimitLayer::new(generate_permits, ExtensionKey::<ApiKey>::new())
         .namespace("generate")
         .options(LockOptions::new().ttl(PERMIT_TTL));
-    let v1 = Router::new().route(
-        "/generate",
-        post(generate)
-            .layer(in_flight)
-            .layer(middleware::from_fn(check_work_ms)),
-    );
+    let v1 = Router::new()
+        .route(
+            "/generate",
+            post(generate)
+                .layer(in_flight)
+                .layer(middleware::from_fn(check_work_ms)),
+        )
+        .route("/orders", post(create_order).layer(once_per_key));
     Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
 }
 

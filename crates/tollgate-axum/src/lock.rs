@@ -175,6 +175,9 @@ where
 /// The key `extractor` names for a request to an extractor (`what`) that
 /// always needs one: unkeyed is a 500, a key error its status; rejections
 /// shaped for the request's protocol.
+// The extractors' own rejection type is this `Rejection`: boxing it here
+// would only unbox it again.
+#[allow(clippy::result_large_err)]
 pub(crate) fn required_key(
     extractor: &impl KeyExtractor,
     parts: &Parts,
