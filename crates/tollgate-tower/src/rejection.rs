@@ -363,6 +363,16 @@ impl Rejection {
         )
     }
 
+    /// A concurrency permit was lost while the request was handled, and the
+    /// layer cancels on loss: 503 (gRPC ABORTED), as [`lease_lost`](Self::lease_lost).
+    pub fn permit_lost() -> Self {
+        Self::new(
+            RejectionReason::LeaseLost,
+            Some(Middleware::ConcurrencyLimit),
+            "concurrency permit lost while handling the request; the request was cancelled",
+        )
+    }
+
     /// The request could not be keyed: the key error's status and message.
     pub fn key(error: KeyError) -> Self {
         let status = error.status();

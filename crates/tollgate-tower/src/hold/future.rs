@@ -18,7 +18,6 @@ use super::service::{head_of, Shared};
 use crate::body::{release, LeaseGuard, ResponseBody};
 use crate::lock::{HoldUntil, OnLeaseLost};
 use crate::middleware::Reply;
-use crate::rejection::Rejection;
 
 pin_project! {
     /// The response future of [`Hold`](super::Hold): acquires, calls the inner service
@@ -182,7 +181,8 @@ where
                                     continue;
                                 };
                                 shared.gate.lost(true);
-                                let response = shared.answer.reject(&head, Rejection::lease_lost());
+                                let response =
+                                    shared.answer.reject(&head, shared.gate.lost_rejection());
                                 // Dropping the state drops the inner future.
                                 this.state.set(State::Reply {
                                     reply: Reply::new(response),

@@ -90,6 +90,14 @@ impl Gate {
         }
     }
 
+    /// The answer to a request cancelled because its lease or permit was lost.
+    pub(crate) fn lost_rejection(&self) -> Rejection {
+        match self {
+            Gate::Lock(_) => Rejection::lease_lost(),
+            Gate::Permits { .. } => Rejection::permit_lost(),
+        }
+    }
+
     /// A lease lost while its request was handled; `cancel` says whether
     /// the handler is cancelled.
     pub(crate) fn lost(&self, cancel: bool) {
