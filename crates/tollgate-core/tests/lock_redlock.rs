@@ -150,30 +150,106 @@ async fn fence_is_the_quorum_max_and_stays_increasing() {
     assert_no_immortal_keys(&servers[1..]);
 }
 
+/// With a majority down, a try fails at once; a bounded wait keeps retrying
+/// and fails only once its bound has passed (issue #16, defect 1: it used to
+/// give up on the first error).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn majority_down_fails() {
     let mut servers = servers(3);
     let redlock = builder(&servers).await.build().unwrap();
     servers[0].stop();
     servers[1].stop();
+    let start = Instant::now();
     let err = redlock
         .try_acquire("m", &LockOptions::new())
         .await
         .unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    let bound = Duration::from_secs(2);
     let start = Instant::now();
     let err = redlock
-        .acquire("m", &LockOptions::new().wait(Duration::from_secs(5)))
+        .acquire("m", &LockOptions::new().wait(bound))
         .await
         .unwrap_err();
+    let waited = start.elapsed();
     assert!(err.is_unavailable(), "{err:?}");
-    assert!(start.elapsed() < Duration::from_secs(3));
+    assert!(
+        waited >= bound,
+        "gave up after {waited:?}, before the bound"
+    );
+    assert!(waited < bound + Duration::from_secs(3), "{waited:?}");
     // Nothing is left behind on the live instance.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         servers[2].cli(&["EXISTS", &redlock.keys_for("m").lock]),
         "0"
     );
+}
+
+/// Resumes `servers` (SIGCONT) `after` from now, from a thread of its own.
+fn resume_after(servers: &[&RedisServer], after: Duration) -> std::thread::JoinHandle<()> {
+    let pids: Vec<u32> = servers.iter().map(|s| s.pid().unwrap()).collect();
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        for pid in pids {
+            std::process::Command::new("kill")
+                .args(["-CONT", &pid.to_string()])
+                .status()
+                .unwrap();
+        }
+    })
+}
+
+/// A blip shorter than the wait bound is ridden out: a bounded wait retries
+/// with a backoff through the errors and acquires once the backend answers
+/// (issue #16, defect 1) — on one instance and on a Redlock majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_rides_out_a_blip() {
+    let servers = servers(3);
+    let single = Locker::builder(RedisBackend::connect(&servers[0].url()).await.unwrap())
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let redlock = builder(&servers)
+        .await
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    // Warm the connections and the script caches.
+    for locker in [&single, &redlock] {
+        let lease = locker.try_acquire("warm", &LockOptions::new()).await;
+        assert!(lease.unwrap().release().await.unwrap());
+    }
+    let wait = LockOptions::new().wait(Duration::from_secs(5));
+
+    servers[0].pause();
+    let start = Instant::now();
+    let resumer = resume_after(&[&servers[0]], Duration::from_millis(300));
+    let lease = single.acquire("blip", &wait).await;
+    let took = start.elapsed();
+    resumer.join().unwrap();
+    let lease = lease.unwrap_or_else(|e| panic!("gave up after {took:?}: {e:?}"));
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(lease.release().await.unwrap());
+
+    servers[0].pause();
+    servers[1].pause();
+    let start = Instant::now();
+    let resumer = resume_after(&[&servers[0], &servers[1]], Duration::from_millis(300));
+    let lease = redlock.acquire("blip", &wait).await;
+    let took = start.elapsed();
+    resumer.join().unwrap();
+    let lease = lease.unwrap_or_else(|e| panic!("gave up after {took:?}: {e:?}"));
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(lease.release().await.unwrap());
+    assert_no_immortal_keys(&servers);
 }
 
 /// An acquire slower than the TTL yields no lease: validity = ttl − elapsed −

@@ -28,6 +28,21 @@ fn split_pause(attempt: Duration) -> Duration {
     Duration::from_millis(1) + span.mul_f64(unit_random())
 }
 
+/// The first pause of a bounded wait after a backend error; it doubles per
+/// consecutive error, up to the poll interval.
+const ERROR_BACKOFF_START: Duration = Duration::from_millis(10);
+
+/// Whether an attempt's error may pass on its own (an outage, a timeout, an
+/// open circuit): a bounded wait retries those until its bound. Errors about
+/// the request itself (a script error, a configuration mistake) do not.
+fn transient(e: &Error) -> bool {
+    match e {
+        Error::Backend(b) => b.is_outage(),
+        Error::Timeout(_) | Error::CircuitOpen => true,
+        _ => false,
+    }
+}
+
 /// The engine behind a `Locker`: its settings, checked once, over its
 /// instances; the wait loop, the lease hand-out and the cache fill.
 pub(crate) struct Core {
@@ -284,6 +299,16 @@ impl Core {
         bounded.max(Duration::from_millis(1))
     }
 
+    /// The pause after the `errors`-th consecutive transient error of a
+    /// bounded wait: 10 ms doubling per error, capped at the poll interval,
+    /// jittered to [½, 1] of that so waiters do not retry in step.
+    fn error_backoff(&self, errors: u32) -> Duration {
+        let doubled = ERROR_BACKOFF_START.saturating_mul(1 << errors.saturating_sub(1).min(16));
+        let cap = doubled.min(self.poll_interval);
+        cap.mul_f64(0.5 + 0.5 * unit_random())
+            .max(Duration::from_millis(1))
+    }
+
     /// One acquire attempt and, when it succeeds, the lease — in a task of
     /// its own. If the caller is dropped mid-flight (a `timeout` around
     /// `acquire`, a client that disconnects while middleware waits), the task
@@ -374,6 +399,8 @@ impl Core {
             ticket: ticket.clone(),
             handle: ctx.handle.clone(),
         });
+        // Consecutive transient errors of this wait (for the backoff).
+        let mut errors = 0u32;
         loop {
             let notified = waiter.notified();
             tokio::pin!(notified);
@@ -382,8 +409,23 @@ impl Core {
             // A split vote or a refusal retries after a random pause that
             // notifications do not cut short: contenders that woke together
             // must not retry together, or they split the votes forever.
-            let (pause, interruptible, last) = match self.attempt_detached(&ctx).await? {
-                Attempt::Acquired(lease) => {
+            let attempt = match self.attempt_detached(&ctx).await {
+                // A blip in the backend does not end a bounded wait: retry
+                // after a jittered backoff, and report the error only when the
+                // bound has passed.
+                Err(e) if transient(&e) => {
+                    errors = errors.saturating_add(1);
+                    Err(e)
+                }
+                Err(e) => return Err(e),
+                Ok(a) => {
+                    errors = 0;
+                    Ok(a)
+                }
+            };
+            let (pause, interruptible, last) = match attempt {
+                Err(e) => (self.error_backoff(errors), false, e),
+                Ok(Attempt::Acquired(lease)) => {
                     if let Some(mut q) = queued.take() {
                         // The script took the ticket out with the permit.
                         q.ticket.clear();
@@ -395,9 +437,9 @@ impl Core {
                     }
                     return Ok(lease);
                 }
-                Attempt::Held(pttl) => (self.pause(pttl), true, busy(pttl)),
-                Attempt::Split(elapsed) => (split_pause(elapsed), false, busy(None)),
-                Attempt::Refused(elapsed) => {
+                Ok(Attempt::Held(pttl)) => (self.pause(pttl), true, busy(pttl)),
+                Ok(Attempt::Split(elapsed)) => (split_pause(elapsed), false, busy(None)),
+                Ok(Attempt::Refused(elapsed)) => {
                     (split_pause(Duration::ZERO), false, Error::Timeout(elapsed))
                 }
             };
@@ -536,6 +578,30 @@ mod tests {
             assert!(Core::new(one(), false, s.clone()).is_err(), "{s:?}");
         }
         assert!(Core::new(Vec::new(), true, Settings::default()).is_err());
+    }
+
+    #[test]
+    fn error_backoff_grows_to_the_poll_interval() {
+        let c = core(false, 1);
+        for _ in 0..100 {
+            let first = c.error_backoff(1);
+            assert!(first >= Duration::from_millis(5) && first <= ERROR_BACKOFF_START);
+            let p = c.error_backoff(3);
+            assert!(p >= Duration::from_millis(20) && p <= Duration::from_millis(40));
+            for n in [30, u32::MAX] {
+                let p = c.error_backoff(n);
+                assert!(p >= c.poll_interval / 2 && p <= c.poll_interval, "{p:?}");
+            }
+        }
+        assert!(transient(&Error::Timeout(Duration::from_millis(1))));
+        assert!(transient(&Error::CircuitOpen));
+        assert!(transient(&Error::Backend(crate::BackendError::outage(
+            "down"
+        ))));
+        assert!(!transient(&Error::Backend(crate::BackendError::new(
+            "WRONGTYPE"
+        ))));
+        assert!(!transient(&Error::InvalidConfig(String::new())));
     }
 
     #[test]

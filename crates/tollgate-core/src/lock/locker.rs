@@ -170,7 +170,10 @@ impl Locker {
     /// remaining TTL as `retry_after`); [`Error::Backend`] /
     /// [`Error::Timeout`] when the backend fails or is slow (for a Redlock:
     /// when too many instances failed for a quorum; also when an acquire took
-    /// so long that the lease would be worthless);
+    /// so long that the lease would be worthless) — with a wait bound, an
+    /// outage or a timeout is retried after a jittered backoff (at most the
+    /// poll interval) and reported only once the bound has passed, so a short
+    /// blip does not end the wait;
     /// [`Error::InvalidConfig`] for a TTL the drift allowance leaves nothing
     /// of, or a TTL or `max_hold` above
     /// [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION).
