@@ -893,31 +893,43 @@ async fn data_errors_do_not_trip_the_breaker() {
     assert_eq!(d.source, DecisionSource::Backend);
 }
 
-/// During an outage the fallback's smaller share never turns a cost that
-/// fits the global quota into "can never fit".
+/// During an outage the fallback never discounts a cost above its local
+/// share (issue #16, defect 2: a cost-30 request on 40/h over 4 instances was
+/// admitted and charged 10, so 4 instances admitted 120/h), and never turns a
+/// cost that fits the global quota into "can never fit": it is a denial.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fallback_accepts_every_cost_the_global_quota_accepts() {
+async fn fallback_denies_a_cost_above_the_local_share() {
     let mut server = RedisServer::start().unwrap();
-    let l = RateLimiter::builder(
-        RedisBackend::from_connection(server.connection_manager().await),
-        Algorithm::TokenBucket,
-    )
-    .quota(q(40, 3600))
-    .failure_policy(FailurePolicy::Fallback {
-        instances: 4.try_into().unwrap(),
-    })
-    .timeout(Duration::from_millis(100))
-    .build()
-    .unwrap();
+    let conn = server.connection_manager().await;
+    let limiters: Vec<_> = ALL
+        .iter()
+        .map(|alg| {
+            RateLimiter::builder(RedisBackend::from_connection(conn.clone()), *alg)
+                .quota(q(40, 3600))
+                .failure_policy(FailurePolicy::Fallback {
+                    instances: 4.try_into().unwrap(),
+                })
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap()
+        })
+        .collect();
     server.stop();
-    let d = l.check_n("big", 30).await.unwrap();
-    assert_eq!(d.source, DecisionSource::Fallback);
-    assert!(d.allowed, "{d:?}");
-    assert!(!l.check_n("big", 1).await.unwrap().allowed);
-    assert!(matches!(
-        l.check_n("big", 41).await,
-        Err(Error::CostExceedsCapacity { .. })
-    ));
+    for l in &limiters {
+        let alg = l.algorithm();
+        let d = l.check_n("big", 30).await.unwrap();
+        assert_eq!(d.source, DecisionSource::Fallback, "{alg:?}");
+        assert!(!d.allowed, "{alg:?}: {d:?}");
+        assert!(d.retry_after.is_some_and(|r| r > Duration::ZERO), "{d:?}");
+        assert_eq!(d.remaining, 10, "{alg:?}: nothing was taken");
+        // The local share is whole: 10 units, then denials.
+        assert!(l.check_n("big", 10).await.unwrap().allowed, "{alg:?}");
+        assert!(!l.check_n("big", 1).await.unwrap().allowed, "{alg:?}");
+        assert!(matches!(
+            l.check_n("big", 41).await,
+            Err(Error::CostExceedsCapacity { .. })
+        ));
+    }
 }
 
 /// The deny cache stays bounded with far more blocked subjects than it

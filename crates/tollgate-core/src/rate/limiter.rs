@@ -28,7 +28,10 @@ pub enum FailurePolicy {
     Deny,
     /// Decide with a local in-memory limiter whose limits are divided by the
     /// number of instances, so N instances together stay near the global
-    /// rate instead of N times it.
+    /// rate instead of N times it. A cost above the local share is denied
+    /// (not charged as the share, which would let N instances admit N times
+    /// the cost per refill); it fits the global quota, so it is a denial
+    /// with a retry-after, not [`Error::CostExceedsCapacity`].
     Fallback {
         /// How many instances share the global limit.
         instances: NonZeroU32,
@@ -324,15 +327,21 @@ impl RateLimiter {
             FailurePolicy::Deny => Err(error),
             FailurePolicy::Fallback { .. } => {
                 let fallback = inner.fallback.as_ref().expect("built with the policy");
-                // The local share is smaller than the global quota: a cost
-                // that fits globally must not become "can never fit" here.
                 let most = fallback
                     .quotas()
                     .iter()
                     .map(|q| fallback.algorithm().capacity(q))
                     .min()
                     .unwrap_or(cost);
-                match fallback.start(subject, cost.min(most)) {
+                // A cost above the local share is denied, never discounted:
+                // charging it as the share would let N instances admit
+                // N × cost per refill. It is a denial (429, Retry-After), not
+                // `CostExceedsCapacity` (413, "waiting cannot help"): it fits
+                // the global quota, so it may pass once the backend is back.
+                // Its denial reports the local state: a peek, which takes nothing.
+                let oversized = cost > most;
+                match fallback.start(subject, if oversized { 0 } else { cost }) {
+                    Ok(decided) if oversized => decided.map(|d| deny_oversized(cost, d)),
                     Ok(decided) => decided.map(|mut d| {
                         d.source = DecisionSource::Fallback;
                         d
@@ -398,6 +407,33 @@ impl fmt::Debug for PendingCheck {
             .field("cost", &self.prepared.request.cost)
             .finish_non_exhaustive()
     }
+}
+
+/// The fallback's denial of a cost above its local share, from a peek `d`
+/// of the local state: every quota that cannot hold `cost` denies it, with
+/// one period of that quota as the retry-after (when the backend may be back).
+fn deny_oversized(cost: u64, mut d: Decision) -> Decision {
+    for q in &mut d.quotas {
+        if cost > q.limit {
+            q.allowed = false;
+            q.retry_after = Some(q.quota.period().max(Duration::from_micros(1)));
+        }
+    }
+    let strictest = d
+        .quotas
+        .iter()
+        .filter(|q| !q.allowed)
+        .max_by_key(|q| q.retry_after)
+        .copied();
+    if let Some(s) = strictest {
+        d.allowed = false;
+        d.limit = s.limit;
+        d.remaining = s.remaining;
+        d.reset_after = s.reset_after;
+        d.retry_after = s.retry_after;
+    }
+    d.source = DecisionSource::Fallback;
+    d
 }
 
 /// Whether an error means the backend is unreachable or overloaded (what the
