@@ -32,7 +32,8 @@ if n == 1 then
     if cur + cost <= limit then
       retry = p - math.floor((limit - cur - cost) * p / prev) - e
     else
-      retry = p - e + p - math.floor((limit - cost) * p / cur)
+      -- cur is 0 only for a cost above the limit (which never fits).
+      retry = p - e + p - math.floor((limit - cost) * p / math.max(cur, 1))
     end
     if cur > 0 then reset = 2 * p - e elseif prev > 0 then reset = p - e end
     return {0, math.max(limit - est, 0), reset, retry}
@@ -77,7 +78,8 @@ for i = 1, n do
         retry = p - math.floor((limit[i] - cur[i] - cost) * p / prev[i]) - e[i]
       else
         -- In the next window, once this window's weight has dropped.
-        retry = p - e[i] + p - math.floor((limit[i] - cost) * p / cur[i])
+        -- cur is 0 only for a cost above the limit (which never fits).
+        retry = p - e[i] + p - math.floor((limit[i] - cost) * p / math.max(cur[i], 1))
       end
     end
     if cur[i] > 0 then reset = 2 * p - e[i] elseif prev[i] > 0 then reset = p - e[i] end

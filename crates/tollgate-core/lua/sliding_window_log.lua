@@ -39,7 +39,9 @@ if n == 1 then
     if count > 0 then
       reset = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]) + period - now
     end
-    local retry = tonumber(redis.call('ZRANGE', KEYS[1], idx, idx, 'WITHSCORES')[2]) + period - now
+    -- No such entry when the cost exceeds the limit (it never fits): a period.
+    local at = tonumber(redis.call('ZRANGE', KEYS[1], idx, idx, 'WITHSCORES')[2]) or now
+    local retry = at + period - now
     return {0, limit - count, reset, retry}
   end
   log_units(KEYS[1], string.format('%d', now))
@@ -68,9 +70,11 @@ for i = 1, n do
       reset = tonumber(redis.call('ZRANGE', KEYS[i], -1, -1, 'WITHSCORES')[2]) + period[i] - now
     end
     if count[i] + cost > limit[i] then
-      -- The entry whose expiry frees enough room for this cost.
+      -- The entry whose expiry frees enough room for this cost (none when
+      -- the cost exceeds the limit: it never fits; a period).
       local idx = count[i] + cost - limit[i] - 1
-      retry = tonumber(redis.call('ZRANGE', KEYS[i], idx, idx, 'WITHSCORES')[2]) + period[i] - now
+      local at = tonumber(redis.call('ZRANGE', KEYS[i], idx, idx, 'WITHSCORES')[2]) or now
+      retry = at + period[i] - now
     end
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i], reset, retry
   end
