@@ -18,6 +18,7 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;
+pub(crate) mod version;
 
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;

@@ -62,6 +62,18 @@ fn script_for(algorithm: Algorithm) -> &'static LuaScript {
 /// Rate limits and locks on Redis: standalone, Cluster, Sentinel, or any
 /// redis-rs async connection.
 ///
+/// Requires Redis 5.0 or newer: the scripts read `TIME` before they write,
+/// which needs script effects replication (the default from 5.0). The
+/// version (`INFO server`) is checked once when a connection is set up —
+/// by [`connect`](Self::connect), [`connect_cluster`](Self::connect_cluster)
+/// (every primary) and `sentinel` (each master it resolves, failovers
+/// included) — and an older server is refused with
+/// [`Error::InvalidConfig`]. [`connect_lazy`](Self::connect_lazy) and
+/// [`from_connection`](Self::from_connection) cannot check at construction
+/// (no connection yet, or one made elsewhere): call
+/// [`check_server_version`](Self::check_server_version) once Redis is up.
+/// A server that refuses `INFO` is not checked (a warning is logged).
+///
 /// One type whatever the deployment: the connection is chosen by the
 /// constructor and kept inside. [`connect`](Self::connect) and
 /// [`connect_lazy`](Self::connect_lazy) use a connection manager (it
@@ -190,15 +202,18 @@ impl RedisBackend {
     /// reconnects by itself after failures) and uses the same URL for pub/sub.
     pub async fn connect(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let conn = ConnectionManager::new(client.clone())
+        let mut conn = ConnectionManager::new(client.clone())
             .await
             .map_err(redis_error)?;
+        ensure_supported(&mut conn).await?;
         Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
     }
 
     /// Like [`RedisBackend::connect`], but returns at once and connects in
     /// the background: the backend works once Redis is reachable, and a
-    /// service can start while Redis is down.
+    /// service can start while Redis is down. The Redis version is not
+    /// checked (there is no connection yet): call
+    /// [`check_server_version`](Self::check_server_version) once Redis is up.
     pub fn connect_lazy(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).map_err(redis_error)?;
         let conn = ConnectionManager::new_lazy_with_config(
@@ -232,11 +247,12 @@ impl RedisBackend {
             .first()
             .ok_or_else(|| Error::InvalidConfig("a cluster needs at least one seed".into()))?;
         let pubsub = redis::Client::open(first.as_str()).map_err(redis_error)?;
-        let conn = redis::cluster::ClusterClient::new(seeds.clone())
+        let mut conn = redis::cluster::ClusterClient::new(seeds.clone())
             .map_err(redis_error)?
             .get_async_connection()
             .await
             .map_err(redis_error)?;
+        ensure_supported(&mut conn).await?;
         Ok(Self::with_conn(Conn::Cluster(conn), "cluster").with_pubsub(pubsub))
     }
 
@@ -288,6 +304,20 @@ impl RedisBackend {
         Self::with_conn(Conn::Other(Box::new(conn)), "redis")
     }
 
+    /// Checks that the server (every primary of a cluster) runs Redis 5.0 or
+    /// newer: one `INFO server` round trip. [`connect`](Self::connect),
+    /// [`connect_cluster`](Self::connect_cluster) and `sentinel` check on
+    /// their own; call this after [`connect_lazy`](Self::connect_lazy) or
+    /// [`from_connection`](Self::from_connection), once Redis is reachable.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for an older server; a backend error
+    /// when `INFO` cannot be sent. A server that refuses `INFO` passes (with
+    /// a warning).
+    pub async fn check_server_version(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        ensure_supported(&mut conn).await
+    }
+
     /// The client used for the one pub/sub subscription per `Locker`.
     pub fn with_pubsub(mut self, client: redis::Client) -> Self {
         self.pubsub = Some(Arc::new(client));
@@ -329,6 +359,14 @@ impl RedisBackend {
             }
             other => other.map_err(redis_error),
         }
+    }
+}
+
+/// Refuses a server too old for the scripts (see [`super::version`]).
+async fn ensure_supported<C: ConnectionLike>(conn: &mut C) -> Result<()> {
+    match super::version::check(conn).await.map_err(redis_error)? {
+        Some(problem) => Err(Error::InvalidConfig(problem)),
+        None => Ok(()),
     }
 }
 

@@ -13,6 +13,9 @@ use crate::error::{redis_error, Result};
 
 /// A connection to the master that Sentinel currently names.
 ///
+/// Each master it connects to must run Redis 5.0 or newer (checked once per
+/// master, with `INFO server`; see [`RedisBackend`](super::RedisBackend)).
+///
 /// The master is asked of the sentinels on first use and again after a
 /// connection error, a `READONLY` reply (the old master was demoted) or a
 /// request abandoned by its caller's timeout (a paused or partitioned master
@@ -62,7 +65,16 @@ impl SentinelConnection {
             return Ok(c);
         }
         let client = sentinel.async_get_client().await?;
-        let conn = client.get_multiplexed_async_connection().await?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        // Once per master resolved (not per call): a master too old for the
+        // scripts is refused, and asked of Sentinel again on the next call.
+        if let Some(problem) = super::version::check(&mut conn).await? {
+            return Err(redis::RedisError::from((
+                ErrorKind::Client,
+                "unsupported Redis version",
+                problem,
+            )));
+        }
         *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }
