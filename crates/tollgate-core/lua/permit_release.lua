@@ -3,9 +3,13 @@
 -- KEYS[1]: the holders. Fair names also pass KEYS[2] (queue), KEYS[3]
 -- (tickets). ARGV[1]: the owner token or ticket. ARGV[2]: the weight.
 -- ARGV[3]: the release channel.
--- Returns 1 when the token held permits (now removed), 0 otherwise (expired,
--- never held): other holders' permits are left alone.
+-- Returns 1 when the token held live permits (now removed), 0 otherwise
+-- (expired, never held): other holders' permits are left alone.
 local weight = ARGV[2] + 0
+-- Expired permits are no longer anyone's: purged first, so releasing one
+-- reports "not held" (as the twin and the lock's release do).
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] * 1000000 + t[2])
 local removed = 0
 if weight == 1 then
   removed = redis.call('ZREM', KEYS[1], ARGV[1])

@@ -218,3 +218,91 @@ mod cluster {
 async fn semaphore_child() {
     semaphore_common::faults::child_main().await;
 }
+
+/// A dead Redis under the allow and fallback policies: a bounded wait does
+/// not ride the outage out (every request would cost the whole bound), the
+/// policy answers after one bounded attempt; under deny the wait rides it
+/// out until the bound, as a lock's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_policies_answer_without_waiting_out_the_bound() {
+    use std::num::NonZeroU32;
+    use std::time::{Duration, Instant};
+    use tollgate_core::{FailurePolicy, LockOptions, RedisBackend, Semaphore};
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = || RedisBackend::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+    let build = |policy| {
+        Semaphore::builder(dead(), 4)
+            .timeout(Duration::from_millis(100))
+            .on_failure(policy)
+            .build()
+            .unwrap()
+    };
+    let bound = Duration::from_secs(4);
+    let opts = LockOptions::new().wait(bound);
+
+    let allow = build(FailurePolicy::Allow);
+    let start = Instant::now();
+    let err = allow.acquire("k", &opts).await.unwrap_err();
+    assert!(allow.fails_open(&err), "{err}");
+    assert!(
+        start.elapsed() < bound / 2,
+        "allow waited {:?}",
+        start.elapsed()
+    );
+
+    let two = NonZeroU32::new(2).unwrap();
+    let fallback = build(FailurePolicy::Fallback { instances: two });
+    let start = Instant::now();
+    let _local = fallback.acquire("k", &opts).await.unwrap();
+    assert!(
+        start.elapsed() < bound / 2,
+        "fallback waited {:?}",
+        start.elapsed()
+    );
+
+    let deny = build(FailurePolicy::Deny);
+    let start = Instant::now();
+    let err = deny.acquire("k", &opts).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
+    assert!(
+        start.elapsed() >= bound,
+        "deny gave up after {:?}",
+        start.elapsed()
+    );
+}
+
+/// Releasing a permit that expired (its holder stalled past the TTL, nobody
+/// took it since) reports "not held", on Redis as in memory: the holder is
+/// told it lost its protection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_an_expired_permit_reports_not_held() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tollgate_core::{LockBackend, LockOptions, RedisBackend, Semaphore};
+
+    let server = RedisServer::start().unwrap();
+    let backends: [Arc<dyn LockBackend>; 2] = [
+        Arc::new(MemoryBackend::new()),
+        Arc::new(RedisBackend::connect_lazy(&server.url()).unwrap()),
+    ];
+    for backend in backends {
+        let permits = Semaphore::new(backend, 2).unwrap();
+        let opts = LockOptions::new()
+            .ttl(Duration::from_millis(200))
+            .renew(false);
+        let permit = permits.try_acquire("k", &opts).await.unwrap();
+        // Another holder keeps the name's key alive past the first's expiry.
+        let long = LockOptions::new().ttl(Duration::from_secs(10));
+        let _other = permits.try_acquire("k", &long).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(
+            !permit.release().await.unwrap(),
+            "an expired permit is not ours"
+        );
+    }
+}

@@ -55,6 +55,10 @@ pub(crate) struct Core {
     permits: Option<u32>,
     /// Waiters are served in arrival order (a queue of expiring tickets).
     fair: bool,
+    /// A bounded wait rides out backend errors until its bound. Not for a
+    /// semaphore whose failure policy answers at once (allow or fall back):
+    /// waiting out an outage would cost every request the whole bound.
+    ride_out: bool,
 }
 
 impl fmt::Debug for Core {
@@ -83,6 +87,10 @@ struct AcquireCtx {
     /// A fair waiter's ticket and its TTL: the same for every attempt, so
     /// the waiter keeps its place in the queue.
     ticket: Option<(String, Duration)>,
+    /// Held by each attempt from before it is spawned until it ends; leaving
+    /// the queue takes it too, so an attempt still in flight when the waiter
+    /// gives up cannot queue the ticket again after it was taken out.
+    in_flight: Arc<tokio::sync::Mutex<()>>,
     name: String,
     options: LockOptions,
     first_ttl: Duration,
@@ -151,6 +159,7 @@ impl Core {
             fence_ttl: s.fence_ttl,
             permits: s.permits,
             fair: s.fair,
+            ride_out: s.permits.is_none() || s.failure == crate::rate::FailurePolicy::Deny,
         };
         core.first_ttl(&core.defaults)?;
         Ok(core)
@@ -317,7 +326,9 @@ impl Core {
     /// an ownerless lock until its TTL.
     async fn attempt_detached(self: &Arc<Self>, a: &Arc<AcquireCtx>) -> Result<Attempt<Lease>> {
         let (core, a) = (self.clone(), a.clone());
+        let running = a.in_flight.clone().lock_owned().await;
         let task = a.handle.clone().spawn(async move {
+            let _running = running;
             Ok(
                 match core
                     .instances
@@ -365,6 +376,7 @@ impl Core {
         };
         let ctx = Arc::new(AcquireCtx {
             ticket,
+            in_flight: Arc::default(),
             keys: self.keys(&subject, weight),
             name: subject.as_encoded().to_owned(),
             fence_ttl: self.fence_ttl_for(options.ttl_duration()),
@@ -398,6 +410,7 @@ impl Core {
             keys: ctx.keys.clone(),
             ticket: ticket.clone(),
             handle: ctx.handle.clone(),
+            in_flight: ctx.in_flight.clone(),
         });
         // Consecutive transient errors of this wait (for the backoff).
         let mut errors = 0u32;
@@ -413,7 +426,7 @@ impl Core {
                 // A blip in the backend does not end a bounded wait: retry
                 // after a jittered backoff, and report the error only when the
                 // bound has passed.
-                Err(e) if transient(&e) => {
+                Err(e) if transient(&e) && self.ride_out => {
                     errors = errors.saturating_add(1);
                     Err(e)
                 }
@@ -469,6 +482,7 @@ struct QueueTicket {
     keys: LockKeys,
     ticket: String,
     handle: Handle,
+    in_flight: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Drop for QueueTicket {
@@ -478,7 +492,10 @@ impl Drop for QueueTicket {
         if ticket.is_empty() {
             return;
         }
+        let in_flight = self.in_flight.clone();
         self.handle.spawn(async move {
+            // After an attempt still in flight: it would queue the ticket again.
+            let _done = in_flight.lock().await;
             if let Err(e) = instances.release_here(&keys, &ticket).await {
                 tracing::debug!(error = %e, "leaving the queue failed; the ticket expires by its TTL");
             }

@@ -493,8 +493,10 @@ impl<T: Built> LockerBuilder<T> {
     /// `try_acquire` does not queue: it succeeds only when nobody waits.
     ///
     /// Every process must agree: a fair name is stored as permits, and an
-    /// unfair locker on the same name fails with the backend's `WRONGTYPE`
-    /// error rather than ignoring the other's holders. Not for a Redlock.
+    /// unfair `Locker` on the same name fails with the backend's `WRONGTYPE`
+    /// error rather than ignoring the other's holders. (An unfair
+    /// `Semaphore` shares a fair one's storage: it keeps the bound, but does
+    /// not queue, so it may overtake the fair waiters.) Not for a Redlock.
     pub fn fair(mut self) -> Self {
         self.settings.fair = true;
         self
