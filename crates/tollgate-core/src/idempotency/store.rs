@@ -10,8 +10,8 @@ use crate::error::{Error, Result};
 use crate::keyspace::Subject;
 use crate::lock::core::Core;
 use crate::lock::settings::Settings;
-use crate::lock::util::new_token;
-use crate::lock::{LockBackend, DEFAULT_FENCE_TTL, FENCE_TTL_TTLS};
+use crate::lock::util::{instant_after, join, new_token};
+use crate::lock::{LockBackend, LockKeys, DEFAULT_FENCE_TTL, FENCE_TTL_TTLS};
 use crate::{FencingToken, Lease, LeaseLost, LockOptions};
 
 /// Default TTL of a completed record: 24 hours.
@@ -115,7 +115,11 @@ impl IdempotencyStore {
     }
 
     /// Claims `key` for a request whose payload is `fingerprint`: one
-    /// round trip, bounded by the timeout.
+    /// round trip, bounded by the timeout. Cancel-safe: a claim that the
+    /// backend grants after the timeout, or after this future was dropped,
+    /// is abandoned in the background (and a claim whose reply never came,
+    /// its lease released), so that a retry is not refused until the lease
+    /// expires.
     pub async fn claim(&self, key: Subject, fingerprint: Fingerprint) -> Result<Claim> {
         let keys = self.keys_for(&key);
         // The lease's first TTL, as the lock engine takes it: the TTL, or
@@ -139,13 +143,53 @@ impl IdempotencyStore {
             ),
             fingerprint,
         };
-        let start = Instant::now();
-        let reply = self.bounded(self.backend.claim(&request)).await?;
+        let handle = tokio::runtime::Handle::try_current()
+            .map_err(|_| Error::InvalidConfig("idempotency claims need a tokio runtime".into()))?;
+        // The round trip runs in a task of its own, as the lock engine's
+        // attempts do, which makes the claim cancel-safe: when this call
+        // times out or is dropped after the script ran, the task's reply is
+        // dropped unread, and a `Claimed` abandons itself on drop
+        // (compare-and-delete on its token), so the key is not left in
+        // flight, ownerless, until the lease expires.
+        let store = self.clone();
+        let task = handle.spawn(async move {
+            let start = Instant::now();
+            // A reply later than the lease's first TTL finds the lease gone:
+            // nothing is left to settle, the task stops waiting.
+            let bound = store.core.timeout().max(ttl);
+            let reply = tokio::time::timeout(bound, store.backend.claim(&request))
+                .await
+                .unwrap_or(Err(Error::Timeout(bound)));
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // The script may have run all the same (its reply late,
+                    // lost or cut off by the connection's own timeout): the
+                    // lease goes if it is this claim's, so that a retry can
+                    // take the key (and replace the record left in flight).
+                    store.release_in_background(request.keys.lease, request.token, bound);
+                    return Err(e);
+                }
+            };
+            store.resolve(key, keys, request.token, reply, start)
+        });
+        self.bounded(join(task)).await
+    }
+
+    /// What a claim's `reply` means to its caller.
+    fn resolve(
+        &self,
+        key: Subject,
+        keys: RecordKeys,
+        token: String,
+        reply: ClaimReply,
+        start: Instant,
+    ) -> Result<Claim> {
         Ok(match reply {
             ClaimReply::Claimed { fence } => {
                 let lease = self
                     .core
-                    .lease_for(&key, request.token, fence, start, &self.lease)?;
+                    .lease_for(&key, token, fence, start, &self.lease)?;
                 Claim::Claimed(Claimed {
                     lease: Some(lease),
                     keys,
@@ -163,6 +207,40 @@ impl IdempotencyStore {
             } => Claim::Completed(response),
             _ => Claim::Mismatch,
         })
+    }
+
+    /// Deletes the lease under `keys` if it is `token`'s, in the background,
+    /// retried while the backend is unavailable, for up to `bound` (the
+    /// lease's TTL: the lease is gone after that anyway). On Redis each try
+    /// follows the claim on its connection, so the first one answered runs
+    /// after the claim did; a frozen server's unanswered tries (cut off by
+    /// the connection's own timeout, a `NOSCRIPT` never followed by the
+    /// script) do not count.
+    fn release_in_background(&self, keys: LockKeys, token: String, bound: Duration) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let deadline = instant_after(Instant::now(), bound);
+            let mut pause = Duration::from_millis(50);
+            loop {
+                match store
+                    .bounded(store.backend.release_lock(&keys, &token))
+                    .await
+                {
+                    Err(e)
+                        if e.is_unavailable()
+                            && instant_after(Instant::now(), pause) < deadline =>
+                    {
+                        tokio::time::sleep(pause).await;
+                        pause = pause.saturating_mul(2).min(Duration::from_secs(1));
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "releasing a failed claim's lease failed; it expires by its TTL");
+                        return;
+                    }
+                    Ok(_) => return,
+                }
+            }
+        });
     }
 
     async fn bounded<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
