@@ -70,13 +70,29 @@ async fn check_validation(addr: SocketAddr) {
         assert_problem(&r, StatusCode::UNAUTHORIZED);
     }
     let key = unique("ok");
-    for bad in ["?ms=10001", "?ms=-1", "?ms=abc", "?ms=", "?ms=1.5"] {
+    for bad in [
+        "?ms=10001",
+        "?ms=-1",
+        "?ms=+5",
+        "?ms=abc",
+        "?ms=",
+        "?ms=1.5",
+    ] {
         assert_problem(
             &generate(addr, Some(&key), bad).await,
             StatusCode::BAD_REQUEST,
         );
     }
     permit_fence(&generate(addr, Some(&"k".repeat(64)), "?ms=0").await);
+    // Another method is a plain 405, even with a bad ms.
+    let r = send(
+        addr,
+        Method::GET,
+        "/v1/generate?ms=x",
+        &[("x-api-key", &key)],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{r:?}");
     // No `ms`: 500 ms of work.
     let r = generate(addr, Some(&key), "").await;
     permit_fence(&r);
@@ -281,6 +297,11 @@ async fn binary_two_processes_share_redis() {
     check_orders(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
     assert_every_key_expires(&server);
+    // Redis gone: the limit is not lifted, the request is refused.
+    let mut server = server;
+    server.stop();
+    let r = generate(b.addr, Some("down"), "?ms=0").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
 }
 
 /// Every key the gateway wrote has a TTL (the orders' records: 1 hour).

@@ -13,7 +13,8 @@
 //!   `{"permit_fence": <integer>}`; a third concurrent request with the same
 //!   key gets 429 with `Retry-After` (whole seconds, ≥ 1). Permits have a
 //!   5 s TTL, renewed while held: a permit of an instance that was killed is
-//!   free again within 7 s.
+//!   free again within 7 s. While the backend is unreachable, 503 (the limit
+//!   is never lifted).
 //! - `POST /v1/orders` with `Idempotency-Key` and a JSON body: works 300 ms
 //!   and answers 201 with JSON `{"order":"<unique id>","echo":<the request
 //!   body>}`. The same API key + the same Idempotency-Key + the same body →
@@ -38,7 +39,7 @@ use serde_json::json;
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::ExtensionKey;
 use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer};
-use tollgate::{FencingToken, LockOptions, RateBackend, Semaphore};
+use tollgate::{FailurePolicy, FencingToken, LockOptions, RateBackend, Semaphore};
 
 /// Requests in flight per API key on `/v1/generate`.
 const GENERATE_IN_FLIGHT: u32 = 2;
@@ -117,8 +118,10 @@ fn work_ms(query: Option<&str>) -> Result<WorkMs, String> {
         if ms.is_some() {
             return Err("ms is given more than once".into());
         }
+        // Digits only: `parse` would also take a sign (`+5`).
+        let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
         match value.parse::<u64>() {
-            Ok(n) if n <= 10_000 => ms = Some(n),
+            Ok(n) if digits && n <= 10_000 => ms = Some(n),
             _ => {
                 return Err(format!(
                     "ms must be an integer from 0 to 10000, got {value:?}"
@@ -177,8 +180,10 @@ where
         .build()
         .expect("valid idempotency settings");
     let once_per_key = IdempotencyLayer::new(orders, ExtensionKey::<ApiKey>::new());
+    // Redis down: 503, so "at most 2 in flight" holds even then.
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
         .prefix("gateway")
+        .on_failure(FailurePolicy::Deny)
         .build()
         .expect("valid semaphore settings");
     let in_flight = ConcurrencyLimitLayer::new(generate_permits, ExtensionKey::<ApiKey>::new())
@@ -187,11 +192,12 @@ where
     let v1 = Router::new()
         .route(
             "/generate",
+            // route_layer: a wrong method is a plain 405, never a 400 or 429.
             post(generate)
-                .layer(in_flight)
-                .layer(middleware::from_fn(check_work_ms)),
+                .route_layer(in_flight)
+                .route_layer(middleware::from_fn(check_work_ms)),
         )
-        .route("/orders", post(create_order).layer(once_per_key));
+        .route("/orders", post(create_order).route_layer(once_per_key));
     Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
 }
 
@@ -223,6 +229,7 @@ mod tests {
         for bad in [
             "ms=10001",
             "ms=-1",
+            "ms=+5",
             "ms=abc",
             "ms=",
             "ms",
