@@ -306,3 +306,35 @@ async fn releasing_an_expired_permit_reports_not_held() {
         );
     }
 }
+
+/// A dead Redis costs a round-trip timeout for the first few acquires only:
+/// then the breaker skips it (`CircuitOpen`, which the failure policy acts
+/// on), until a probe after the cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_backend_is_skipped_after_repeated_failures() {
+    use std::time::Duration;
+    use tollgate_core::{Error, FailurePolicy, LockOptions, RedisBackend, Semaphore};
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = RedisBackend::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+    let permits = Semaphore::builder(dead, 2)
+        .timeout(Duration::from_millis(100))
+        .on_failure(FailurePolicy::Allow)
+        .build()
+        .unwrap();
+    let opts = LockOptions::new();
+    let mut errors = Vec::new();
+    for _ in 0..8 {
+        let e = permits.try_acquire("k", &opts).await.unwrap_err();
+        assert!(permits.fails_open(&e), "{e}");
+        errors.push(matches!(e, Error::CircuitOpen));
+    }
+    assert_eq!(
+        errors,
+        [false, false, false, false, false, true, true, true]
+    );
+}

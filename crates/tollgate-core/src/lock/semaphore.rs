@@ -10,8 +10,11 @@ use super::lease::Lease;
 use super::locker::{Built, Engine, LockerBuilder};
 use super::options::LockOptions;
 use super::settings::Settings;
+use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
+use crate::rate::breaker::Breaker;
+use crate::rate::builder::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD};
 use crate::rate::FailurePolicy;
 use crate::MemoryBackend;
 
@@ -74,6 +77,10 @@ pub type SemaphoreBuilder = LockerBuilder<Semaphore>;
 #[derive(Clone)]
 pub struct Semaphore {
     core: Arc<Core>,
+    /// Skips a backend that failed repeatedly, so a dead Redis costs no
+    /// round-trip timeout per acquire (the limiter's breaker: 5 failures,
+    /// then one probe a second).
+    breaker: Arc<Breaker>,
     failure: FailurePolicy,
     /// [`FailurePolicy::Fallback`]: this process's share of the permits, in
     /// memory, used while the backend is unavailable.
@@ -108,6 +115,10 @@ impl Built for Semaphore {
         };
         Semaphore {
             core,
+            breaker: Arc::new(Breaker::new(
+                DEFAULT_BREAKER_THRESHOLD,
+                DEFAULT_BREAKER_COOLDOWN,
+            )),
             failure,
             fallback,
         }
@@ -201,10 +212,18 @@ impl Semaphore {
         wait: bool,
         weight: u32,
     ) -> Result<Permit> {
-        let fallback = self.fallback.as_ref();
-        match self.core.acquire(name.clone(), options, wait, weight).await {
-            Err(e) if e.is_unavailable() && fallback.is_some() => {
-                let local = fallback.expect("checked");
+        let result = if self.breaker.admits() {
+            let result = self.core.acquire(name.clone(), options, wait, weight).await;
+            match &result {
+                Err(e) if e.is_unavailable() => self.breaker.failure(monotonic_micros()),
+                _ => self.breaker.success(),
+            }
+            result
+        } else {
+            Err(Error::CircuitOpen)
+        };
+        match (result, self.fallback.as_ref()) {
+            (Err(e), Some(local)) if e.is_unavailable() => {
                 tracing::debug!(error = %e, "semaphore backend unavailable; taking a local permit");
                 if weight > local.permits().unwrap_or(1) {
                     // Never discounted to the local share: refused.
@@ -215,7 +234,7 @@ impl Semaphore {
                 }
                 local.acquire(name, options, wait, weight).await
             }
-            other => other,
+            (other, _) => other,
         }
     }
 

@@ -16,8 +16,8 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::keyspace::{hex, Keyspace, DEFAULT_PREFIX};
 
-const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
-const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
+pub(crate) const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
 const DEFAULT_DENY_CACHE: usize = 10_000;
 
 macro_rules! constructor {

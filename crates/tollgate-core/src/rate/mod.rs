@@ -30,8 +30,8 @@ macro_rules! rate_script {
     };
 }
 
-mod breaker;
-mod builder;
+pub(crate) mod breaker;
+pub(crate) mod builder;
 mod deny_cache;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
