@@ -1,5 +1,6 @@
 //! [`ResponseBody`]: the response body of tollgate's middleware.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -8,6 +9,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
 use pin_project_lite::pin_project;
 use tollgate_core::{Lease, LeaseLost};
 
@@ -109,7 +111,8 @@ pin_project! {
     /// [`Lock`](crate::lock::Lock): the inner service's body, or the short
     /// body of a rejection built by the middleware, or a response the
     /// [idempotency layer](crate::idempotency) read to its end (to store
-    /// it) or replayed from its record.
+    /// it) or replayed from its record, or one too large to store: the
+    /// chunks it read, then the rest of the inner body as it comes.
     ///
     /// Like tower-http's `ResponseBody` types, it wraps the inner body so
     /// that rejections can carry a text body whatever the inner body type
@@ -144,6 +147,7 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes>, tail: Option<Tail> },
+        Rest { read: VecDeque<Bytes>, body: UnsyncBoxBody<Bytes, BoxError> },
     }
 }
 
@@ -174,6 +178,13 @@ impl<B> ResponseBody<B> {
         })
     }
 
+    /// A body the middleware started reading and stopped (the idempotency
+    /// layer's, past what it stores): the chunks `read`, then the rest of
+    /// `body`, streamed.
+    pub(crate) fn rest(read: VecDeque<Bytes>, body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
+        Self::of(Kind::Rest { read, body })
+    }
+
     /// An empty body (a gRPC trailers-only response).
     pub fn empty() -> Self {
         Self::of(Kind::Full {
@@ -202,6 +213,7 @@ impl<B> fmt::Debug for ResponseBody<B> {
         let kind = match &self.kind {
             Kind::Inner { .. } => "inner",
             Kind::Full { .. } => "full",
+            Kind::Rest { .. } => "rest",
         };
         f.debug_struct("ResponseBody")
             .field("kind", &kind)
@@ -269,6 +281,10 @@ where
                 (None, Some(Tail::Error(e))) => Some(Err(e)),
                 (None, None) => None,
             }),
+            KindProj::Rest { read, body } => match read.pop_front() {
+                Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
+                None => Pin::new(body).poll_frame(cx),
+            },
         };
         match polled {
             Poll::Ready(None) => {
@@ -300,6 +316,7 @@ where
             || match &self.kind {
                 Kind::Inner { body } => body.is_end_stream(),
                 Kind::Full { data, tail } => data.is_none() && tail.is_none(),
+                Kind::Rest { read, body } => read.is_empty() && body.is_end_stream(),
             }
     }
 
@@ -308,6 +325,16 @@ where
             Kind::Inner { body } => body.size_hint(),
             Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Rest { read, body } => {
+                let read: u64 = read.iter().map(|d| d.len() as u64).sum();
+                let rest = body.size_hint();
+                let mut hint = SizeHint::new();
+                if let Some(upper) = rest.upper() {
+                    hint.set_upper(upper.saturating_add(read));
+                }
+                hint.set_lower(rest.lower().saturating_add(read));
+                hint
             }
         }
     }
@@ -338,5 +365,18 @@ mod tests {
         assert_eq!(body.frame().await.unwrap().unwrap_err().to_string(), "cut");
         assert!(body.frame().await.is_none());
         assert!(body.is_end_stream());
+    }
+
+    /// A body read in part gives the chunks read, then the rest.
+    #[tokio::test]
+    async fn rest_bodies_give_what_was_read_then_the_rest() {
+        let rest = http_body_util::Full::new(Bytes::from("cd"))
+            .map_err(|e| match e {})
+            .boxed_unsync();
+        let read = VecDeque::from([Bytes::from("a"), Bytes::from("b")]);
+        let body = Buffered::rest(read, rest);
+        assert_eq!(body.size_hint().exact(), Some(4));
+        assert!(!body.is_end_stream());
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "abcd");
     }
 }

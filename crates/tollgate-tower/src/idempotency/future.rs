@@ -1,9 +1,10 @@
 //! [`ResponseFuture`]: reads the body, claims the key, then replays, refuses,
 //! or runs the inner service and stores its response.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
@@ -11,7 +12,8 @@ use bytes::{Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
-use http_body::Body;
+use http_body::{Body, Frame};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
@@ -26,10 +28,25 @@ use crate::rejection::{Middleware, Rejection};
 
 const T: &str = "tollgate_tower::idempotency";
 
-/// A response the layer read to its end, or made (a replay, a rejection).
-pub(crate) struct Buffered {
-    data: Bytes,
-    tail: Option<Tail>,
+/// A response the layer read to its end, or made (a replay, a rejection),
+/// or stopped reading past what it stores.
+pub(crate) enum Buffered {
+    /// The whole body: its data, then its trailers or its error.
+    Whole { data: Bytes, tail: Option<Tail> },
+    /// Too large to store: the chunks read, then the rest, streamed.
+    Rest {
+        read: VecDeque<Bytes>,
+        body: UnsyncBoxBody<Bytes, BoxError>,
+    },
+}
+
+impl Buffered {
+    fn into_body<B>(self) -> ResponseBody<B> {
+        match self {
+            Buffered::Whole { data, tail } => ResponseBody::buffered(data, tail),
+            Buffered::Rest { read, body } => ResponseBody::rest(read, body),
+        }
+    }
 }
 
 /// Where a claimed (or refused) request goes next.
@@ -46,7 +63,7 @@ pub(crate) enum Step<F> {
 
 impl<F> Step<F> {
     fn made(response: Response<Bytes>) -> Self {
-        Step::Done(response.map(|data| Buffered { data, tail: None }))
+        Step::Done(response.map(|data| Buffered::Whole { data, tail: None }))
     }
 }
 
@@ -131,9 +148,7 @@ where
                 StateProj::Running { run } => match ready!(run.as_mut().poll(cx))? {
                     Step::Call(fut) => this.state.set(State::Calling { fut }),
                     Step::Done(response) => {
-                        return Poll::Ready(Ok(
-                            response.map(|b| ResponseBody::buffered(b.data, b.tail))
-                        ));
+                        return Poll::Ready(Ok(response.map(Buffered::into_body)));
                     }
                 },
                 StateProj::Calling { fut } => {
@@ -158,7 +173,7 @@ where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     ReqB: Body<Data = Bytes> + From<Bytes>,
     ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Into<BoxError>,
 {
     let reject = |r: Rejection| Ok(Step::made(shared.answer.reject(&parts, r)));
@@ -229,29 +244,44 @@ where
         }
     };
     let (head, body) = response.into_parts();
-    let (data, tail) = read_to_end(body).await;
-    if let Some(Tail::Error(_)) = tail {
-        holding
-            .abandon("abandoned", "the response body failed")
-            .await;
-    } else if !(shared.store_when)(head.status) {
-        holding
-            .abandon("not_stored", "the status is not stored")
-            .await;
-    } else {
-        let stored = if tail.is_some() || data.len() > shared.max_stored_body {
-            StoredResponse::not_replayable(head.status.as_u16())
-        } else {
+    let read = read_capped(
+        body.map_err(Into::into).boxed_unsync(),
+        shared.max_stored_body,
+    )
+    .await;
+    match &read {
+        Buffered::Whole {
+            tail: Some(Tail::Error(_)),
+            ..
+        } => {
+            holding
+                .abandon("abandoned", "the response body failed")
+                .await;
+        }
+        _ if !(shared.store_when)(head.status) => {
+            holding
+                .abandon("not_stored", "the status is not stored")
+                .await;
+        }
+        Buffered::Whole { data, tail: None } => {
             let headers = head.headers.iter().filter(|(n, _)| shared.replays(n));
             let headers = headers.map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()));
-            StoredResponse::new(head.status.as_u16(), headers.collect(), data.to_vec())
-        };
-        holding.complete(&stored).await;
+            let stored =
+                StoredResponse::new(head.status.as_u16(), headers.collect(), data.to_vec());
+            holding.complete(&stored).await;
+        }
+        Buffered::Whole { tail: Some(_), .. } => {
+            // Trailers are not stored: the response cannot be replayed.
+            let stored = StoredResponse::not_replayable(head.status.as_u16());
+            holding.complete(&stored).await;
+        }
+        Buffered::Rest { .. } => {
+            tracing::debug!(target: T, record = %holding.digest, max = shared.max_stored_body, "response body too large to store; streamed");
+            let stored = StoredResponse::not_replayable(head.status.as_u16());
+            holding.complete(&stored).await;
+        }
     }
-    Ok(Step::Done(Response::from_parts(
-        head,
-        Buffered { data, tail },
-    )))
+    Ok(Step::Done(Response::from_parts(head, read)))
 }
 
 /// The stored response, replayed: status, allow-listed headers, the body
@@ -281,26 +311,44 @@ fn replay<F>(shared: &Shared, parts: &Parts, stored: StoredResponse, digest: &st
     Step::made(res)
 }
 
-/// Reads `body` to its end: the data, then its trailers or its error.
-async fn read_to_end<B>(body: B) -> (Bytes, Option<Tail>)
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    let mut body = pin!(body);
-    let mut data = BytesMut::new();
-    while let Some(frame) = body.as_mut().frame().await {
-        match frame.map(|f| f.into_data()) {
-            Ok(Ok(chunk)) => data.extend_from_slice(&chunk),
-            Ok(Err(frame)) => {
-                if let Ok(trailers) = frame.into_trailers() {
-                    return (data.freeze(), Some(Tail::Trailers(trailers)));
+/// Reads `body` to its end (the data, then its trailers or its error), or
+/// until more than `max` bytes were read: then the chunks read so far and
+/// the rest of the body, unread. Never holds more than `max` bytes and the
+/// chunk that went past them.
+async fn read_capped(mut body: UnsyncBoxBody<Bytes, BoxError>, max: usize) -> Buffered {
+    let mut read = VecDeque::new();
+    let mut len = 0usize;
+    let tail = loop {
+        match body.frame().await.map(|f| f.map(Frame::into_data)) {
+            None => break None,
+            Some(Ok(Ok(chunk))) => {
+                if chunk.is_empty() {
+                    continue;
+                }
+                len = len.saturating_add(chunk.len());
+                read.push_back(chunk);
+                if len > max {
+                    return Buffered::Rest { read, body };
                 }
             }
-            Err(e) => return (data.freeze(), Some(Tail::Error(e.into()))),
+            Some(Ok(Err(frame))) => {
+                if let Ok(trailers) = frame.into_trailers() {
+                    break Some(Tail::Trailers(trailers));
+                }
+            }
+            Some(Err(e)) => break Some(Tail::Error(e)),
         }
-    }
-    (data.freeze(), None)
+    };
+    let data = match read.len() {
+        0 => Bytes::new(),
+        1 => read.pop_front().expect("one chunk"),
+        _ => {
+            let mut data = BytesMut::with_capacity(len);
+            read.iter().for_each(|chunk| data.extend_from_slice(chunk));
+            data.freeze()
+        }
+    };
+    Buffered::Whole { data, tail }
 }
 
 /// A claim while its request runs. Dropped before it was settled (the

@@ -25,12 +25,17 @@
 //!      [`FencingToken`](tollgate_core::FencingToken) and
 //!      [`LeaseLost`](tollgate_core::LeaseLost) are in the request
 //!      extensions); its response is **read to the end** — the layer
-//!      buffers responses — and, when [`store_when`](IdempotencyLayer::store_when)
-//!      says so (2xx and 4xx except 408, 409 and 429 by default), stored
-//!      with the [allow-listed headers](IdempotencyLayer::replay_headers)
-//!      before it is returned. Otherwise, and when the inner service fails,
-//!      the response body fails or the request is dropped (the client went
-//!      away), the claim is abandoned so that a retry runs again;
+//!      buffers it, up to [`max_stored_body`](IdempotencyLayer::max_stored_body)
+//!      — and, when [`store_when`](IdempotencyLayer::store_when) says so
+//!      (2xx and 4xx except 408, 409 and 429 by default), stored with the
+//!      [allow-listed headers](IdempotencyLayer::replay_headers) before it
+//!      is returned. A body that grows past `max_stored_body` is buffered
+//!      no further: the key is completed as not replayable, and the client
+//!      gets the bytes read, then the rest as the handler produces it (a
+//!      download, a stream of events). When the status is not stored, the
+//!      inner service fails, the response body fails or the request is
+//!      dropped (the client went away), the claim is abandoned so that a
+//!      retry runs again;
 //!    - **completed**: the stored status, headers and byte-identical body
 //!      are replayed with `Idempotent-Replayed: true` — never the original's
 //!      `Set-Cookie` or rate-limit headers. A response larger than

@@ -1,0 +1,190 @@
+//! `IdempotencyLayer` with streaming response bodies, on memory, a
+//! standalone Redis and a three-master cluster: a body larger than
+//! `max_stored_body` reaches its client as it comes (it is never buffered
+//! whole) and is recorded as not replayable.
+//!
+//! Bodies are fed through a channel the test controls, never by sleeps;
+//! every wait is bounded.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+use tollgate_core::idempotency::IdempotencyStore;
+use tollgate_core::{MemoryBackend, RedisBackend};
+use tollgate_tower::key::HeaderKey;
+use tollgate_tower::IdempotencyLayer;
+use tower::ServiceExt;
+
+use common::unique;
+
+/// Far above anything these tests wait for, far below a hang.
+const BOUND: Duration = Duration::from_secs(15);
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Memory,
+    Redis,
+    Cluster,
+}
+
+async fn store(kind: Kind) -> IdempotencyStore {
+    match kind {
+        Kind::Memory => IdempotencyStore::new(MemoryBackend::new()),
+        Kind::Redis => IdempotencyStore::new(
+            RedisBackend::connect(&common::shared_redis().url())
+                .await
+                .unwrap(),
+        ),
+        Kind::Cluster => IdempotencyStore::new(
+            RedisBackend::connect_cluster(common::shared_cluster().seeds())
+                .await
+                .unwrap(),
+        ),
+    }
+}
+
+/// A handler whose first run answers 201 with a body fed by the test
+/// (`feed`'s sender); later runs answer `again`.
+#[derive(Clone)]
+struct Streamer {
+    runs: Arc<AtomicUsize>,
+    feed: Arc<Mutex<Option<mpsc::Receiver<Bytes>>>>,
+}
+
+impl Streamer {
+    /// The handler, and the sender of its body's chunks (capacity 1: a
+    /// second send returns only once the first chunk has been read).
+    fn new() -> (Streamer, mpsc::Sender<Bytes>) {
+        let (tx, rx) = mpsc::channel(1);
+        let s = Streamer {
+            runs: Arc::default(),
+            feed: Arc::new(Mutex::new(Some(rx))),
+        };
+        (s, tx)
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+async fn stream(State(s): State<Streamer>) -> Response {
+    s.runs.fetch_add(1, Ordering::SeqCst);
+    let Some(rx) = s.feed.lock().unwrap().take() else {
+        return (StatusCode::CREATED, "again").into_response();
+    };
+    let chunks = futures::stream::unfold(rx, |mut rx| async move {
+        let chunk = rx.recv().await?;
+        Some((Ok::<_, Infallible>(chunk), rx))
+    });
+    (StatusCode::CREATED, Body::from_stream(chunks)).into_response()
+}
+
+fn app(layer: IdempotencyLayer<HeaderKey>, s: &Streamer) -> Router {
+    Router::new()
+        .route("/exports", post(stream))
+        .layer(layer)
+        .with_state(s.clone())
+}
+
+fn req(key: &str) -> Request<Body> {
+    Request::post("/exports")
+        .header("x-api-key", "t1")
+        .header("idempotency-key", key)
+        .body(Body::from("{}"))
+        .unwrap()
+}
+
+/// Sends `req` and collects the whole response.
+async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::HeaderMap, Bytes) {
+    let res = tokio::time::timeout(BOUND, app.clone().oneshot(req))
+        .await
+        .expect("bounded")
+        .unwrap();
+    let (head, body) = res.into_parts();
+    let body = tokio::time::timeout(BOUND, body.collect())
+        .await
+        .expect("bounded")
+        .unwrap();
+    (head.status, head.headers, body.to_bytes())
+}
+
+async fn suite(kind: Kind) {
+    a_body_too_large_to_store_streams(kind).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory() {
+    suite(Kind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_standalone() {
+    suite(Kind::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cluster() {
+    suite(Kind::Cluster).await;
+}
+
+/// Past `max_stored_body`, the layer stops buffering: the client gets the
+/// head and the bytes read so far while the handler's body is still open,
+/// then the rest as it comes; the key is completed as not replayable.
+async fn a_body_too_large_to_store_streams(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let layer =
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")).max_stored_body(16);
+    let app = app(layer, &s);
+    let key = unique("k");
+    let first = tokio::spawn(app.clone().oneshot(req(&key)));
+    tx.send(Bytes::from_static(b"0123456789")).await.unwrap();
+    tx.send(Bytes::from_static(b"abcdefghij")).await.unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(5), first)
+        .await
+        .expect("the response comes before its body ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let mut body = res.into_body();
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        let frame = tokio::time::timeout(BOUND, body.frame())
+            .await
+            .expect("the bytes read reach the client")
+            .expect("the body is still open")
+            .unwrap();
+        got.extend_from_slice(&frame.into_data().unwrap());
+    }
+    assert_eq!(got, b"0123456789abcdefghij");
+
+    // Completed already: a retry is refused, the body still streaming.
+    let (status, _, problem) = send(&app, req(&key)).await;
+    assert_eq!(status, 409);
+    let problem = std::str::from_utf8(&problem).unwrap();
+    assert!(problem.contains("too large"), "{problem}");
+
+    tx.send(Bytes::from_static(b"-the-rest")).await.unwrap();
+    drop(tx);
+    let rest = tokio::time::timeout(BOUND, body.collect())
+        .await
+        .expect("bounded")
+        .unwrap()
+        .to_bytes();
+    assert_eq!(rest, "-the-rest");
+    let (status, _, _) = send(&app, req(&key)).await;
+    assert_eq!(status, 409);
+    assert_eq!(s.runs(), 1, "never twice for one key");
+}
