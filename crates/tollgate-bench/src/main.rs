@@ -9,13 +9,14 @@
 //! machines this runs on are shared and absolute numbers drift.
 //!
 //! Subcommands run one item each (`latency`, `throughput`, `cpu`, `memory`,
-//! `http`, `micro`, `flood`, `locks`, `peers`) or all of them (`all`); `serve` is the
+//! `http`, `micro`, `flood`, `locks`, `peers`, `idempotency`) or all of them (`all`); `serve` is the
 //! HTTP server that `http` starts once per variant.
 #![forbid(unsafe_code)]
 
 mod common;
 mod flood;
 mod http;
+mod idempotency;
 mod latency;
 mod locks;
 mod memory;
@@ -50,7 +51,7 @@ enum Cmd {
         peers: peers::PeerOpts,
         #[command(flatten)]
         http: http::HttpOpts,
-        /// Items to skip (comma-separated: latency,throughput,cpu,memory,http,micro,flood,locks,peers).
+        /// Items to skip (comma-separated: latency,throughput,cpu,memory,http,micro,flood,locks,peers,idempotency).
         #[arg(long, value_delimiter = ',')]
         skip: Vec<String>,
         /// Also write the Markdown report to this file.
@@ -78,6 +79,8 @@ enum Cmd {
     Flood(Opts),
     /// 6. Locks: uncontended, and contended hand-off vs a 50 ms poller.
     Locks(Opts),
+    /// Idempotency keys (issue #13): Redis round trips per first request and per replay.
+    Idempotency(Opts),
     /// 7. Peers: rate-limiter-flexible (node) and limits (Python).
     Peers {
         #[command(flatten)]
@@ -191,6 +194,9 @@ fn all(
     if !skipped("locks") {
         push("locks", rt.block_on(locks::run(opts)));
     }
+    if !skipped("idempotency") {
+        push("idempotency", rt.block_on(idempotency::run(opts)));
+    }
     if !skipped("peers") {
         push("peers", rt.block_on(peers::run(opts, peer)));
     }
@@ -215,6 +221,7 @@ fn main() {
         Cmd::Micro(o) => one(runtime().block_on(micro::run(o))),
         Cmd::Flood(o) => one(runtime().block_on(flood::run(o))),
         Cmd::Locks(o) => one(runtime().block_on(locks::run(o))),
+        Cmd::Idempotency(o) => one(runtime().block_on(idempotency::run(o))),
         Cmd::Peers { opts, peers } => one(runtime().block_on(peers::run(opts, peers))),
         Cmd::Serve(o) => http::serve(o),
         Cmd::Stack { variant, requests } => {

@@ -131,6 +131,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         ],
         &stack,
     );
+    crate::idempotency::in_process(opts, &mut section).await?;
     Ok(section)
 }
 
@@ -150,22 +151,13 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
         routers.push(in_process_router(v).await?);
     }
     let k = variants.len();
-    let mut ns = vec![Vec::new(); k];
-    interleaved(
+    let ns = time_routers(
         opts.rounds,
-        k,
         |round| progress!("micro: router round {}/{}", round + 1, opts.rounds),
-        async |_, c| {
-            let router = &mut routers[c];
-            let t0 = Instant::now();
-            for _ in 0..n {
-                one_request(router)
-                    .await
-                    .map_err(|e| format!("{}: {e}", variants[c].label()))?;
-            }
-            ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
-            Ok(())
-        },
+        &mut routers,
+        n,
+        false,
+        |_, _| get_request(),
     )
     .await?;
     let base = median(&ns[0]);
@@ -184,6 +176,44 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
         .collect())
 }
 
+/// Drives `routers` in process: `n` requests per router per round, routers
+/// interleaved over `rounds` rounds ([`interleaved`]; `start(round)` as a
+/// round begins). `request(router, i)` builds that router's `i`-th request
+/// (numbered across rounds, from 0); a response must be a success, and its
+/// body is read to its end when `read_body` (else dropped unread). Returns
+/// ns per request, one entry per round, per router.
+pub(crate) async fn time_routers(
+    rounds: usize,
+    start: impl FnMut(usize),
+    routers: &mut [axum::Router],
+    n: usize,
+    read_body: bool,
+    mut request: impl FnMut(usize, u64) -> BenchResult<http::Request<axum::body::Body>>,
+) -> BenchResult<Vec<Vec<f64>>> {
+    let k = routers.len();
+    let mut ns = vec![Vec::new(); k];
+    let mut sent = vec![0u64; k];
+    interleaved(rounds, k, start, async |_, c| {
+        let router = &mut routers[c];
+        let t0 = Instant::now();
+        for _ in 0..n {
+            let res = send(router, request(c, sent[c])?)
+                .await
+                .map_err(|e| format!("router {c}, request {}: {e}", sent[c]))?;
+            sent[c] += 1;
+            if read_body {
+                std::hint::black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await?);
+            } else {
+                std::hint::black_box(res);
+            }
+        }
+        ns[c].push(t0.elapsed().as_nanos() as f64 / n as f64);
+        Ok(())
+    })
+    .await?;
+    Ok(ns)
+}
+
 /// The `stack` command: `requests` requests through one variant's router.
 pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) -> BenchResult<()> {
     if variant == crate::http::Variant::TollgateRedis {
@@ -192,7 +222,7 @@ pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) ->
     let mut router = in_process_router(variant).await?;
     let t0 = Instant::now();
     for _ in 0..requests {
-        one_request(&mut router).await?;
+        std::hint::black_box(send(&mut router, get_request()?).await?);
     }
     println!(
         "{}: {requests} requests, {:.0} ns per request",
@@ -215,10 +245,8 @@ async fn in_process_router(variant: crate::http::Variant) -> BenchResult<axum::R
     Ok(crate::http::app(&serve).await?.with_state(()))
 }
 
-/// One `GET /` from a fixed peer through `router`; the response is dropped unread.
-async fn one_request(router: &mut axum::Router) -> BenchResult<()> {
-    use tower::Service;
-
+/// `GET /` from a fixed peer, carrying `ConnectInfo` (the HTTP item's request).
+fn get_request() -> BenchResult<http::Request<axum::body::Body>> {
     const PEER: std::net::SocketAddr = std::net::SocketAddr::V4(std::net::SocketAddrV4::new(
         std::net::Ipv4Addr::LOCALHOST,
         40_000,
@@ -226,10 +254,20 @@ async fn one_request(router: &mut axum::Router) -> BenchResult<()> {
     let mut req = http::Request::get("/").body(axum::body::Body::empty())?;
     req.extensions_mut()
         .insert(axum::extract::ConnectInfo(PEER));
+    Ok(req)
+}
+
+/// `req` through `router` (`Router::call`: an axum router is always ready);
+/// an error unless the response is a success.
+pub(crate) async fn send(
+    router: &mut axum::Router,
+    req: http::Request<axum::body::Body>,
+) -> BenchResult<http::Response<axum::body::Body>> {
+    use tower::Service;
+
     let res = router.call(req).await?;
     if !res.status().is_success() {
         return Err(format!("status {}", res.status()).into());
     }
-    std::hint::black_box(res);
-    Ok(())
+    Ok(res)
 }
