@@ -1,7 +1,8 @@
 //! `IdempotencyLayer` with streaming response bodies, on memory, a
 //! standalone Redis and a three-master cluster: a body larger than
 //! `max_stored_body` reaches its client as it comes (it is never buffered
-//! whole) and is recorded as not replayable.
+//! whole) and is recorded as not replayable; a request dropped while its
+//! handler's body is read is still stored, so a retry replays it.
 //!
 //! Bodies are fed through a channel the test controls, never by sleeps;
 //! every wait is bounded.
@@ -23,6 +24,7 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tollgate_core::idempotency::IdempotencyStore;
 use tollgate_core::{MemoryBackend, RedisBackend};
+use tollgate_testkit::eventually;
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::IdempotencyLayer;
 use tower::ServiceExt;
@@ -123,6 +125,7 @@ async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::HeaderMap,
 
 async fn suite(kind: Kind) {
     a_body_too_large_to_store_streams(kind).await;
+    a_request_dropped_after_its_handler_returned_is_stored(kind).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -186,5 +189,34 @@ async fn a_body_too_large_to_store_streams(kind: Kind) {
     assert_eq!(rest, "-the-rest");
     let (status, _, _) = send(&app, req(&key)).await;
     assert_eq!(status, 409);
+    assert_eq!(s.runs(), 1, "never twice for one key");
+}
+
+/// The handler has returned (its body is being read) when the client goes
+/// away: the side effect is done, so the response is still read and stored,
+/// and a retry replays it instead of running the handler again.
+async fn a_request_dropped_after_its_handler_returned_is_stored(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = app(layer, &s);
+    let key = unique("k");
+    let first = tokio::spawn(app.clone().oneshot(req(&key)));
+    tx.send(Bytes::from_static(b"part1,")).await.unwrap();
+    // Returns once part1 was read: the handler has returned.
+    tx.send(Bytes::from_static(b"part2,")).await.unwrap();
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // The body goes on, and ends.
+    let _ = tx.send(Bytes::from_static(b"part3")).await;
+    drop(tx);
+    let (status, headers, body) =
+        eventually(BOUND, "the dropped request's response stored", || async {
+            let r = send(&app, req(&key)).await;
+            (r.0 != StatusCode::CONFLICT).then_some(r)
+        })
+        .await;
+    assert_eq!(status, 201);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, "part1,part2,part3");
     assert_eq!(s.runs(), 1, "never twice for one key");
 }

@@ -244,11 +244,35 @@ where
         }
     };
     let (head, body) = response.into_parts();
-    let read = read_capped(
-        body.map_err(Into::into).boxed_unsync(),
-        shared.max_stored_body,
-    )
-    .await;
+    let body = body.map_err(Into::into).boxed_unsync();
+    // The handler has returned: its side effect is done. From here the body
+    // is read and the claim settled in a task of its own, so that a client
+    // going away now (this future dropped) no longer cancels them — the
+    // response is still stored, and a retry replays it instead of running
+    // the handler again.
+    let settling = tokio::spawn(settle(head, body, holding, Arc::clone(&shared)));
+    match settling.await {
+        Ok((head, read)) => Ok(Step::Done(Response::from_parts(head, read))),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => {
+            // The runtime is shutting down; the claim may not be settled.
+            let mut res = Response::new(Bytes::new());
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            Ok(Step::made(res))
+        }
+    }
+}
+
+/// Reads the claimed request's response body (up to what is stored) and
+/// settles the claim: completed with the response, or as not replayable,
+/// or abandoned.
+async fn settle(
+    head: http::response::Parts,
+    body: UnsyncBoxBody<Bytes, BoxError>,
+    mut holding: Holding,
+    shared: Arc<Shared>,
+) -> (http::response::Parts, Buffered) {
+    let read = read_capped(body, shared.max_stored_body).await;
     match &read {
         Buffered::Whole {
             tail: Some(Tail::Error(_)),
@@ -281,7 +305,7 @@ where
             holding.complete(&stored).await;
         }
     }
-    Ok(Step::Done(Response::from_parts(head, read)))
+    (head, read)
 }
 
 /// The stored response, replayed: status, allow-listed headers, the body
@@ -352,8 +376,10 @@ async fn read_capped(mut body: UnsyncBoxBody<Bytes, BoxError>, max: usize) -> Bu
 }
 
 /// A claim while its request runs. Dropped before it was settled (the
-/// request future dropped: the client went away), it is counted as
-/// abandoned, and [`Claimed`]'s own drop abandons it in the background.
+/// request future dropped before the handler returned: the client went
+/// away), it is counted as abandoned, and [`Claimed`]'s own drop abandons
+/// it in the background. After the handler returned, it is settled in a
+/// task that the request future only awaits.
 struct Holding {
     claim: Option<Claimed>,
     digest: String,

@@ -34,8 +34,10 @@
 //!      gets the bytes read, then the rest as the handler produces it (a
 //!      download, a stream of events). When the status is not stored, the
 //!      inner service fails, the response body fails or the request is
-//!      dropped (the client went away), the claim is abandoned so that a
-//!      retry runs again;
+//!      dropped before the handler returned (the client went away), the
+//!      claim is abandoned so that a retry runs again. Once the handler has
+//!      returned, its response is read and stored even if the client goes
+//!      away meanwhile (in a task of its own): a retry replays it;
 //!    - **completed**: the stored status, headers and byte-identical body
 //!      are replayed with `Idempotent-Replayed: true` — never the original's
 //!      `Set-Cookie` or rate-limit headers. A response larger than
@@ -104,8 +106,9 @@
 //! `mismatch`, `invalid_key`, `too_large`, `key_error`, `unavailable`,
 //! `pass_through`; after a claimed request `stored`, `not_stored` (the
 //! status is not stored; the claim is abandoned), `abandoned` (inner
-//! error, body error, request dropped), `lost` (the claim was lost or
-//! superseded: nothing stored) or `unavailable` (the completion failed).
+//! error, body error, request dropped mid-handler), `lost` (the claim was
+//! lost or superseded: nothing stored) or `unavailable` (the completion
+//! failed).
 
 mod future;
 mod layer;
