@@ -8,7 +8,6 @@
 mod common;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -538,10 +537,7 @@ async fn grpc_over_the_limit_is_resource_exhausted(env: Env) {
     .await
     .unwrap()
     .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let h = res.headers();
-    assert_eq!(h["content-type"], "application/grpc");
-    assert_eq!(h["grpc-status"], "8");
+    let h = &common::grpc::assert_trailers_only(res, "8").await;
     assert!(
         h["grpc-message"]
             .to_str()
@@ -552,14 +548,6 @@ async fn grpc_over_the_limit_is_resource_exhausted(env: Env) {
     let retry: u64 = h["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=30).contains(&retry), "{retry}");
     assert_eq!(h["ratelimit-policy"], policy(&ns, 1).as_str());
-    assert!(http_body::Body::is_end_stream(res.body()));
-    assert!(res
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .is_empty());
     assert!(p.events().is_empty(), "{:?}", p.events());
 
     assert!(held.release().await.unwrap());
@@ -699,64 +687,11 @@ static LOSING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[cfg(feature = "metrics")]
 mod counters {
-    //! The `metrics` recorder of this binary, as in tests/metrics.rs.
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex, OnceLock};
-
-    use metrics::{
-        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
-    };
-
-    #[derive(Default)]
-    struct TestRecorder {
-        counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
-    }
-
-    impl Recorder for TestRecorder {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            let mut labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            labels.sort();
-            let name = format!("{}{{{}}}", key.name(), labels.join(","));
-            let counter = Arc::clone(self.counters.lock().unwrap().entry(name).or_default());
-            Counter::from_arc(counter)
-        }
-
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::noop()
-        }
-
-        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
-            Histogram::noop()
-        }
-    }
-
-    fn recorder() -> &'static TestRecorder {
-        static RECORDER: OnceLock<&'static TestRecorder> = OnceLock::new();
-        RECORDER.get_or_init(|| {
-            let r: &'static TestRecorder = Box::leak(Box::default());
-            metrics::set_global_recorder(r).expect("no other recorder in this binary");
-            r
-        })
-    }
-
     /// `tollgate_concurrency_requests_total{outcome=<outcome>}`.
     pub(crate) fn concurrency(outcome: &str) -> u64 {
-        let r = recorder();
-        r.counters
-            .lock()
-            .unwrap()
-            .get(&format!(
-                "tollgate_concurrency_requests_total{{outcome={outcome}}}"
-            ))
-            .map_or(0, |c| c.load(Ordering::SeqCst))
+        super::common::metrics::recorder().get(&format!(
+            "tollgate_concurrency_requests_total{{outcome={outcome}}}"
+        ))
     }
 }
 
@@ -1083,49 +1018,13 @@ async fn without_a_namespace_the_policy_is_named_concurrency() {
 // gRPC through a real tonic server and client
 // ---------------------------------------------------------------------------
 
-async fn serve_grpc<L>(layer: L) -> SocketAddr
-where
-    L: tower::Layer<tonic::service::Routes> + Clone + Send + 'static,
-    L::Service: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tollgate_tower::ResponseBody<tonic::body::Body>>,
-        > + Clone
-        + Send
-        + 'static,
-    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send + 'static,
-    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
-        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
-{
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (_reporter, health) = tonic_health::server::health_reporter();
-        tonic::transport::Server::builder()
-            .layer(layer)
-            .add_service(health)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .unwrap();
-    });
-    addr
-}
-
 #[tokio::test]
 async fn a_tonic_client_sees_resource_exhausted() {
-    use tonic_health::pb::health_client::HealthClient;
-    use tonic_health::pb::HealthCheckRequest;
+    use common::grpc::{check, client, retry_after, serve};
 
     let semaphore = Semaphore::new(MemoryBackend::new(), 1).unwrap();
-    let addr = serve_grpc(ConcurrencyLimitLayer::new(semaphore.clone(), GlobalKey)).await;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
-    let check = || HealthCheckRequest {
-        service: String::new(),
-    };
+    let addr = serve(ConcurrencyLimitLayer::new(semaphore.clone(), GlobalKey)).await;
+    let mut client = client(addr).await;
     client.check(check()).await.expect("free: admitted");
     let held = semaphore
         .try_acquire("global", &LockOptions::new())
@@ -1137,14 +1036,8 @@ async fn a_tonic_client_sees_resource_exhausted() {
         status.message().starts_with("too many requests in flight"),
         "{status:?}"
     );
+    let retry = retry_after(&status);
     let md = status.metadata();
-    let retry: u64 = md
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
     assert!((1..=30).contains(&retry));
     assert_eq!(
         md.get("ratelimit-policy").unwrap().to_str().unwrap(),

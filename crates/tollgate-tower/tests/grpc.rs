@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use tollgate_core::{Algorithm, FailurePolicy, Quota, RateBackend, RateLimiter, RedisBackend};
@@ -13,52 +12,9 @@ use tollgate_testkit::RedisServer;
 use tollgate_tower::key::PeerIp;
 use tollgate_tower::RateLimitLayer;
 use tonic::Code;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
+use common::grpc::{check, client, retry_after, serve};
 use common::unique;
-
-async fn serve<L>(layer: L) -> SocketAddr
-where
-    L: tower::Layer<tonic::service::Routes> + Clone + Send + 'static,
-    L::Service: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tollgate_tower::ResponseBody<tonic::body::Body>>,
-        > + Clone
-        + Send
-        + 'static,
-    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send + 'static,
-    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
-        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
-{
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let (_reporter, health) = tonic_health::server::health_reporter();
-        tonic::transport::Server::builder()
-            .layer(layer)
-            .add_service(health)
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-            .unwrap();
-    });
-    addr
-}
-
-async fn client(addr: SocketAddr) -> HealthClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    HealthClient::new(channel)
-}
-
-fn check() -> HealthCheckRequest {
-    HealthCheckRequest {
-        service: String::new(),
-    }
-}
 
 /// `google.rpc.Status.details[0]` is a `google.rpc.RetryInfo`.
 fn has_retry_info(details: &[u8]) -> bool {
@@ -102,14 +58,8 @@ async fn denial_is_resource_exhausted(backend: impl RateBackend) {
             .starts_with("rate limit exceeded; retry in "),
         "{status:?}"
     );
+    let retry = retry_after(&status);
     let md = status.metadata();
-    let retry: u64 = md
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
     assert!((1..=1800).contains(&retry), "{retry}");
     assert!(md
         .get("ratelimit")
@@ -214,14 +164,7 @@ async fn a_busy_lock_is_aborted_with_retry_information() {
         status.message().starts_with("resource is busy"),
         "{status:?}"
     );
-    let retry: u64 = status
-        .metadata()
-        .get("retry-after")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let retry = retry_after(&status);
     assert!((1..=30).contains(&retry));
     assert!(has_retry_info(status.details()));
     held.release().await.unwrap();
@@ -232,7 +175,6 @@ async fn a_busy_lock_is_aborted_with_retry_information() {
 /// and no body (trailers-only), never a 429.
 #[tokio::test]
 async fn a_grpc_denial_is_trailers_only_http_200() {
-    use http_body_util::BodyExt;
     use tower::ServiceExt;
     let app = axum::Router::new()
         .route(
@@ -251,21 +193,11 @@ async fn a_grpc_denial_is_trailers_only_http_200() {
     };
     app.clone().oneshot(req()).await.unwrap();
     let res = app.oneshot(req()).await.unwrap();
-    assert_eq!(res.status(), http::StatusCode::OK);
-    assert_eq!(res.headers()["content-type"], "application/grpc");
-    assert_eq!(res.headers()["grpc-status"], "8");
-    assert_eq!(res.headers()["retry-after"], "3600");
-    assert!(res.headers()["grpc-message"]
+    let h = common::grpc::assert_trailers_only(res, "8").await;
+    assert_eq!(h["retry-after"], "3600");
+    assert!(h["grpc-message"]
         .to_str()
         .unwrap()
         .starts_with("rate limit exceeded"));
-    assert!(res.headers().contains_key("grpc-status-details-bin"));
-    assert!(http_body::Body::is_end_stream(res.body()));
-    assert!(res
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .is_empty());
+    assert!(h.contains_key("grpc-status-details-bin"));
 }

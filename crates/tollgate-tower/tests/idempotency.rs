@@ -20,7 +20,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
-use http_body_util::BodyExt;
 use tokio::sync::Notify;
 use tollgate_core::idempotency::IdempotencyStore;
 use tollgate_core::{MemoryBackend, RedisBackend, Subject};
@@ -28,35 +27,9 @@ use tollgate_testkit::eventually;
 use tollgate_tower::idempotency::OnUnavailable;
 use tollgate_tower::key::{HeaderKey, KeyExtractor};
 use tollgate_tower::IdempotencyLayer;
-use tower::ServiceExt;
 
+use common::idempotency::{collect, store, Kind, BOUND};
 use common::unique;
-
-/// Far above anything these tests wait for, far below a hang.
-const BOUND: Duration = Duration::from_secs(15);
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Memory,
-    Redis,
-    Cluster,
-}
-
-async fn store(kind: Kind) -> IdempotencyStore {
-    match kind {
-        Kind::Memory => IdempotencyStore::new(MemoryBackend::new()),
-        Kind::Redis => IdempotencyStore::new(
-            RedisBackend::connect(&common::shared_redis().url())
-                .await
-                .unwrap(),
-        ),
-        Kind::Cluster => IdempotencyStore::new(
-            RedisBackend::connect_cluster(common::shared_cluster().seeds())
-                .await
-                .unwrap(),
-        ),
-    }
-}
 
 /// What the handler shares with the test: how often it ran, and a gate
 /// that holds requests sent with `x-hold`.
@@ -134,15 +107,11 @@ impl Reply {
 }
 
 async fn send(app: &Router, req: Request<Body>) -> Reply {
-    let res = tokio::time::timeout(BOUND, app.clone().oneshot(req))
-        .await
-        .expect("bounded")
-        .unwrap();
-    let (head, body) = res.into_parts();
+    let (status, headers, body) = collect(app, req).await;
     Reply {
-        status: head.status,
-        headers: head.headers,
-        body: body.collect().await.unwrap().to_bytes(),
+        status,
+        headers,
+        body,
     }
 }
 
@@ -162,6 +131,32 @@ fn with(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body
     req
 }
 
+/// The app behind a default layer on `kind`, and its handler.
+async fn default_app(kind: Kind) -> (Handler, Router) {
+    let h = Handler::default();
+    let app = app(
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
+        &h,
+    );
+    (h, app)
+}
+
+/// Sends `POST /orders` with `key` and body "1", held in its handler: returns
+/// once the handler has been entered (`h.release` lets it go on).
+async fn held(app: &Router, h: &Handler, key: &str) -> tokio::task::JoinHandle<Reply> {
+    let app = app.clone();
+    let r = with(
+        req("/orders", "t1", Some(key.as_bytes()), "1"),
+        "x-hold",
+        "1",
+    );
+    let first = tokio::spawn(async move { send(&app, r).await });
+    tokio::time::timeout(BOUND, h.entered.notified())
+        .await
+        .unwrap();
+    first
+}
+
 /// Every check, on one backend.
 async fn suite(kind: Kind) {
     first_run_and_byte_identical_replay(kind).await;
@@ -178,27 +173,10 @@ async fn suite(kind: Kind) {
     a_lost_claim_stores_nothing(kind).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn memory() {
-    suite(Kind::Memory).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_standalone() {
-    suite(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_cluster() {
-    suite(Kind::Cluster).await;
-}
+idempotency_on_every_backend!(suite);
 
 async fn first_run_and_byte_identical_replay(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let key = unique("k");
     let first = send(
         &app,
@@ -238,11 +216,7 @@ async fn first_run_and_byte_identical_replay(kind: Kind) {
 }
 
 async fn another_payload_is_422(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let key = unique("k");
     let k = Some(key.as_bytes());
     assert_eq!(send(&app, req("/orders", "t1", k, "1")).await.status, 201);
@@ -259,24 +233,9 @@ async fn another_payload_is_422(kind: Kind) {
 }
 
 async fn in_flight_is_409_with_retry_after(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let key = unique("k");
-    let first = {
-        let (app, key) = (app.clone(), key.clone());
-        let r = with(
-            req("/orders", "t1", Some(key.as_bytes()), "1"),
-            "x-hold",
-            "1",
-        );
-        tokio::spawn(async move { send(&app, r).await })
-    };
-    tokio::time::timeout(BOUND, h.entered.notified())
-        .await
-        .unwrap();
+    let first = held(&app, &h, &key).await;
     let busy = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
     busy.assert_problem(409);
     assert!((1..=30).contains(&busy.retry_after()), "{:?}", busy.headers);
@@ -293,11 +252,7 @@ async fn in_flight_is_409_with_retry_after(kind: Kind) {
 }
 
 async fn bad_keys_are_400(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let long = "k".repeat(256);
     let bad: [&[u8]; 8] = [
         b"",
@@ -365,11 +320,7 @@ async fn a_big_body_is_413_and_nothing_is_stored(kind: Kind) {
 }
 
 async fn failures_are_abandoned_so_a_retry_runs(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let key = unique("k");
     let k = Some(key.as_bytes());
     for status in ["500", "503", "429", "409"] {
@@ -390,24 +341,9 @@ async fn failures_are_abandoned_so_a_retry_runs(kind: Kind) {
 }
 
 async fn a_dropped_request_is_abandoned(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let key = unique("k");
-    let first = {
-        let (app, key) = (app.clone(), key.clone());
-        let r = with(
-            req("/orders", "t1", Some(key.as_bytes()), "1"),
-            "x-hold",
-            "1",
-        );
-        tokio::spawn(async move { send(&app, r).await })
-    };
-    tokio::time::timeout(BOUND, h.entered.notified())
-        .await
-        .unwrap();
+    let first = held(&app, &h, &key).await;
     // The client goes away: the future is dropped mid-handler.
     first.abort();
     let _ = first.await;
@@ -421,11 +357,7 @@ async fn a_dropped_request_is_abandoned(kind: Kind) {
 }
 
 async fn concurrent_retries_run_the_handler_once(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     for _ in 0..3 {
         let before = h.runs();
         let key = unique("k");
@@ -463,11 +395,7 @@ async fn concurrent_retries_run_the_handler_once(kind: Kind) {
 }
 
 async fn scopes_and_routes_are_apart(kind: Kind) {
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")),
-        &h,
-    );
+    let (h, app) = default_app(kind).await;
     let key = unique("k");
     let k = Some(key.as_bytes());
     let a = send(&app, req("/orders", "tenant-a", k, "1")).await;
@@ -536,18 +464,7 @@ async fn a_lost_claim_stores_nothing(kind: Kind) {
         &h,
     );
     let key = unique("k");
-    let first = {
-        let (app, key) = (app.clone(), key.clone());
-        let r = with(
-            req("/orders", "t1", Some(key.as_bytes()), "1"),
-            "x-hold",
-            "1",
-        );
-        tokio::spawn(async move { send(&app, r).await })
-    };
-    tokio::time::timeout(BOUND, h.entered.notified())
-        .await
-        .unwrap();
+    let first = held(&app, &h, &key).await;
     // The record's key, as the layer builds it.
     let head = req("/orders", "t1", None, "").into_parts().0;
     let scope = HeaderKey::new("x-api-key").extract(&head).unwrap().unwrap();
@@ -556,22 +473,12 @@ async fn a_lost_claim_stores_nothing(kind: Kind) {
     match kind {
         Kind::Memory => assert!(memory.break_lock(&lease)),
         Kind::Redis => {
-            let mut conn = common::shared_redis().connection_manager().await;
-            let n: i64 = redis::cmd("DEL")
-                .arg(&lease)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(n, 1);
+            let conn = common::shared_redis().connection_manager().await;
+            assert_eq!(del(conn, &lease).await, 1);
         }
         Kind::Cluster => {
-            let mut conn = common::shared_cluster().connection().await;
-            let n: i64 = redis::cmd("DEL")
-                .arg(&lease)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(n, 1);
+            let conn = common::shared_cluster().connection().await;
+            assert_eq!(del(conn, &lease).await, 1);
         }
     }
     let newer = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
@@ -589,6 +496,15 @@ async fn a_lost_claim_stores_nothing(kind: Kind) {
         "the newer record is not overwritten"
     );
     assert_eq!(h.runs(), 2);
+}
+
+/// Deletes `key` over `conn`: how many keys went.
+async fn del(mut conn: impl redis::aio::ConnectionLike, key: &str) -> i64 {
+    redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
 }
 
 /// A Redis that is not there: every round trip fails fast.

@@ -22,40 +22,13 @@ use axum::Router;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
-use tollgate_core::idempotency::IdempotencyStore;
-use tollgate_core::{MemoryBackend, RedisBackend};
 use tollgate_testkit::eventually;
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::IdempotencyLayer;
 use tower::ServiceExt;
 
+use common::idempotency::{collect as send, store, Kind, BOUND};
 use common::unique;
-
-/// Far above anything these tests wait for, far below a hang.
-const BOUND: Duration = Duration::from_secs(15);
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Memory,
-    Redis,
-    Cluster,
-}
-
-async fn store(kind: Kind) -> IdempotencyStore {
-    match kind {
-        Kind::Memory => IdempotencyStore::new(MemoryBackend::new()),
-        Kind::Redis => IdempotencyStore::new(
-            RedisBackend::connect(&common::shared_redis().url())
-                .await
-                .unwrap(),
-        ),
-        Kind::Cluster => IdempotencyStore::new(
-            RedisBackend::connect_cluster(common::shared_cluster().seeds())
-                .await
-                .unwrap(),
-        ),
-    }
-}
 
 /// A handler whose first run answers 201 with a body fed by the test
 /// (`feed`'s sender); later runs answer `again`.
@@ -109,39 +82,12 @@ fn req(key: &str) -> Request<Body> {
         .unwrap()
 }
 
-/// Sends `req` and collects the whole response.
-async fn send(app: &Router, req: Request<Body>) -> (StatusCode, http::HeaderMap, Bytes) {
-    let res = tokio::time::timeout(BOUND, app.clone().oneshot(req))
-        .await
-        .expect("bounded")
-        .unwrap();
-    let (head, body) = res.into_parts();
-    let body = tokio::time::timeout(BOUND, body.collect())
-        .await
-        .expect("bounded")
-        .unwrap();
-    (head.status, head.headers, body.to_bytes())
-}
-
 async fn suite(kind: Kind) {
     a_body_too_large_to_store_streams(kind).await;
     a_request_dropped_after_its_handler_returned_is_stored(kind).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn memory() {
-    suite(Kind::Memory).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_standalone() {
-    suite(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_cluster() {
-    suite(Kind::Cluster).await;
-}
+idempotency_on_every_backend!(suite);
 
 /// Past `max_stored_body`, the layer stops buffering: the client gets the
 /// head and the bytes read so far while the handler's body is still open,

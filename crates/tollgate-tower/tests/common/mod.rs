@@ -1,7 +1,11 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod grpc;
+pub mod idempotency;
 pub mod lock_suite;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod suite;
 
 use std::sync::{Arc, OnceLock};
