@@ -3,7 +3,8 @@
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost (both read by
 -- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS). ARGV[3]: unused.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
--- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
+-- Returns {allowed, now, then per quota: remaining, reset_after_us, retry_after_us,
+-- next_us (until more quota is made available: draft-10's `t`; the window's end)}:
 -- the figures after counting the cost when every quota admits it, else the
 -- figures as they stand (nothing is written: all or nothing).
 if n == 1 then
@@ -19,12 +20,12 @@ if n == 1 then
     if tonumber(string.sub(v, 1, sep - 1)) == w then count = string.sub(v, sep + 1) + 0 end
   end
   if count + cost > limit then
-    return {0, limit - count, reset, reset}
+    return {0, now, limit - count, reset, reset, reset}
   end
   -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
   redis.call('SET', KEYS[1], string.format('%d:%d', w, count + cost), 'PX',
     string.format('%d', math.ceil(reset / 1000)))
-  return {1, limit - count - cost, reset, 0}
+  return {1, now, limit - count - cost, reset, 0, reset}
 end
 local w, count, limit, reset, ok = {}, {}, {}, {}, true
 for i = 1, n do
@@ -41,9 +42,10 @@ for i = 1, n do
   end
   if count[i] + cost > limit[i] then ok = false end
 end
-local out = {ok and 1 or 0}
+local out = {ok and 1 or 0, now}
 for i = 1, n do
-  local j = 3 * i - 1
+  local j = 4 * i - 1
+  out[j + 3] = reset[i]
   if ok then
     redis.call('SET', KEYS[i], string.format('%d:%d', w[i], count[i] + cost), 'PX', string.format('%d', math.ceil(reset[i] / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, reset[i], 0

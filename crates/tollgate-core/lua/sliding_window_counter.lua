@@ -5,9 +5,22 @@
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost (both read by
 -- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS). ARGV[3]: unused.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
--- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
+-- Returns {allowed, now, then per quota: remaining, reset_after_us, retry_after_us,
+-- next_us (until more quota is made available: draft-10's `t`; 0 when full)}:
 -- the figures after counting the cost when every quota admits it, else the
 -- figures as they stand (nothing is written: all or nothing).
+-- Until the estimate drops by one unit, `e` µs into window of length `p`:
+-- while the previous window weighs, when its rounded-up weight k falls to
+-- k - 1; else, in the next window, when this window's weight first drops.
+local function next_us(prev, cur, e, p)
+  if prev > 0 then
+    local k = math.floor((prev * (p - e) + p - 1) / p)
+    return p - math.floor((k - 1) * p / prev) - e
+  end
+  if cur > 0 then return p - e + p - math.floor((cur - 1) * p / cur) end
+  return 0
+end
+
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables).
   local limit, p = ARGV[4] + 0, ARGV[5] + 0
@@ -36,11 +49,11 @@ if n == 1 then
       retry = p - e + p - math.floor((limit - cost) * p / math.max(cur, 1))
     end
     if cur > 0 then reset = 2 * p - e elseif prev > 0 then reset = p - e end
-    return {0, math.max(limit - est, 0), reset, retry}
+    return {0, now, math.max(limit - est, 0), reset, retry, next_us(prev, cur, e, p)}
   end
   redis.call('SET', KEYS[1], string.format('%d:%d:%d', w, prev, cur + cost), 'PX',
     string.format('%d', math.ceil((2 * p - e) / 1000)))
-  return {1, limit - est - cost, 2 * p - e, 0}
+  return {1, now, limit - est - cost, 2 * p - e, 0, next_us(prev, cur + cost, e, p)}
 end
 local w, e, prev, cur, est, limit, period, ok = {}, {}, {}, {}, {}, {}, {}, true
 for i = 1, n do
@@ -62,14 +75,15 @@ for i = 1, n do
   est[i] = cur[i] + math.floor((prev[i] * (period[i] - e[i]) + period[i] - 1) / period[i])
   if est[i] + cost > limit[i] then ok = false end
 end
-local out = {ok and 1 or 0}
+local out = {ok and 1 or 0, now}
 for i = 1, n do
-  local j = 3 * i - 1
+  local j = 4 * i - 1
   local p = period[i]
   if ok then
     redis.call('SET', KEYS[i], string.format('%d:%d:%d', w[i], prev[i], cur[i] + cost), 'PX',
       string.format('%d', math.ceil((2 * p - e[i]) / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - est[i] - cost, 2 * p - e[i], 0
+    out[j + 3] = next_us(prev[i], cur[i] + cost, e[i], p)
   else
     local retry, reset = 0, 0
     if est[i] + cost > limit[i] then
@@ -84,6 +98,7 @@ for i = 1, n do
     end
     if cur[i] > 0 then reset = 2 * p - e[i] elseif prev[i] > 0 then reset = p - e[i] end
     out[j], out[j + 1], out[j + 2] = math.max(limit[i] - est[i], 0), reset, retry
+    out[j + 3] = next_us(prev[i], cur[i], e[i], p)
   end
 end
 return out

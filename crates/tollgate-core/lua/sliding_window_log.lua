@@ -6,7 +6,8 @@
 -- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS).
 -- ARGV[3]: a random nonce from the client, making members unique.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
--- Returns {allowed, then per quota: remaining, reset_after_us, retry_after_us}:
+-- Returns {allowed, now, then per quota: remaining, reset_after_us, retry_after_us,
+-- next_us (until more quota is made available: draft-10's `t`; 0 when full)}:
 -- the figures after logging the cost when every quota admits it, else the
 -- figures as they stand (nothing is added: all or nothing).
 
@@ -29,6 +30,13 @@ local function log_units(key, score)
   end
 end
 
+-- Until the oldest entry of `key` leaves the window (more room is made
+-- available then); 0 for an empty log. `count` entries are in it.
+local function next_us(key, count, period)
+  if count == 0 then return 0 end
+  return redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2] + period - now
+end
+
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables).
   local limit, period = ARGV[4] + 0, ARGV[5] + 0
@@ -42,11 +50,14 @@ if n == 1 then
     -- No such entry when the cost exceeds the limit (it never fits): a period.
     local at = tonumber(redis.call('ZRANGE', KEYS[1], idx, idx, 'WITHSCORES')[2]) or now
     local retry = at + period - now
-    return {0, limit - count, reset, retry}
+    return {0, now, limit - count, reset, retry, next_us(KEYS[1], count, period)}
   end
+  -- The oldest entry, before logging: this request's own when the log was empty.
+  local next = 0
+  if count > 0 then next = next_us(KEYS[1], count, period) elseif cost > 0 then next = period end
   log_units(KEYS[1], string.format('%d', now))
   redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(period / 1000)))
-  return {1, limit - count - cost, period, 0}
+  return {1, now, limit - count - cost, period, 0, next}
 end
 local count, limit, period, ok = {}, {}, {}, true
 for i = 1, n do
@@ -56,11 +67,13 @@ for i = 1, n do
   count[i] = redis.call('ZCARD', KEYS[i])
   if count[i] + cost > limit[i] then ok = false end
 end
-local out = {ok and 1 or 0}
+local out = {ok and 1 or 0, now}
 local score = string.format('%d', now)
 for i = 1, n do
-  local j = 3 * i - 1
+  local j = 4 * i - 1
+  out[j + 3] = next_us(KEYS[i], count[i], period[i])
   if ok then
+    if count[i] == 0 and cost > 0 then out[j + 3] = period[i] end
     log_units(KEYS[i], score)
     redis.call('PEXPIRE', KEYS[i], string.format('%d', math.ceil(period[i] / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, period[i], 0

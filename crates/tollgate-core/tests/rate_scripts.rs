@@ -104,7 +104,8 @@ fn check_reply(
     per_unit: bool,
     cost: u64,
 ) -> bool {
-    assert_eq!(reply.len(), 1 + 3 * quotas.len(), "{what}: {reply:?}");
+    // {allowed, now, then four figures per quota}.
+    assert_eq!(reply.len(), 2 + 4 * quotas.len(), "{what}: {reply:?}");
     assert!(reply[0] == 0 || reply[0] == 1, "{what}: {reply:?}");
     let capacity = quotas.iter().map(|q| q.0).min().unwrap();
     // The longest a quota can ask anyone to wait for `cost`.
@@ -116,16 +117,21 @@ fn check_reply(
     let bound = (cost + 2) * span;
     let allowed = reply[0] == 1;
     let mut waits = false;
-    for c in reply[1..].chunks_exact(3) {
-        let (remaining, reset, retry) = (c[0], c[1], c[2]);
+    assert!(reply[1] > 0, "{what}: the time decided at: {reply:?}");
+    for c in reply[2..].chunks_exact(4) {
+        let (remaining, reset, retry, next) = (c[0], c[1], c[2], c[3]);
         assert!(
-            remaining >= 0 && reset >= 0 && retry >= 0,
+            remaining >= 0 && reset >= 0 && retry >= 0 && next >= 0,
             "{what}: {reply:?}"
         );
         assert!(
-            reset as u64 <= bound && retry as u64 <= bound,
+            reset as u64 <= bound && retry as u64 <= bound && next as u64 <= bound,
             "{what}: {reply:?}"
         );
+        // Draft-10: a Retry-After never points before more quota comes.
+        if retry > 0 {
+            assert!(retry >= next, "{what}: retry before t: {reply:?}");
+        }
         if allowed {
             assert_eq!(retry, 0, "{what}: {reply:?}");
         }

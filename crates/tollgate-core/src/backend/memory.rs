@@ -201,7 +201,7 @@ impl MemoryBackend {
                 shard.map.insert(key, Entry { slot, expires_at });
             }
         }
-        RateReply::new(allowed, outcomes)
+        RateReply::new(allowed, outcomes).at(now)
     }
 }
 
@@ -243,7 +243,7 @@ impl MemoryBackend {
                     shard.map.remove(key);
                 }
             }
-            return RateReply::new(allowed, vec![outcome]);
+            return RateReply::new(allowed, vec![outcome]).at(now);
         }
         let mut slot = None;
         let mut outcome = alg.step(&mut slot, now, cost, q, false);
@@ -257,7 +257,7 @@ impl MemoryBackend {
                 }
             }
         }
-        RateReply::new(allowed, vec![outcome])
+        RateReply::new(allowed, vec![outcome]).at(now)
     }
 }
 

@@ -54,12 +54,25 @@ pub struct RateReply {
     pub allowed: bool,
     /// One outcome per quota.
     pub outcomes: Vec<Outcome>,
+    /// The time the backend decided at (µs since the epoch): a refund of
+    /// this decision gives back to the window charged then.
+    pub now_micros: u64,
 }
 
 impl RateReply {
-    /// A reply from its parts.
+    /// A reply from its parts, decided at time 0 (see [`at`](Self::at)).
     pub fn new(allowed: bool, outcomes: Vec<Outcome>) -> Self {
-        Self { allowed, outcomes }
+        Self {
+            allowed,
+            outcomes,
+            now_micros: 0,
+        }
+    }
+
+    /// The reply, decided at `now_micros`.
+    pub fn at(mut self, now_micros: u64) -> Self {
+        self.now_micros = now_micros;
+        self
     }
 }
 

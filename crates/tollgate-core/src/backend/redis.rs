@@ -383,18 +383,20 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
             ))),
         })
         .collect::<Result<_>>()?;
-    if nums.len() != 1 + 3 * quotas {
+    // {allowed, now, then four figures per quota}.
+    if nums.len() != 2 + 4 * quotas {
         return Err(Error::Protocol(format!(
             "expected {} integers, got {}",
-            1 + 3 * quotas,
+            2 + 4 * quotas,
             nums.len()
         )));
     }
-    let outcomes = nums[1..]
-        .chunks_exact(3)
-        .map(|c| Outcome::from_reply(c[0].max(0) as u64, c[1].max(0) as u64, c[2].max(0) as u64))
+    let figure = |n: i64| n.max(0) as u64;
+    let outcomes = nums[2..]
+        .chunks_exact(4)
+        .map(|c| Outcome::from_reply(figure(c[0]), figure(c[1]), figure(c[2]), figure(c[3])))
         .collect();
-    Ok(RateReply::new(nums[0] == 1, outcomes))
+    Ok(RateReply::new(nums[0] == 1, outcomes).at(figure(nums[1])))
 }
 
 impl RateBackend for RedisBackend {

@@ -69,6 +69,18 @@ impl DenyCache {
         }
         let mut d = entry.decision.clone();
         let left = Duration::from_micros(entry.until - now);
+        // Every figure has run down by the time since the denial, so the
+        // quotas' `t` never points past the Retry-After this answer gives.
+        let elapsed = d.retry_after.unwrap_or_default().saturating_sub(left);
+        for q in &mut d.quotas {
+            q.reset_after = q.reset_after.saturating_sub(elapsed);
+            q.next_after = q.next_after.saturating_sub(elapsed);
+            if let Some(r) = q.retry_after {
+                let r = r.saturating_sub(elapsed).max(Duration::from_micros(1));
+                q.retry_after = Some(r);
+                q.next_after = q.next_after.min(r);
+            }
+        }
         d.retry_after = Some(left);
         d.reset_after = d.reset_after.max(left);
         d.source = DecisionSource::DenyCache;
@@ -117,7 +129,7 @@ mod tests {
         Decision::from_outcomes(
             Algorithm::FixedWindow,
             &[Quota::per_second(1)],
-            &[Outcome::from_reply(0, retry_us, retry_us)],
+            &[Outcome::from_reply(0, retry_us, retry_us, retry_us)],
             false,
             DecisionSource::Backend,
         )

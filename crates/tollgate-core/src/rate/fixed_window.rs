@@ -21,11 +21,12 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
             previous: 0,
             count: count + req.cost,
         });
-        return Outcome::allowed(limit - count - req.cost, reset, reset);
+        return Outcome::allowed(limit - count - req.cost, reset, reset, reset);
     }
     Outcome::current(
         limit.saturating_sub(count),
         reset,
         if fits { 0 } else { reset },
+        reset,
     )
 }

@@ -17,13 +17,28 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, interval): (u64, 
     let limit_at = req.now + burst * interval;
     let nt = tat + req.cost * interval;
     let retry = nt.saturating_sub(limit_at);
+    // One more unit is made available when limit_at - tat reaches the next
+    // whole interval (time moves limit_at; the TAT stays); none when full.
+    let next = |t: u64| {
+        if t > req.now {
+            interval - limit_at.saturating_sub(t) % interval
+        } else {
+            0
+        }
+    };
     if req.commit && retry == 0 {
         *slot = Some(Slot::Int(nt as i64));
-        return Outcome::allowed((limit_at - nt) / interval, nt - req.now, nt - req.now);
+        return Outcome::allowed(
+            (limit_at - nt) / interval,
+            nt - req.now,
+            nt - req.now,
+            next(nt),
+        );
     }
     Outcome::current(
         limit_at.saturating_sub(tat) / interval,
         tat - req.now,
         retry,
+        next(tat),
     )
 }

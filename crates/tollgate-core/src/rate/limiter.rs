@@ -314,7 +314,7 @@ impl RateLimiter {
                 let outcomes: Vec<Outcome> = inner
                     .quotas
                     .iter()
-                    .map(|q| Outcome::from_reply(inner.algorithm.capacity(q), 0, 0))
+                    .map(|q| Outcome::from_reply(inner.algorithm.capacity(q), 0, 0, 0))
                     .collect();
                 Ok(Decision::from_outcomes(
                     inner.algorithm,
@@ -416,7 +416,9 @@ fn deny_oversized(cost: u64, mut d: Decision) -> Decision {
     for q in &mut d.quotas {
         if cost > q.limit {
             q.allowed = false;
-            q.retry_after = Some(q.quota.period().max(Duration::from_micros(1)));
+            let wait = q.quota.period().max(Duration::from_micros(1));
+            q.retry_after = Some(wait);
+            q.next_after = q.next_after.min(wait);
         }
     }
     let strictest = d

@@ -165,37 +165,50 @@ pub struct Outcome {
     pub reset_after_micros: u64,
     /// Microseconds until this request could be admitted; 0 when admitted.
     pub retry_after_micros: u64,
+    /// Microseconds until more of the quota is made available (draft-10's
+    /// `t`): the next unit of a bucket, the end of a fixed window, the next
+    /// unit that fits a sliding window; 0 when the quota is full (for a
+    /// fixed window, its end).
+    pub next_after_micros: u64,
     /// Microseconds the written state must live (memory backend only).
     pub(crate) ttl_micros: u64,
 }
 
 impl Outcome {
-    pub(crate) fn allowed(remaining: u64, reset: u64, ttl: u64) -> Self {
+    pub(crate) fn allowed(remaining: u64, reset: u64, ttl: u64, next: u64) -> Self {
         Outcome {
             remaining,
             reset_after_micros: reset,
             retry_after_micros: 0,
+            next_after_micros: next,
             ttl_micros: ttl,
         }
     }
 
     /// The figures as they stand, without taking the cost; `retry` is 0
     /// when this quota alone would admit the cost.
-    pub(crate) fn current(remaining: u64, reset: u64, retry: u64) -> Self {
+    pub(crate) fn current(remaining: u64, reset: u64, retry: u64, next: u64) -> Self {
         Outcome {
             remaining,
             reset_after_micros: reset,
             retry_after_micros: retry,
+            next_after_micros: next,
             ttl_micros: 0,
         }
     }
 
-    /// Builds an outcome from a script's three figures.
-    pub fn from_reply(remaining: u64, reset_after_micros: u64, retry_after_micros: u64) -> Self {
+    /// Builds an outcome from a script's four figures.
+    pub fn from_reply(
+        remaining: u64,
+        reset_after_micros: u64,
+        retry_after_micros: u64,
+        next_after_micros: u64,
+    ) -> Self {
         Outcome {
             remaining,
             reset_after_micros,
             retry_after_micros,
+            next_after_micros,
             ttl_micros: 0,
         }
     }
@@ -216,7 +229,13 @@ pub struct QuotaDecision {
     /// Time until the quota is back to full.
     pub reset_after: Duration,
     /// Time until this quota could admit the request; `None` when it does.
+    /// Never earlier than [`next_after`](Self::next_after).
     pub retry_after: Option<Duration>,
+    /// Time until more of this quota is made available (draft-10's `t`):
+    /// the next unit of a token bucket or GCRA, the end of a fixed window,
+    /// the next unit that fits a sliding window log or counter; zero when
+    /// the quota is full (a fixed window: its end).
+    pub next_after: Duration,
 }
 
 /// Where a [`Decision`] came from.
@@ -274,8 +293,11 @@ impl Decision {
                 limit: algorithm.capacity(q),
                 remaining: o.remaining,
                 reset_after: Duration::from_micros(o.reset_after_micros),
+                // A wait shorter than the quota's own `t` would invite a
+                // retry before anything was made available.
                 retry_after: (o.retry_after_micros > 0)
-                    .then(|| Duration::from_micros(o.retry_after_micros)),
+                    .then(|| Duration::from_micros(o.retry_after_micros.max(o.next_after_micros))),
+                next_after: Duration::from_micros(o.next_after_micros),
             })
             .collect();
         let strictest = match &per[..] {

@@ -35,7 +35,8 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
             previous: prev,
             count: cur + req.cost,
         });
-        return Outcome::allowed(limit - est - req.cost, 2 * period - e, 2 * period - e);
+        let next = next_unit(prev, cur + req.cost, e, period);
+        return Outcome::allowed(limit - est - req.cost, 2 * period - e, 2 * period - e, next);
     }
     let retry = if fits {
         0
@@ -53,5 +54,26 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
     } else {
         0
     };
-    Outcome::current(limit.saturating_sub(est), reset, retry)
+    Outcome::current(
+        limit.saturating_sub(est),
+        reset,
+        retry,
+        next_unit(prev, cur, e, period),
+    )
+}
+
+/// Until the estimate drops by one unit, `e` µs into a window of `period`:
+/// while the previous window weighs, when its rounded-up weight k falls to
+/// k - 1; else, in the next window, when this window's weight first drops.
+fn next_unit(prev: u64, cur: u64, e: u64, period: u64) -> u64 {
+    let (prev, cur, e, p) = (prev as u128, cur as u128, e as u128, period as u128);
+    let t = if prev > 0 {
+        let k = (prev * (p - e)).div_ceil(p);
+        p - (k - 1) * p / prev - e
+    } else if let Some(drop) = ((cur.saturating_sub(1)) * p).checked_div(cur) {
+        p - e + p - drop
+    } else {
+        0
+    };
+    t as u64
 }

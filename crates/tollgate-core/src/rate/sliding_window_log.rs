@@ -32,7 +32,8 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
         for _ in 0..req.cost {
             log.insert(at, req.now);
         }
-        return Outcome::allowed(limit - count - req.cost, period, period);
+        let next = oldest_leaves(log, period, req.now);
+        return Outcome::allowed(limit - count - req.cost, period, period, next);
     }
     let reset = log
         .back()
@@ -43,5 +44,16 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
         // The entry whose expiry frees enough room for this cost.
         (log[(count + req.cost - limit - 1) as usize] + period).saturating_sub(req.now)
     };
-    Outcome::current(limit.saturating_sub(count), reset, retry)
+    Outcome::current(
+        limit.saturating_sub(count),
+        reset,
+        retry,
+        oldest_leaves(log, period, req.now),
+    )
+}
+
+/// Until the oldest entry leaves the window (more room is made available
+/// then); 0 for an empty log.
+fn oldest_leaves(log: &VecDeque<u64>, period: u64, now: u64) -> u64 {
+    log.front().map_or(0, |&t| (t + period).saturating_sub(now))
 }

@@ -25,10 +25,24 @@ pub(crate) fn step(
     };
     let tokens = ((now_i - empty_at).max(0) / interval as i128) as u64;
     let after = empty_at + (req.cost * interval) as i128;
+    // The next token comes when the time since the empty instant reaches a
+    // whole interval; none while the bucket is full.
+    let next = |empty: i128, left: u64| {
+        if left < capacity {
+            interval - ((now_i - empty) % interval as i128) as u64
+        } else {
+            0
+        }
+    };
     if req.commit && tokens >= req.cost {
         let reset = (after + full as i128 - now_i) as u64;
         *slot = Some(Slot::Int(after as i64));
-        return Outcome::allowed(tokens - req.cost, reset, reset);
+        return Outcome::allowed(
+            tokens - req.cost,
+            reset,
+            reset,
+            next(after, tokens - req.cost),
+        );
     }
     let retry = if tokens < req.cost {
         (after - now_i).max(0) as u64
@@ -39,5 +53,6 @@ pub(crate) fn step(
         tokens,
         (empty_at + full as i128 - now_i).max(0) as u64,
         retry,
+        next(empty_at, tokens),
     )
 }
