@@ -33,6 +33,7 @@ pub use lock::{
     Semaphore, SemaphoreBuilder,
 };
 pub use rate::{
-    Algorithm, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
+    Algorithm, Charge, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
     RateLimiter, RateLimiterBuilder,
 };
+pub use rate::{Plan, PlanTable, PlanTableBuilder, Plans};

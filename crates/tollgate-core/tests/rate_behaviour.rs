@@ -261,8 +261,13 @@ async fn memory_twins_match_the_scripts() {
             for step in 0..400 {
                 clock.advance(Duration::from_micros(next(400_000)));
                 let cost = next(4);
-                let da = a.check_n(subject.as_str(), cost).await.unwrap();
-                let db = b.check_n(subject.as_str(), cost).await.unwrap();
+                let mut da = a.check_n(subject.as_str(), cost).await.unwrap();
+                let mut db = b.check_n(subject.as_str(), cost).await.unwrap();
+                // Charges agree but for their ids, unique per check.
+                let charge = |d: &mut tollgate_core::Decision| {
+                    d.charge.take().map(|c| (c.cost(), c.at_micros()))
+                };
+                assert_eq!(charge(&mut da), charge(&mut db), "{alg:?} step {step}");
                 assert_eq!(
                     da,
                     db,
@@ -631,9 +636,13 @@ async fn try_check_now_answers_at_once_only_without_a_round_trip() {
         shown.contains("PendingCheck") && !shown.contains("two-phase"),
         "{shown}"
     );
-    let first = pending.send().await.unwrap();
+    let mut first = pending.send().await.unwrap();
     assert!(first.allowed && first.source == DecisionSource::Backend);
-    assert_eq!(first, twin.check_n(&s, 1).await.unwrap());
+    // The same figures; each check has its own charge id.
+    let mut same = twin.check_n(&s, 1).await.unwrap();
+    assert_eq!(first.charge.take().map(|c| c.cost()), Some(1));
+    assert_eq!(same.charge.take().map(|c| c.cost()), Some(1));
+    assert_eq!(first, same);
     let second = match l.try_check_now(&s, 1) {
         Err(pending) => pending.send().await.unwrap(),
         Ok(d) => panic!("decided without Redis before any denial: {d:?}"),

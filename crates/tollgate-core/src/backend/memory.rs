@@ -8,11 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::{RateBackend, RateReply, RateRequest};
+use super::{RateBackend, RateReply, RateRequest, RefundRequest};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
 use crate::lock::memory::MemoryLocks;
-use crate::rate::{Quota, Slot};
+use crate::rate::{Quota, Refund, Slot};
 
 const SHARDS: usize = 16;
 
@@ -206,6 +206,58 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
+    /// The refund scripts' twin: the marker first (at most once per charge,
+    /// living as long as the refund could matter), then each quota's refund
+    /// on its live entry.
+    fn refund_now(&self, req: &RefundRequest) -> bool {
+        let now = req
+            .now_micros
+            .unwrap_or_else(|| self.inner.clock.now_micros());
+        let until = req.at_micros.saturating_add(req.span_micros);
+        if until <= now {
+            return false;
+        }
+        let mut shard = lock(self.shard_for(&req.marker));
+        if shard
+            .map
+            .get(&req.marker)
+            .is_some_and(|e| e.expires_at > now)
+        {
+            return false;
+        }
+        shard.map.insert(
+            req.marker.clone(),
+            Entry {
+                slot: Slot::Int(1),
+                expires_at: until,
+            },
+        );
+        let r = Refund {
+            now,
+            cost: req.cost,
+            at: req.at_micros,
+        };
+        for (key, q) in req.keys.iter().zip(req.quotas.iter()) {
+            let Some(entry) = shard.map.get_mut(key).filter(|e| e.expires_at > now) else {
+                continue;
+            };
+            let mut slot = Some(std::mem::replace(&mut entry.slot, Slot::Int(0)));
+            let ttl = req.algorithm.refund(&mut slot, r, q);
+            match slot {
+                Some(slot) => {
+                    entry.slot = slot;
+                    if let Some(ttl) = ttl {
+                        entry.expires_at = now + ttl.max(1);
+                    }
+                }
+                None => {
+                    shard.map.remove(key);
+                }
+            }
+        }
+        true
+    }
+
     /// [`check_now`](Self::check_now) for one quota (the common case): the
     /// same steps on the entry in place (one lookup, no vectors).
     fn check_one(
@@ -291,6 +343,15 @@ impl RateBackend for MemoryBackend {
 
     fn check_rate_now(&self, req: &RateRequest) -> Option<Result<RateReply>> {
         Some(Ok(self.check_now(req)))
+    }
+
+    fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        let done = self.refund_now(req);
+        async move { Ok(done) }.boxed()
+    }
+
+    fn refund_rate_now(&self, req: &RefundRequest) -> Option<Result<bool>> {
+        Some(Ok(self.refund_now(req)))
     }
 
     fn kind(&self) -> &'static str {

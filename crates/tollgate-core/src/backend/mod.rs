@@ -46,6 +46,31 @@ pub struct RateRequest {
     pub nonce: u64,
 }
 
+/// A refund of one admitted check, for every quota (see
+/// [`RateLimiter::refund`](crate::RateLimiter::refund)).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RefundRequest {
+    /// The algorithm that charged.
+    pub algorithm: Algorithm,
+    /// The marker that makes the refund apply at most once (same hash tag).
+    pub marker: String,
+    /// One key per quota, as the check's.
+    pub keys: Vec<String>,
+    /// The quotas, as the check's.
+    pub quotas: Arc<[Quota]>,
+    /// Units to give back.
+    pub cost: u64,
+    /// The time of the refund (µs), or `None` for the backend's own clock.
+    pub now_micros: Option<u64>,
+    /// The check's id (its log entries carry it).
+    pub id: u64,
+    /// When the check was decided (µs, the backend's clock).
+    pub at_micros: u64,
+    /// How long after `at_micros` a refund can still change anything (µs).
+    pub span_micros: u64,
+}
+
 /// A backend's answer to a [`RateRequest`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -90,6 +115,25 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Gives back what one admitted check took, at most once per
+    /// [`RefundRequest::marker`]: `Ok(true)` when given back. The default
+    /// refuses (a backend written before refunds existed).
+    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        let _ = request;
+        Box::pin(async {
+            Err(crate::Error::InvalidConfig(
+                "this rate-limit backend does not support refunds".into(),
+            ))
+        })
+    }
+
+    /// The refund at once when no I/O is needed, like
+    /// [`check_rate_now`](Self::check_rate_now). The default is `None`.
+    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
+        let _ = request;
+        None
+    }
+
     /// A short name for logs: `"memory"`, `"redis"`, ….
     fn kind(&self) -> &'static str;
 }
@@ -101,6 +145,14 @@ impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
 
     fn check_rate_now(&self, request: &RateRequest) -> Option<Result<RateReply>> {
         (**self).check_rate_now(request)
+    }
+
+    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        (**self).refund_rate(request)
+    }
+
+    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
+        (**self).refund_rate_now(request)
     }
 
     fn kind(&self) -> &'static str {

@@ -10,7 +10,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
-use super::{RateBackend, RateReply, RateRequest};
+use super::{RateBackend, RateReply, RateRequest, RefundRequest};
 use crate::error::{redis_error, Error, Result};
 use crate::rate::{Algorithm, Outcome};
 
@@ -48,6 +48,17 @@ lua!(
 );
 lua!(TOKEN_BUCKET, crate::rate::token_bucket::SCRIPT);
 lua!(GCRA, crate::rate::gcra::SCRIPT);
+lua!(FIXED_WINDOW_REFUND, crate::rate::fixed_window::REFUND);
+lua!(
+    SLIDING_WINDOW_LOG_REFUND,
+    crate::rate::sliding_window_log::REFUND
+);
+lua!(
+    SLIDING_WINDOW_COUNTER_REFUND,
+    crate::rate::sliding_window_counter::REFUND
+);
+lua!(TOKEN_BUCKET_REFUND, crate::rate::token_bucket::REFUND);
+lua!(GCRA_REFUND, crate::rate::gcra::REFUND);
 
 fn script_for(algorithm: Algorithm) -> &'static LuaScript {
     match algorithm {
@@ -56,6 +67,16 @@ fn script_for(algorithm: Algorithm) -> &'static LuaScript {
         Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER,
         Algorithm::TokenBucket => &TOKEN_BUCKET,
         Algorithm::Gcra => &GCRA,
+    }
+}
+
+fn refund_script_for(algorithm: Algorithm) -> &'static LuaScript {
+    match algorithm {
+        Algorithm::FixedWindow => &FIXED_WINDOW_REFUND,
+        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG_REFUND,
+        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER_REFUND,
+        Algorithm::TokenBucket => &TOKEN_BUCKET_REFUND,
+        Algorithm::Gcra => &GCRA_REFUND,
     }
 }
 
@@ -426,6 +447,38 @@ impl RateBackend for RedisBackend {
                 })
                 .await?;
             parse_rate_reply(value, req.quotas.len())
+        }
+        .boxed()
+    }
+
+    fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        async move {
+            let value = self
+                .invoke(refund_script_for(req.algorithm), |cmd| {
+                    cmd.arg(1 + req.keys.len()).arg(req.marker.as_str());
+                    for k in &req.keys {
+                        cmd.arg(k.as_str());
+                    }
+                    match req.now_micros {
+                        Some(now) => cmd.arg(now),
+                        None => cmd.arg(""),
+                    };
+                    cmd.arg(req.cost)
+                        .arg(format!("{:016x}", req.id))
+                        .arg(req.at_micros)
+                        .arg(req.span_micros);
+                    for q in req.quotas.iter() {
+                        let (a, b) = req.algorithm.params(q);
+                        cmd.arg(a).arg(b);
+                    }
+                })
+                .await?;
+            match value {
+                Value::Int(n) => Ok(n == 1),
+                other => Err(Error::Protocol(format!(
+                    "a refund replied {other:?}, not 0 or 1"
+                ))),
+            }
         }
         .boxed()
     }

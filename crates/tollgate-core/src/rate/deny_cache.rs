@@ -87,6 +87,11 @@ impl DenyCache {
         Some(d)
     }
 
+    /// Forgets a denial (a refund made room).
+    pub(crate) fn remove(&self, key: &str) {
+        self.shard(key).map.remove(key);
+    }
+
     pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, d: &Decision) {
         let Some(retry) = d.retry_after else { return };
         // Measured from before the request was sent: never later than the

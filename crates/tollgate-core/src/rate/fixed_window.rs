@@ -1,10 +1,12 @@
 //! Fixed window aligned to the epoch. The Redis script is
 //! `lua/fixed_window.lua`; this file is its twin for the memory backend.
 
-use super::{Outcome, Slot, Step};
+use super::{Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("fixed_window");
+/// Its refund script.
+pub(crate) const REFUND: &str = refund_script!("fixed_window");
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
@@ -29,4 +31,15 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
         if fits { 0 } else { reset },
         reset,
     )
+}
+
+/// The refund: the window charged gets the cost back (never below zero);
+/// once it has passed, nothing is owed. The TTL stays.
+pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, period): (u64, u64)) -> Option<u64> {
+    if let Some(Slot::Window { window, count, .. }) = slot {
+        if *window == r.at / period {
+            *count = count.saturating_sub(r.cost);
+        }
+    }
+    None
 }

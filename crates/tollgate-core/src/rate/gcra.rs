@@ -2,10 +2,12 @@
 //! theoretical arrival time. The Redis script is `lua/gcra.lua`; this file is
 //! its twin for the memory backend, figure for figure.
 
-use super::{Outcome, Slot, Step};
+use super::{Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("gcra");
+/// Its refund script.
+pub(crate) const REFUND: &str = refund_script!("gcra");
 
 /// One quota's step. `burst` and `interval` are the quota's burst and
 /// emission interval in µs. With `req.commit`, an admitted cost is written back.
@@ -41,4 +43,19 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, interval): (u64, 
         retry,
         next(tat),
     )
+}
+
+/// The refund: the TAT moves back by the cost's intervals, never before now
+/// (a full bucket keeps no state). Returns the new TTL.
+pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, interval): (u64, u64)) -> Option<u64> {
+    let Some(Slot::Int(tat)) = slot else {
+        return None;
+    };
+    let tat = i128::from(*tat) - i128::from(r.cost * interval);
+    if tat <= i128::from(r.now) {
+        *slot = None;
+        return None;
+    }
+    *slot = Some(Slot::Int(tat as i64));
+    Some((tat - i128::from(r.now)) as u64)
 }

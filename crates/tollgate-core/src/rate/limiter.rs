@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use super::breaker::Breaker;
 use super::deny_cache::DenyCache;
-use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
+use super::refund::next_id;
+use super::{Algorithm, Charge, Decision, DecisionSource, Outcome, Quota};
 use crate::backend::{RateBackend, RateReply, RateRequest};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -217,12 +218,8 @@ impl RateLimiter {
             quotas: Arc::clone(&inner.quotas),
             cost,
             now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
-            // Only the log's members need a nonce; skip the syscall elsewhere.
-            nonce: if inner.algorithm == Algorithm::SlidingWindowLog {
-                random_u64()
-            } else {
-                0
-            },
+            // The log's member prefix, and every charge's refund id.
+            nonce: next_id(),
         };
         match inner.backend.check_rate_now(&request) {
             Some(outcome) => Ok(self.conclude(subject, sent_at, &request, outcome)),
@@ -282,13 +279,22 @@ impl RateLimiter {
                 return self.on_failure(subject, request.cost, e);
             }
         };
-        let d = Decision::from_outcomes(
+        let mut d = Decision::from_outcomes(
             inner.algorithm,
             &inner.quotas,
             &reply.outcomes,
             reply.allowed,
             DecisionSource::Backend,
         );
+        if reply.allowed && request.cost > 0 {
+            d.charge = Some(Charge {
+                cost: request.cost,
+                at_micros: reply.now_micros,
+                id: request.nonce,
+                span_micros: inner.algorithm.refund_span(&d),
+                local: false,
+            });
+        }
         if reply.allowed {
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
@@ -344,6 +350,10 @@ impl RateLimiter {
                     Ok(decided) if oversized => decided.map(|d| deny_oversized(cost, d)),
                     Ok(decided) => decided.map(|mut d| {
                         d.source = DecisionSource::Fallback;
+                        // Refunded to the fallback, where it was taken.
+                        if let Some(c) = &mut d.charge {
+                            c.local = true;
+                        }
                         d
                     }),
                     // The fallback runs on a MemoryBackend, which always
@@ -446,14 +456,4 @@ fn is_outage(e: &Error) -> bool {
         Error::Backend(b) => b.is_outage(),
         _ => false,
     }
-}
-
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // The OS CSPRNG; if it ever fails, fall back to a time-derived nonce
-    // (a collision only merges two log entries of the same microsecond).
-    if getrandom::fill(&mut b).is_err() {
-        return monotonic_micros() ^ 0x9E37_79B9_7F4A_7C15;
-    }
-    u64::from_le_bytes(b)
 }

@@ -30,20 +30,37 @@ macro_rules! rate_script {
     };
 }
 
+/// An algorithm's refund script: the shared prelude, the refund prelude,
+/// then `lua/<name>_refund.lua`.
+macro_rules! refund_script {
+    ($name:literal) => {
+        concat!(
+            include_str!("../../lua/rate_prelude.lua"),
+            include_str!("../../lua/refund_prelude.lua"),
+            include_str!(concat!("../../lua/", $name, "_refund.lua"))
+        )
+    };
+}
+
 pub(crate) mod breaker;
 pub(crate) mod builder;
 mod deny_cache;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
 mod limiter;
+pub mod plans;
 mod quota;
+mod refund;
 pub(crate) mod sliding_window_counter;
 pub(crate) mod sliding_window_log;
 pub(crate) mod token_bucket;
 
 pub use builder::RateLimiterBuilder;
 pub use limiter::{FailurePolicy, PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
+pub use plans::{Plan, PlanTable, PlanTableBuilder, Plans};
 pub use quota::Quota;
+pub use refund::Charge;
+pub(crate) use refund::Refund;
 pub use sliding_window_log::MAX_LOG_LIMIT;
 
 /// Which rate-limit algorithm a limiter runs.
@@ -111,6 +128,43 @@ impl Algorithm {
             Algorithm::Gcra => gcra::step,
         };
         f(slot, Step { now, cost, commit }, self.params(q))
+    }
+}
+
+impl Algorithm {
+    /// The in-memory twin of the refund script, for one quota: the new TTL
+    /// (µs) when the state was rewritten with one, `None` to keep it (or
+    /// when the slot was emptied).
+    pub(crate) fn refund(&self, slot: &mut Option<Slot>, r: Refund, q: &Quota) -> Option<u64> {
+        let f = match self {
+            Algorithm::FixedWindow => fixed_window::refund,
+            Algorithm::SlidingWindowLog => sliding_window_log::refund,
+            Algorithm::SlidingWindowCounter => sliding_window_counter::refund,
+            Algorithm::TokenBucket => token_bucket::refund,
+            Algorithm::Gcra => gcra::refund,
+        };
+        f(slot, r, self.params(q))
+    }
+
+    /// How long after an admitted check (`d`) its refund can still give
+    /// back (µs). A window: its period (the counter's previous window weighs
+    /// for a second one); the scripts give only to the window charged. A
+    /// bucket: until it would be full again — the charge's tokens may have
+    /// come back by refill after that, and a bucket cannot tell, so a later
+    /// refund gives nothing rather than tokens it already regained.
+    pub(crate) fn refund_span(&self, d: &Decision) -> u64 {
+        let micros = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+        let windows = d.quotas.iter().map(|q| q.quota.period_micros());
+        match self {
+            Algorithm::SlidingWindowCounter => windows.max().unwrap_or(0).saturating_mul(2),
+            Algorithm::FixedWindow | Algorithm::SlidingWindowLog => windows.max().unwrap_or(0),
+            Algorithm::TokenBucket | Algorithm::Gcra => d
+                .quotas
+                .iter()
+                .map(|q| micros(q.reset_after))
+                .min()
+                .unwrap_or(0),
+        }
     }
 }
 
@@ -274,6 +328,10 @@ pub struct Decision {
     pub quotas: Vec<QuotaDecision>,
     /// Where the decision came from (the backend, a failure policy, a cache).
     pub source: DecisionSource,
+    /// What an admitted check took, for [`RateLimiter::refund`]; `None` when
+    /// denied, for a cost of 0, or when a failure policy admitted without
+    /// taking anything.
+    pub charge: Option<Charge>,
 }
 
 impl Decision {
@@ -323,6 +381,7 @@ impl Decision {
             },
             quotas: per,
             source,
+            charge: None,
         }
     }
 

@@ -2,10 +2,12 @@
 //! much of it still overlaps the sliding window, plus the current count. The
 //! Redis script is `lua/sliding_window_counter.lua`; this file is its twin.
 
-use super::{Outcome, Slot, Step};
+use super::{Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("sliding_window_counter");
+/// Its refund script.
+pub(crate) const REFUND: &str = refund_script!("sliding_window_counter");
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
@@ -76,4 +78,24 @@ fn next_unit(prev: u64, cur: u64, e: u64, period: u64) -> u64 {
         0
     };
     t as u64
+}
+
+/// The refund: the window charged gets the cost back, as the current window
+/// or as the previous one (still weighed); never below zero; two windows on,
+/// nothing is owed. The TTL stays.
+pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, period): (u64, u64)) -> Option<u64> {
+    if let Some(Slot::Window {
+        window,
+        previous,
+        count,
+    }) = slot
+    {
+        let charged = r.at / period;
+        if *window == charged {
+            *count = count.saturating_sub(r.cost);
+        } else if *window == charged + 1 {
+            *previous = previous.saturating_sub(r.cost);
+        }
+    }
+    None
 }

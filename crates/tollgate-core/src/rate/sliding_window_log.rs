@@ -3,10 +3,12 @@
 
 use std::collections::VecDeque;
 
-use super::{Outcome, Slot, Step};
+use super::{Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("sliding_window_log");
+/// Its refund script.
+pub(crate) const REFUND: &str = refund_script!("sliding_window_log");
 
 /// The largest limit the log accepts: it keeps one entry per admitted unit,
 /// and memory and CPU grow with the limit. Larger limits belong to the
@@ -56,4 +58,20 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
 /// then); 0 for an empty log.
 fn oldest_leaves(log: &VecDeque<u64>, period: u64, now: u64) -> u64 {
     log.front().map_or(0, |&t| (t + period).saturating_sub(now))
+}
+
+/// The refund: the charge's entries leave the log. The script removes them
+/// by the charge's id; here entries carry only their time, and the charge's
+/// are those logged at its instant — any of them is the same entry.
+pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, _: (u64, u64)) -> Option<u64> {
+    if let Some(Slot::Log(log)) = slot {
+        let from = log.partition_point(|&t| t < r.at);
+        let to = log.partition_point(|&t| t <= r.at);
+        let gone = (to - from).min(r.cost as usize);
+        log.drain(from..from + gone);
+        if log.is_empty() {
+            *slot = None;
+        }
+    }
+    None
 }

@@ -2,10 +2,12 @@
 //! The Redis script is `lua/token_bucket.lua`; this file is its twin for the
 //! memory backend, figure for figure.
 
-use super::{Outcome, Slot, Step};
+use super::{Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("token_bucket");
+/// Its refund script.
+pub(crate) const REFUND: &str = refund_script!("token_bucket");
 
 /// One quota's step. `capacity` tokens, one token every `interval` µs. With
 /// `req.commit`, admitted tokens are taken.
@@ -55,4 +57,25 @@ pub(crate) fn step(
         retry,
         next(empty_at, tokens),
     )
+}
+
+/// The refund: the tokens go back, never above the capacity (a full bucket
+/// keeps no state). Returns the new TTL.
+pub(crate) fn refund(
+    slot: &mut Option<Slot>,
+    r: Refund,
+    (capacity, interval): (u64, u64),
+) -> Option<u64> {
+    let Some(Slot::Int(empty_at)) = slot else {
+        return None;
+    };
+    let full = i128::from(capacity * interval);
+    let empty_at = i128::from(*empty_at) - i128::from(r.cost * interval);
+    let now = i128::from(r.now);
+    if empty_at <= now - full {
+        *slot = None;
+        return None;
+    }
+    *slot = Some(Slot::Int(empty_at as i64));
+    Some((empty_at + full - now) as u64)
 }
