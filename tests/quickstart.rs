@@ -6,7 +6,8 @@
 //! The contract (README): `GET /` → 200 `hello`, limited per client IP by a
 //! token bucket of capacity 5 refilled one token every 2 s, shared by every
 //! instance on one backend, with `RateLimit-Policy` / `RateLimit` headers
-//! and 429 + `Retry-After` (whole seconds, ≥ 1); `POST /jobs/{id}` → holds
+//! and 429 + `Retry-After` (whole seconds, ≥ 1) + a quota-exceeded
+//! problem+json body; `POST /jobs/{id}` → holds
 //! the job's lock for 500 ms and answers `{"job":"<id>","fence":<n>}`, 409 +
 //! `Retry-After` while held by any instance, fences strictly increasing
 //! across instances and Redis restarts; Redis down → `GET /` still answers

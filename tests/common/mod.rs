@@ -70,6 +70,29 @@ pub(crate) fn assert_limited(r: &Reply) -> u64 {
     wait
 }
 
+/// A 429's body: draft-10's quota-exceeded problem (RFC 9457) naming the
+/// quickstart's policy, its detail the wait of `Retry-After` (`wait`).
+pub(crate) fn assert_quota_exceeded(r: &Reply, wait: u64) {
+    assert_eq!(r.expect_header("content-type"), "application/problem+json");
+    let v: serde_json::Value =
+        serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", r.body));
+    assert_eq!(
+        v["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded",
+        "{v}"
+    );
+    assert_eq!(v["status"], 429, "{v}");
+    assert_eq!(
+        v["violated-policies"],
+        serde_json::json!(["quickstart"]),
+        "{v}"
+    );
+    assert_eq!(
+        v["detail"],
+        format!("rate limit exceeded; retry in {wait} s"),
+        "{v}"
+    );
+}
+
 /// `GET /`: a bucket of 5 per client IP shared by both instances, refilled
 /// one token every 2 s; headers on every answer; 429 + `Retry-After`.
 pub(crate) async fn check_rate_limit(a: SocketAddr, b: SocketAddr) {
@@ -84,7 +107,7 @@ pub(crate) async fn check_rate_limit(a: SocketAddr, b: SocketAddr) {
     let wait = assert_limited(&get(b, "/").await);
     let r = get(a, "/").await;
     let w = assert_limited(&r);
-    assert_eq!(r.body, format!("rate limit exceeded; retry in {w} s\n"));
+    assert_quota_exceeded(&r, w);
     // Another client IP has its own bucket.
     let other = Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2)));
     assert_hello(&send_from(other, b, Method::GET, "/").await, 4);

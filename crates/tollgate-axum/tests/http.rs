@@ -635,7 +635,21 @@ async fn handler_rate_limit(limiter: RateLimiter) {
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     let ra = retry_after(&r);
     assert!((1..=30).contains(&ra), "Retry-After {ra}");
-    assert_eq!(r.body, format!("rate limit exceeded; retry in {ra} s\n"));
+    assert_eq!(r.headers["content-type"], "application/problem+json");
+    let name = policy.split(';').next().unwrap();
+    assert_eq!(
+        r.body,
+        format!(
+            concat!(
+                r#"{{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+                r#""title":"Request cannot be satisfied as assigned quota has been exceeded","#,
+                r#""status":429,"detail":"rate limit exceeded; retry in {ra} s","#,
+                r#""violated-policies":[{name}]}}"#
+            ),
+            ra = ra,
+            name = name
+        )
+    );
     assert_eq!(r.headers["ratelimit-policy"].to_str().unwrap(), policy);
     assert!(r.headers["ratelimit"].to_str().unwrap().contains(";r=0;t="));
 

@@ -238,7 +238,20 @@ where
         Some(r#""parity";q=2;w=60"#)
     );
     assert_eq!(header(&limited, "ratelimit"), Some(r#""parity";r=0;t=30"#));
-    assert_eq!(limited.2, b"rate limit exceeded; retry in 30 s\n");
+    // draft-10's quota-exceeded problem, naming the policy.
+    assert_eq!(
+        header(&limited, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        std::str::from_utf8(&limited.2).unwrap(),
+        concat!(
+            r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+            r#""title":"Request cannot be satisfied as assigned quota has been exceeded","#,
+            r#""status":429,"detail":"rate limit exceeded; retry in 30 s","#,
+            r#""violated-policies":["parity"]}"#
+        )
+    );
 
     // A cost beyond capacity: 413, the policy, no Retry-After.
     let costly = same_answer(&app, "GET", "/limit", &[("x-user", "bob"), ("x-cost", "3")]).await;

@@ -1,12 +1,29 @@
 //! The IETF draft-10 `RateLimit-Policy` / `RateLimit` headers, the legacy
 //! `X-RateLimit-*` headers and `Retry-After`, formatted once for the tower
 //! layers and the axum extractors alike.
+//!
+//! Which fields a response carries is a [`HeaderFormat`]; each format is one
+//! row of a table of field writers:
+//!
+//! | format | fields | merged with a stacked limiter's |
+//! |---|---|---|
+//! | [`Draft10`](HeaderFormat::Draft10) (default) | `RateLimit-Policy` (made once per limiter; `qu` with a [quota unit](RateLimitHeaders::quota_unit)), `RateLimit` (`r`, `t`) | appended: each limiter reports its policy |
+//! | [`Legacy`](HeaderFormat::Legacy) | `X-RateLimit-Limit`, `-Remaining`, `-Reset` (seconds, rounded up) of the strictest quota | set if absent: the innermost figures win |
+//!
+//! A decision that failed open (the backend was unreachable) gets the
+//! fields made once per limiter only, never made-up figures.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use tollgate_core::{Algorithm, Decision, DecisionSource, Quota, RateLimiter};
+
+mod format;
+
+pub(crate) use self::format::DecisionHeaders;
+pub use self::format::HeaderFormat;
+use self::format::{Write, FORMATS};
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -57,16 +74,17 @@ pub fn concurrency_policy(name: &str, permits: u32) -> HeaderValue {
     HeaderValue::from_str(&value).expect("an sf-string and integers are a valid header value")
 }
 
-/// The draft-10 `RateLimit-Policy` / `RateLimit` headers of one limiter:
-/// one list member per quota, named after the limiter's policy (`-q0`, `-q1`,
-/// … with several quotas). `RateLimit-Policy` is fixed per limiter and made
-/// once; `RateLimit` is made per decision.
+/// The rate-limit headers of one limiter, in one [`HeaderFormat`]
+/// (default draft-10): one list member per quota, named after the
+/// limiter's policy (`-q0`, `-q1`, … with several quotas).
+/// `RateLimit-Policy` is fixed per limiter and made once; `RateLimit` is
+/// made per decision.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tollgate_core::Error> {
 /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
-/// use tollgate_tower::headers::RateLimitHeaders;
+/// use tollgate_tower::headers::{HeaderFormat, RateLimitHeaders};
 ///
 /// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::FixedWindow)
 ///     .quota(Quota::per_minute(100))
@@ -75,55 +93,215 @@ pub fn concurrency_policy(name: &str, permits: u32) -> HeaderValue {
 /// let headers = RateLimitHeaders::new(&limiter).for_decision(&limiter.check("k").await?);
 /// assert_eq!(headers["ratelimit-policy"], r#""api";q=100;w=60"#);
 /// assert!(headers["ratelimit"].to_str().unwrap().starts_with(r#""api";r=99;t="#));
+///
+/// // Cost-weighted: the quota counts bytes, not requests.
+/// let bytes = RateLimitHeaders::new(&limiter).quota_unit("content-bytes");
+/// assert_eq!(bytes.policy().unwrap(), r#""api";q=100;qu="content-bytes";w=60"#);
+///
+/// let legacy = RateLimitHeaders::new(&limiter).format(HeaderFormat::Legacy);
+/// let headers = legacy.for_decision(&limiter.check("k").await?);
+/// assert_eq!(headers["x-ratelimit-remaining"], "98");
+/// assert!(!headers.contains_key("ratelimit"));
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct RateLimitHeaders {
+    /// One structured-field String per quota (`"api"`, or `"api-q0"`, …).
     items: Vec<String>,
-    policy: Option<HeaderValue>,
+    /// Each quota's policy: its name as an sf-parser reads the item, `q`, `w`.
+    policies: Vec<Policy>,
+    /// The quota unit (`qu`), when not requests.
+    unit: Option<String>,
+    format: HeaderFormat,
+    /// The [`Write::Fixed`] fields of every format, made once:
+    /// `fixed[row][field]`, rows as in [`FORMATS`].
+    fixed: Vec<Box<[Option<HeaderValue>]>>,
+}
+
+/// One quota's policy, as the fields report it.
+#[derive(Debug, Clone)]
+struct Policy {
+    /// The name an sf-parser reads from the item (and `violated-policies`
+    /// lists).
+    name: String,
+    q: u64,
+    w: Option<u64>,
 }
 
 impl RateLimitHeaders {
-    /// The formatter for `limiter`'s quotas.
+    /// The formatter for `limiter`'s quotas, in [`HeaderFormat::Draft10`],
+    /// counted in requests.
     pub fn new(limiter: &RateLimiter) -> Self {
         let policy = limiter.keyspace().policy();
         let quotas = limiter.quotas();
-        let items: Vec<String> = if quotas.len() == 1 {
-            vec![sf_string(policy)]
+        let names: Vec<String> = if quotas.len() == 1 {
+            vec![printable(policy)]
         } else {
             (0..quotas.len())
-                .map(|i| sf_string(&format!("{policy}-q{i}")))
+                .map(|i| printable(&format!("{policy}-q{i}")))
                 .collect()
         };
         let algorithm = limiter.algorithm();
-        let header = quotas
+        let policies = quotas
             .iter()
-            .zip(&items)
-            .map(|(q, item)| {
-                let mut s = format!("{item};q={}", sf_integer(algorithm.capacity(q)));
-                if let Some(w) = window_secs(algorithm, q) {
-                    s.push_str(&format!(";w={}", sf_integer(w)));
-                }
-                s
+            .zip(names)
+            .map(|(q, name)| Policy {
+                name,
+                q: algorithm.capacity(q),
+                w: window_secs(algorithm, q),
             })
-            .collect::<Vec<_>>()
-            .join(", ");
+            .collect::<Vec<_>>();
         RateLimitHeaders {
-            policy: HeaderValue::from_str(&header).ok(),
-            items,
+            items: policies.iter().map(|p| sf_string(&p.name)).collect(),
+            policies,
+            unit: None,
+            format: HeaderFormat::default(),
+            fixed: Vec::new(),
+        }
+        .prepared()
+    }
+
+    /// The same formatter writing `format` (default
+    /// [`HeaderFormat::Draft10`]).
+    pub fn format(mut self, format: HeaderFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The quotas count `unit`s rather than requests (a cost-weighted
+    /// limit): `RateLimit-Policy` says `qu="<unit>"`. The draft registers
+    /// `requests` (the default, never written), `content-bytes` and
+    /// `concurrent-requests`; another name is an extension a client may
+    /// not know. Characters outside printable ASCII become `_`.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+    /// use tollgate_tower::headers::RateLimitHeaders;
+    ///
+    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1000))?;
+    /// let h = RateLimitHeaders::new(&limiter).quota_unit("tokens");
+    /// assert!(h.policy().unwrap().to_str().unwrap().ends_with(r#";q=1000;qu="tokens";w=1"#));
+    /// assert_eq!(h.unit(), Some("tokens"));
+    /// # Ok(()) }
+    /// ```
+    pub fn quota_unit(mut self, unit: &str) -> Self {
+        self.unit = (unit != "requests").then(|| printable(unit));
+        self.prepared()
+    }
+
+    /// The same format and quota unit for another limiter's quotas.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+    /// use tollgate_tower::headers::{HeaderFormat, RateLimitHeaders};
+    ///
+    /// let free = RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(10))?;
+    /// let pro = RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(100))?;
+    /// let h = RateLimitHeaders::new(&free).format(HeaderFormat::Legacy).for_limiter(&pro);
+    /// assert_eq!(h.header_format(), HeaderFormat::Legacy);
+    /// # Ok(()) }
+    /// ```
+    pub fn for_limiter(&self, limiter: &RateLimiter) -> Self {
+        let fresh = RateLimitHeaders::new(limiter).format(self.format);
+        match &self.unit {
+            Some(unit) => fresh.quota_unit(unit),
+            None => fresh,
         }
     }
 
-    /// The `RateLimit-Policy` value.
-    pub fn policy(&self) -> Option<&HeaderValue> {
-        self.policy.as_ref()
+    /// The format written.
+    pub fn header_format(&self) -> HeaderFormat {
+        self.format
     }
 
-    /// `RateLimit-Policy`, and `RateLimit` when the decision has real
-    /// figures: a fail-open decision (the backend was unreachable) reports
-    /// the policy only, never made-up remaining counts.
+    /// The quota unit, when not requests.
+    pub fn unit(&self) -> Option<&str> {
+        self.unit.as_deref()
+    }
+
+    /// The policy names, one per quota, as the `RateLimit-Policy` items
+    /// read and the problem body's `violated-policies` lists them.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
+    /// use tollgate_tower::headers::RateLimitHeaders;
+    ///
+    /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
+    ///     .quota(Quota::per_second(2))
+    ///     .quota(Quota::per_hour(100))
+    ///     .name("api")
+    ///     .build()?;
+    /// assert_eq!(RateLimitHeaders::new(&limiter).policy_names().collect::<Vec<_>>(), ["api-q0", "api-q1"]);
+    /// # Ok(()) }
+    /// ```
+    pub fn policy_names(&self) -> impl Iterator<Item = &str> {
+        self.policies.iter().map(|p| p.name.as_str())
+    }
+
+    /// The names of the policies whose quotas denied `decision` (every
+    /// policy when no quota says it denied: the decision was not made
+    /// quota by quota).
+    pub(crate) fn violated_policies(&self, decision: &Decision) -> Vec<String> {
+        let denied: Vec<String> = decision
+            .quotas
+            .iter()
+            .zip(self.policy_names())
+            .filter(|(q, _)| !q.allowed)
+            .map(|(_, name)| name.to_owned())
+            .collect();
+        if denied.is_empty() {
+            self.policy_names().map(str::to_owned).collect()
+        } else {
+            denied
+        }
+    }
+
+    /// Makes the [`Write::Fixed`] fields of every format.
+    fn prepared(mut self) -> Self {
+        self.fixed = FORMATS
+            .iter()
+            .map(|(_, fields)| {
+                fields
+                    .iter()
+                    .map(|f| match f.write {
+                        Write::Fixed(make) => make(&self),
+                        Write::PerDecision(_) => None,
+                    })
+                    .collect()
+            })
+            .collect();
+        self
+    }
+
+    /// The `RateLimit-Policy` value, when the format writes one.
+    pub fn policy(&self) -> Option<&HeaderValue> {
+        let row = self.format.row();
+        self.format
+            .fields()
+            .iter()
+            .position(|f| f.name == RATELIMIT_POLICY)
+            .and_then(|i| self.fixed[row][i].as_ref())
+    }
+
+    /// The format's headers for `decision`: a fail-open decision (the
+    /// backend was unreachable) gets the fixed ones only (the policy),
+    /// never made-up remaining counts.
     pub fn for_decision(&self, decision: &Decision) -> HeaderMap {
         DecisionHeaders::new(self, decision, true, false).into_map()
+    }
+
+    /// Adds the format's fixed fields (`RateLimit-Policy`) to `target`:
+    /// what a response without a decision (a cost beyond capacity) reports.
+    pub(crate) fn apply_fixed(&self, target: &mut HeaderMap) {
+        let row = self.format.row();
+        for (field, value) in self.format.fields().iter().zip(&self.fixed[row][..]) {
+            if let Some(value) = value {
+                target.insert(field.name.clone(), value.clone());
+            }
+        }
     }
 
     /// The `RateLimit` value, or `None` for a fail-open decision. Written
@@ -177,80 +355,13 @@ pub(crate) fn window_secs(algorithm: Algorithm, q: &Quota) -> Option<u64> {
     (micros > 0 && micros % 1_000_000 == 0).then_some(micros / 1_000_000)
 }
 
-/// The rate-limit headers one response gets, made from a decision before it
-/// moves into the request's extensions and applied to the response without
-/// building a map.
-#[derive(Debug, Default)]
-pub(crate) struct DecisionHeaders {
-    pub(crate) policy: Option<HeaderValue>,
-    pub(crate) ratelimit: Option<HeaderValue>,
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (boxed: rarely on).
-    pub(crate) legacy: Option<Box<[HeaderValue; 3]>>,
-}
-
-impl DecisionHeaders {
-    /// The headers for `decision`: draft-10 when `draft` is on (the policy
-    /// only for a fail-open decision, which has no real figures), legacy
-    /// when `legacy` is on (never for a fail-open decision).
-    pub(crate) fn new(
-        formatter: &RateLimitHeaders,
-        decision: &Decision,
-        draft: bool,
-        legacy: bool,
-    ) -> Self {
-        let (policy, ratelimit) = if draft {
-            (
-                formatter.policy().cloned(),
-                formatter.ratelimit_value(decision),
-            )
-        } else {
-            (None, None)
-        };
-        let legacy = (legacy && decision.source != DecisionSource::FailOpen).then(|| {
-            Box::new([
-                HeaderValue::from(decision.limit),
-                HeaderValue::from(decision.remaining),
-                HeaderValue::from(ceil_secs(decision.reset_after)),
-            ])
-        });
-        DecisionHeaders {
-            policy,
-            ratelimit,
-            legacy,
-        }
-    }
-
-    /// Adds the headers to `target`: the structured-field lists
-    /// (`RateLimit`, `RateLimit-Policy`) are appended, so stacked limiters
-    /// each report their own policy; the legacy ones are set only if absent
-    /// (the innermost limiter's figures win).
-    pub(crate) fn apply(self, target: &mut HeaderMap) {
-        if let Some(v) = self.policy {
-            target.append(RATELIMIT_POLICY, v);
-        }
-        if let Some(v) = self.ratelimit {
-            target.append(RATELIMIT, v);
-        }
-        if let Some(legacy) = self.legacy {
-            let [limit, remaining, reset] = *legacy;
-            for (name, value) in [
-                (X_RATELIMIT_LIMIT, limit),
-                (X_RATELIMIT_REMAINING, remaining),
-                (X_RATELIMIT_RESET, reset),
-            ] {
-                if !target.contains_key(&name) {
-                    target.insert(name, value);
-                }
-            }
-        }
-    }
-
-    /// The headers as a map (for a rejection).
-    pub(crate) fn into_map(self) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        self.apply(&mut h);
-        h
-    }
+/// `s` with every character outside printable ASCII replaced by `_`: what
+/// [`sf_string`] writes, unquoted and unescaped — the name an sf-parser
+/// reads back.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if (' '..='~').contains(&c) { c } else { '_' })
+        .collect()
 }
 
 /// A structured-field String: printable ASCII, `"` and `\` escaped; other
@@ -280,6 +391,107 @@ pub(crate) fn sf_integer(n: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_core::MemoryBackend;
+
+    async fn checked(name: &str) -> (RateLimiter, Decision) {
+        let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
+            .quota(Quota::per_minute(3))
+            .name(name)
+            .build()
+            .unwrap();
+        let d = limiter.check("k").await.unwrap();
+        (limiter, d)
+    }
+
+    fn names(h: &HeaderMap) -> Vec<&str> {
+        h.keys().map(|k| k.as_str()).collect()
+    }
+
+    /// Each format writes its own fields; the legacy switch adds the
+    /// legacy fields once; a fail-open decision gets the fixed fields only.
+    #[tokio::test]
+    async fn formats_write_their_rows() {
+        let (limiter, mut d) = checked("fmt").await;
+        let draft = RateLimitHeaders::new(&limiter);
+        let legacy = draft.clone().format(HeaderFormat::Legacy);
+        let map = |f: &RateLimitHeaders, d: &Decision, primary, extra| {
+            DecisionHeaders::new(f, d, primary, extra).into_map()
+        };
+        assert_eq!(
+            names(&map(&draft, &d, true, false)),
+            ["ratelimit-policy", "ratelimit"]
+        );
+        assert_eq!(
+            names(&map(&legacy, &d, true, false)),
+            [
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset"
+            ]
+        );
+        assert_eq!(map(&draft, &d, true, true).len(), 5);
+        assert_eq!(map(&legacy, &d, true, true).len(), 3);
+        assert_eq!(map(&draft, &d, false, true).len(), 3);
+        assert!(map(&draft, &d, false, false).is_empty());
+        assert_eq!(legacy.policy(), None);
+        assert_eq!(legacy.for_decision(&d)["x-ratelimit-remaining"], "2");
+
+        d.source = DecisionSource::FailOpen;
+        assert_eq!(names(&map(&draft, &d, true, true)), ["ratelimit-policy"]);
+        assert!(map(&legacy, &d, true, true).is_empty());
+    }
+
+    /// Every format has exactly one row, and the rows' names are distinct.
+    #[test]
+    fn one_row_per_format() {
+        for f in [HeaderFormat::Draft10, HeaderFormat::Legacy] {
+            assert_eq!(FORMATS.iter().filter(|(g, _)| *g == f).count(), 1);
+            let mut seen: Vec<_> = f.field_names().collect();
+            seen.dedup();
+            assert_eq!(seen.len(), f.fields().len());
+        }
+    }
+
+    /// `qu` between `q` and `w`, never for requests; a format or a unit
+    /// carries over to another limiter.
+    #[tokio::test]
+    async fn quota_units() {
+        let (limiter, _) = checked("u").await;
+        let h = RateLimitHeaders::new(&limiter);
+        assert_eq!(
+            h.clone().quota_unit("requests").policy().unwrap(),
+            r#""u";q=3;w=60"#
+        );
+        let bytes = h.quota_unit("content-bytes");
+        assert_eq!(
+            bytes.policy().unwrap(),
+            r#""u";q=3;qu="content-bytes";w=60"#
+        );
+        let (other, _) = checked("v").await;
+        let moved = bytes.format(HeaderFormat::Legacy).for_limiter(&other);
+        assert_eq!(moved.unit(), Some("content-bytes"));
+        assert_eq!(moved.header_format(), HeaderFormat::Legacy);
+        let back = moved.format(HeaderFormat::Draft10);
+        assert_eq!(back.policy().unwrap(), r#""v";q=3;qu="content-bytes";w=60"#);
+    }
+
+    /// The violated policies are the denying quotas' names, as an
+    /// sf-parser reads the items (non-ASCII as `_`); every policy when no
+    /// quota says it denied.
+    #[tokio::test]
+    async fn violated_policy_names() {
+        let (limiter, mut d) = checked("é").await;
+        let h = RateLimitHeaders::new(&limiter);
+        assert_eq!(h.policy_names().collect::<Vec<_>>(), ["_"]);
+        d.allowed = false;
+        assert_eq!(DecisionHeaders::new(&h, &d, false, false).violated, ["_"]);
+        d.quotas[0].allowed = false;
+        assert_eq!(h.violated_policies(&d), ["_"]);
+        d.allowed = true;
+        assert!(DecisionHeaders::new(&h, &d, true, false)
+            .violated
+            .is_empty());
+    }
 
     #[test]
     fn windows_in_whole_seconds_only() {

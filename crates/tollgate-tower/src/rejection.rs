@@ -8,7 +8,7 @@
 //!
 //! | reason | HTTP | gRPC | `Retry-After` |
 //! |---|---|---|---|
-//! | [`RateLimited`](RejectionReason::RateLimited) | 429 | RESOURCE_EXHAUSTED | the decision's wait, ≥ 1 s |
+//! | [`RateLimited`](RejectionReason::RateLimited) | 429 (problem+json, [`QUOTA_EXCEEDED`]) | RESOURCE_EXHAUSTED | the decision's wait, ≥ 1 s |
 //! | [`CostExceedsCapacity`](RejectionReason::CostExceedsCapacity) | 413 | RESOURCE_EXHAUSTED | none: waiting cannot help |
 //! | [`Unavailable`](RejectionReason::Unavailable) | 503 | UNAVAILABLE | 1 |
 //! | [`Busy`](RejectionReason::Busy) | 409 | ABORTED | the holder's remaining lease, or 1 when unknown |
@@ -23,12 +23,19 @@
 //!
 //! `Retry-After` is whole seconds, rounded up, never 0. HTTP bodies are the
 //! [message](Rejection::message) and a newline, as `text/plain` — except
-//! the [idempotency layer](crate::idempotency)'s own rejections (the four
-//! idempotency reasons above, and its 503), which are RFC 9457
-//! `application/problem+json` documents as the idempotency-key draft
-//! shows them: `{"type":"about:blank","title":<the status' reason
-//! phrase>,"status":<status>,"detail":<the message>}`. gRPC requests get a
-//! trailers-only response (see [`crate::grpc`]).
+//! two kinds of RFC 9457 `application/problem+json` documents:
+//!
+//! - a rate limit's 429 is draft-ietf-httpapi-ratelimit-headers-10's
+//!   quota-exceeded problem: `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+//!   "title":…,"status":429,"detail":<the message>,"violated-policies":[<names>]}`,
+//!   the names those of the `RateLimit-Policy` items whose quota denied
+//!   ([`Rejection::violated_policies`]);
+//! - the [idempotency layer](crate::idempotency)'s own rejections (the four
+//!   idempotency reasons above, and its 503), as the idempotency-key draft
+//!   shows them: `{"type":"about:blank","title":<the status' reason
+//!   phrase>,"status":<status>,"detail":<the message>}`.
+//!
+//! gRPC requests get a trailers-only response (see [`crate::grpc`]).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -42,6 +49,32 @@ use tollgate_core::{Decision, Error, RateLimiter};
 use crate::grpc::{trailers_only, GrpcCode, Protocol};
 use crate::headers::{retry_after_secs, DecisionHeaders, RateLimitHeaders, RATELIMIT_POLICY};
 use crate::key::KeyError;
+
+mod idempotency;
+mod problem;
+
+/// The problem type of a rate limit's 429 body: draft-10's quota-exceeded
+/// (its `violated-policies` member names the denying policies).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+/// use tollgate_tower::rejection::{Rejection, QUOTA_EXCEEDED};
+///
+/// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::FixedWindow)
+///     .quota(Quota::per_minute(1))
+///     .name("api")
+///     .build()?;
+/// limiter.check("k").await?;
+/// let res = Rejection::rate_limited(&limiter, limiter.check("k").await?).default_response();
+/// assert_eq!(res.headers()["content-type"], "application/problem+json");
+/// let body = std::str::from_utf8(res.body()).unwrap();
+/// assert!(body.starts_with(&format!(r#"{{"type":"{QUOTA_EXCEEDED}","#)));
+/// assert!(body.ends_with(r#","violated-policies":["api"]}"#));
+/// # Ok(()) }
+/// ```
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
 /// Why a request was refused. New reasons may be added: match with a
 /// wildcard arm.
@@ -178,6 +211,8 @@ pub struct Rejection {
     retry_after: Option<Duration>,
     headers: HeaderMap,
     decision: Option<Box<Decision>>,
+    /// A rate limit's denying policies, for the problem body.
+    violated: Vec<String>,
     error: Option<Error>,
     grpc: bool,
 }
@@ -189,6 +224,7 @@ impl fmt::Debug for Rejection {
             .field("middleware", &self.middleware)
             .field("message", &self.message)
             .field("retry_after", &self.retry_after)
+            .field("violated_policies", &self.violated)
             .field("error", &self.error)
             .field("grpc", &self.grpc)
             .finish_non_exhaustive()
@@ -227,13 +263,15 @@ impl Rejection {
             retry_after: None,
             headers: HeaderMap::new(),
             decision: None,
+            violated: Vec::new(),
             error: None,
             grpc: false,
         }
     }
 
     /// The rate limit is reached, as `decision` of `limiter` says: 429 with
-    /// `Retry-After` and the `RateLimit-Policy` / `RateLimit` headers.
+    /// `Retry-After`, the `RateLimit-Policy` / `RateLimit` headers and a
+    /// [`QUOTA_EXCEEDED`] problem body naming the denying policies.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -245,6 +283,7 @@ impl Rejection {
     /// limiter.check("k").await?;
     /// let r = Rejection::rate_limited(&limiter, limiter.check("k").await?);
     /// assert_eq!(r.reason(), RejectionReason::RateLimited);
+    /// assert_eq!(r.violated_policies(), [limiter.keyspace().policy()]);
     /// assert_eq!(r.default_response().status(), 429);
     /// # Ok(()) }
     /// ```
@@ -254,7 +293,7 @@ impl Rejection {
     }
 
     /// A denial with the headers a layer already formatted.
-    pub(crate) fn limited(decision: Decision, headers: DecisionHeaders) -> Self {
+    pub(crate) fn limited(decision: Decision, mut headers: DecisionHeaders) -> Self {
         let wait = whole_secs(decision.retry_after.unwrap_or_default());
         let mut r = Self::new(
             RejectionReason::RateLimited,
@@ -262,6 +301,7 @@ impl Rejection {
             format!("rate limit exceeded; retry in {} s", wait.as_secs()),
         );
         r.retry_after = Some(wait);
+        r.violated = std::mem::take(&mut headers.violated);
         r.headers = headers.into_map();
         r.decision = Some(Box::new(decision));
         r
@@ -393,82 +433,6 @@ impl Rejection {
         Self::key(KeyError::bad_request(message))
     }
 
-    /// The `Idempotency-Key` is in flight, its holder's lease running
-    /// `retry_after` more when known: 409 with `Retry-After` (1 when
-    /// unknown).
-    ///
-    /// ```
-    /// use tollgate_tower::rejection::Rejection;
-    /// let res = Rejection::idempotency_in_flight(None).default_response();
-    /// assert_eq!(res.status(), 409);
-    /// assert_eq!(res.headers()["retry-after"], "1");
-    /// assert_eq!(res.headers()["content-type"], "application/problem+json");
-    /// ```
-    pub fn idempotency_in_flight(retry_after: Option<Duration>) -> Self {
-        let wait = whole_secs(retry_after.unwrap_or_default());
-        let mut r = Self::new(
-            RejectionReason::IdempotencyConflict,
-            Some(Middleware::Idempotency),
-            format!(
-                "a request with this Idempotency-Key is still being processed; retry in {} s",
-                wait.as_secs()
-            ),
-        );
-        r.retry_after = Some(wait);
-        r
-    }
-
-    /// The `Idempotency-Key`'s request completed, but its response was not
-    /// stored (too large, or streamed with trailers): 409, no `Retry-After`.
-    pub fn idempotency_not_replayable(status: u16) -> Self {
-        Self::new(
-            RejectionReason::IdempotencyConflict,
-            Some(Middleware::Idempotency),
-            format!(
-                "the request with this Idempotency-Key was already processed (status {status}), \
-                 but its response was too large to store and cannot be replayed"
-            ),
-        )
-    }
-
-    /// The `Idempotency-Key` was used with another payload: 422.
-    pub fn idempotency_mismatch() -> Self {
-        Self::new(
-            RejectionReason::IdempotencyMismatch,
-            Some(Middleware::Idempotency),
-            "this Idempotency-Key was already used with a different request payload",
-        )
-    }
-
-    /// The `Idempotency-Key` is missing or malformed: 400 with `message`.
-    pub fn invalid_idempotency_key(message: impl Into<Cow<'static, str>>) -> Self {
-        Self::new(
-            RejectionReason::InvalidIdempotencyKey,
-            Some(Middleware::Idempotency),
-            message,
-        )
-    }
-
-    /// The request body exceeds `limit` bytes: 413, no `Retry-After`.
-    pub fn payload_too_large(limit: usize) -> Self {
-        Self::new(
-            RejectionReason::PayloadTooLarge,
-            Some(Middleware::Idempotency),
-            format!("the request body exceeds {limit} bytes"),
-        )
-    }
-
-    /// The request body could not be read: 400 (problem+json).
-    pub(crate) fn unreadable_body() -> Self {
-        Self::new(
-            RejectionReason::Key {
-                status: StatusCode::BAD_REQUEST,
-            },
-            Some(Middleware::Idempotency),
-            "the request body could not be read",
-        )
-    }
-
     /// The server is misconfigured: 500 with `message` (say what to add).
     ///
     /// ```
@@ -510,9 +474,7 @@ impl Rejection {
     pub(crate) fn from_limiter_error(formatter: &RateLimitHeaders, error: Error) -> Self {
         let mut r = Rejection::from_error(Middleware::RateLimit, error);
         if let RejectionReason::CostExceedsCapacity { .. } = r.reason {
-            if let Some(policy) = formatter.policy() {
-                r.headers.insert(RATELIMIT_POLICY, policy.clone());
-            }
+            formatter.apply_fixed(&mut r.headers);
         }
         r
     }
@@ -567,6 +529,14 @@ impl Rejection {
         self.decision.as_deref()
     }
 
+    /// The names of the policies whose quota denied a
+    /// [`RejectionReason::RateLimited`] (the `RateLimit-Policy` items'
+    /// names), as the problem body's `violated-policies` lists them; empty
+    /// for other reasons.
+    pub fn violated_policies(&self) -> &[String] {
+        &self.violated
+    }
+
     /// The backend error behind this rejection, if any.
     pub fn error(&self) -> Option<&Error> {
         self.error.as_ref()
@@ -588,14 +558,16 @@ impl Rejection {
             );
         }
         let status = self.reason.status();
-        let problem = self.middleware == Some(Middleware::Idempotency);
-        let (body, content_type) = if problem {
-            (
-                problem_json(status, &self.message),
-                "application/problem+json",
-            )
-        } else {
-            (format!("{}\n", self.message), "text/plain; charset=utf-8")
+        let problem = "application/problem+json";
+        let (body, content_type) = match (self.reason, self.middleware) {
+            (RejectionReason::RateLimited, _) => (
+                problem::quota_exceeded(&self.message, &self.violated),
+                problem,
+            ),
+            (_, Some(Middleware::Idempotency)) => {
+                (problem::about_blank(status, &self.message), problem)
+            }
+            _ => (format!("{}\n", self.message), "text/plain; charset=utf-8"),
         };
         let mut res = Response::new(Bytes::from(body));
         *res.status_mut() = status;
@@ -607,26 +579,6 @@ impl Rejection {
         h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         res
     }
-}
-
-/// An RFC 9457 problem document: `type` about:blank, `title` the status'
-/// reason phrase, `status`, `detail`.
-fn problem_json(status: StatusCode, detail: &str) -> String {
-    let title = status.canonical_reason().unwrap_or("Error");
-    let mut out = format!(
-        r#"{{"type":"about:blank","title":"{title}","status":{},"detail":""#,
-        status.as_u16()
-    );
-    for c in detail.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out.push_str("\"}");
-    out
 }
 
 #[cfg(feature = "axum")]

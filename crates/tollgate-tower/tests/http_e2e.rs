@@ -84,9 +84,11 @@ async fn limit_holds_over_the_network(backend: impl RateBackend) {
                 );
                 assert_eq!(
                     h("content-type").as_deref(),
-                    Some("text/plain; charset=utf-8")
+                    Some("application/problem+json")
                 );
-                assert_eq!(body, "rate limit exceeded; retry in 3600 s\n");
+                let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                assert_eq!(problem["detail"], "rate limit exceeded; retry in 3600 s");
+                assert_eq!(problem["violated-policies"], serde_json::json!([name]));
             }
             other => panic!("unexpected {other}"),
         }

@@ -11,7 +11,7 @@ use tower_layer::Layer;
 
 use super::service::{Options, RateLimit, Shared};
 use crate::grpc::Protocol;
-use crate::headers::RateLimitHeaders;
+use crate::headers::{HeaderFormat, RateLimitHeaders};
 use crate::key::GlobalKey;
 use crate::rejection::Rejection;
 
@@ -292,6 +292,47 @@ impl<K, C> RateLimitLayer<K, C> {
         self
     }
 
+    /// Which fields carry the figures (default [`HeaderFormat::Draft10`]:
+    /// `RateLimit-Policy` and `RateLimit`); [`HeaderFormat::Legacy`] sends
+    /// only `X-RateLimit-*`. [`headers(false)`](Self::headers) turns the
+    /// format off; [`legacy_headers`](Self::legacy_headers) adds the legacy
+    /// fields to it.
+    ///
+    /// ```
+    /// use tollgate_core::{MemoryBackend, Quota};
+    /// use tollgate_tower::headers::HeaderFormat;
+    /// use tollgate_tower::RateLimitLayer;
+    ///
+    /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))
+    ///     .header_format(HeaderFormat::Legacy);
+    /// # let _ = layer;
+    /// ```
+    pub fn header_format(mut self, format: HeaderFormat) -> Self {
+        self.formatter = Arc::new(Arc::unwrap_or_clone(self.formatter).format(format));
+        self
+    }
+
+    /// The unit the quotas count, for limits whose [cost](Self::cost) is
+    /// not one per request: `RateLimit-Policy` says `qu="<unit>"` (see
+    /// [`RateLimitHeaders::quota_unit`]).
+    ///
+    /// ```
+    /// use tollgate_core::{MemoryBackend, Quota};
+    /// use tollgate_tower::RateLimitLayer;
+    ///
+    /// // 1 MB per minute of request bodies, charged by Content-Length.
+    /// let layer = RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(1_000_000))
+    ///     .cost(|req: &http::request::Parts| {
+    ///         req.headers.get("content-length").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
+    ///     })
+    ///     .quota_unit("content-bytes");
+    /// # let _ = layer;
+    /// ```
+    pub fn quota_unit(mut self, unit: &str) -> Self {
+        self.formatter = Arc::new(Arc::unwrap_or_clone(self.formatter).quota_unit(unit));
+        self
+    }
+
     /// Shadow mode: decide and report (headers, tracing, metrics), but never
     /// refuse a request — for rolling out a new limit safely.
     pub fn shadow(mut self, on: bool) -> Self {
@@ -317,7 +358,7 @@ impl<K, C> RateLimitLayer<K, C> {
     /// use tollgate_tower::rejection::{Rejection, RejectionReason};
     /// use tollgate_tower::RateLimitLayer;
     ///
-    /// // A JSON body instead of the default text.
+    /// // A JSON body of its own instead of the default problem document.
     /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))
     ///     .responder(|rej: &Rejection, _req: &Parts| {
     ///         let mut res = rej.default_response();

@@ -27,7 +27,7 @@
 //!    `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers-10);
 //!    refused: a [`Rejection`](crate::rejection::Rejection) — 429 with
 //!    `Retry-After` (whole seconds, rounded up, never 0), the same headers
-//!    and a short text body, or, for gRPC requests, a trailers-only
+//!    and a quota-exceeded problem+json body, or, for gRPC requests, a trailers-only
 //!    response with `grpc-status: 8` (RESOURCE_EXHAUSTED) and the retry
 //!    information in metadata, never an HTTP 429.
 //!

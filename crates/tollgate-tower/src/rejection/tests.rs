@@ -149,3 +149,59 @@ fn idempotency_rejections_are_problem_documents() {
     let res = Rejection::unavailable(Middleware::Lock, None).default_response();
     assert_eq!(res.body().as_ref(), b"lock service unavailable\n");
 }
+
+/// A rate limit's 429 is draft-10's quota-exceeded problem naming only the
+/// quotas that denied; Retry-After and the headers stay; gRPC still gets
+/// trailers-only with the text message.
+#[tokio::test]
+async fn a_rate_limit_denial_is_a_quota_exceeded_problem() {
+    use tollgate_core::{Algorithm, ManualClock, MemoryBackend, Quota};
+
+    // 1 per second and 100 per hour: the second request trips the first
+    // quota only.
+    let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
+        .quota(Quota::per_second(1))
+        .quota(Quota::per_hour(100))
+        .name("a\"pi")
+        .clock(ManualClock::new(1_800_000_000_000_000))
+        .build()
+        .unwrap();
+    limiter.check("k").await.unwrap();
+    let r = Rejection::rate_limited(&limiter, limiter.check("k").await.unwrap());
+    assert_eq!(r.violated_policies(), ["a\"pi-q0"]);
+    let res = r.default_response();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+    assert_eq!(res.headers()[RETRY_AFTER], "1");
+    assert!(res.headers().contains_key("ratelimit-policy"));
+    assert_eq!(
+        std::str::from_utf8(res.body()).unwrap(),
+        concat!(
+            r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","#,
+            r#""title":"Request cannot be satisfied as assigned quota has been exceeded","#,
+            r#""status":429,"detail":"rate limit exceeded; retry in 1 s","#,
+            r#""violated-policies":["a\"pi-q0"]}"#
+        )
+    );
+
+    let grpc = r
+        .for_protocol(Protocol::Grpc, &HeaderMap::new())
+        .default_response();
+    assert_eq!(grpc.status(), StatusCode::OK);
+    assert_eq!(grpc.headers()["grpc-status"], "8");
+    assert_eq!(
+        grpc.headers()["grpc-message"],
+        "rate limit exceeded; retry in 1 s"
+    );
+    assert!(grpc.body().is_empty());
+    assert_eq!(grpc.headers()[CONTENT_TYPE], "application/grpc");
+}
+
+/// Other rejections keep no violated policies.
+#[test]
+fn only_rate_limit_denials_name_policies() {
+    assert!(Rejection::busy(None).violated_policies().is_empty());
+    assert!(Rejection::too_many_in_flight(None, None)
+        .violated_policies()
+        .is_empty());
+}

@@ -80,8 +80,16 @@ pub async fn headers_exact(backend: Backend) {
         r.header("ratelimit"),
         Some(format!(r#""{name}";r=0;t=60"#).as_str())
     );
-    assert_eq!(r.header("content-type"), Some("text/plain; charset=utf-8"));
-    assert_eq!(r.body, "rate limit exceeded; retry in 30 s\n");
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    let problem: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        problem["type"],
+        tollgate_tower::rejection::QUOTA_EXCEEDED,
+        "{problem}"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["detail"], "rate limit exceeded; retry in 30 s");
+    assert_eq!(problem["violated-policies"], serde_json::json!([name]));
 
     // 29.5 s left: rounded up to 30.
     clock.advance(Duration::from_millis(500));

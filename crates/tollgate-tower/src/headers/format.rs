@@ -1,0 +1,247 @@
+//! The format table: which fields each [`HeaderFormat`] writes, how each
+//! value is made and merged, and the headers one decision adds to its
+//! response.
+
+use std::fmt;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use tollgate_core::{Decision, DecisionSource};
+
+use super::{
+    ceil_secs, sf_integer, sf_string, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY,
+    X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+
+/// Which rate-limit header fields responses carry.
+///
+/// Each format is a row of field writers (see the [module docs](super)),
+/// so a later revision of the draft is one more variant and one more row.
+///
+/// ```
+/// use tollgate_tower::headers::HeaderFormat;
+///
+/// assert_eq!(HeaderFormat::default(), HeaderFormat::Draft10);
+/// assert_eq!(HeaderFormat::Draft10.field_names().collect::<Vec<_>>(), ["ratelimit-policy", "ratelimit"]);
+/// assert_eq!(
+///     HeaderFormat::Legacy.field_names().collect::<Vec<_>>(),
+///     ["x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset"],
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum HeaderFormat {
+    /// `RateLimit-Policy` and `RateLimit` as in
+    /// draft-ietf-httpapi-ratelimit-headers-10: one list member per quota,
+    /// `q`, `qu` (a unit other than requests), `w` (whole seconds only),
+    /// `r` and `t`.
+    #[default]
+    Draft10,
+    /// The de-facto `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds from now, rounded up) of the strictest
+    /// quota.
+    Legacy,
+}
+
+impl HeaderFormat {
+    /// The names of the fields this format writes, in the order written.
+    pub fn field_names(self) -> impl Iterator<Item = &'static str> {
+        self.fields().iter().map(|f| f.name.as_str())
+    }
+
+    pub(super) fn fields(self) -> &'static [Field] {
+        FORMATS[self.row()].1
+    }
+
+    /// The format's row in [`FORMATS`].
+    pub(super) fn row(self) -> usize {
+        FORMATS
+            .iter()
+            .position(|(f, _)| *f == self)
+            .expect("every format has a row")
+    }
+}
+
+/// How a field merges with the same field already on the response (written
+/// by a limiter stacked inside this one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    /// Structured-field lists: appended, so each limiter reports its own
+    /// policy.
+    Append,
+    /// Single values: set only if absent, so the innermost limiter's
+    /// figures win.
+    IfAbsent,
+}
+
+/// How a field's value is made.
+#[derive(Clone, Copy)]
+pub(super) enum Write {
+    /// The same on every response of a limiter: made once per formatter
+    /// and cloned (a reference count) per response. Sent on fail-open
+    /// decisions and with a cost beyond capacity too.
+    Fixed(fn(&RateLimitHeaders) -> Option<HeaderValue>),
+    /// Made per decision; `None` leaves the field out.
+    PerDecision(fn(&RateLimitHeaders, &Decision) -> Option<HeaderValue>),
+}
+
+/// One header field a format writes.
+pub(crate) struct Field {
+    pub(super) name: HeaderName,
+    merge: Merge,
+    pub(super) write: Write,
+}
+
+impl fmt::Debug for Field {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Field")
+            .field("name", &self.name)
+            .field("merge", &self.merge)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every format and its fields (a static each: `HeaderName` cannot be
+/// borrowed from a temporary in a static).
+pub(super) static FORMATS: [(HeaderFormat, &[Field]); 2] = [
+    (HeaderFormat::Draft10, &DRAFT_10),
+    (HeaderFormat::Legacy, &LEGACY),
+];
+
+/// draft-ietf-httpapi-ratelimit-headers-10's fields.
+static DRAFT_10: [Field; 2] = [
+    Field {
+        name: RATELIMIT_POLICY,
+        merge: Merge::Append,
+        write: Write::Fixed(draft10_policy),
+    },
+    Field {
+        name: RATELIMIT,
+        merge: Merge::Append,
+        write: Write::PerDecision(RateLimitHeaders::ratelimit_value),
+    },
+];
+
+/// The legacy `X-RateLimit-*` fields.
+static LEGACY: [Field; 3] = [
+    Field {
+        name: X_RATELIMIT_LIMIT,
+        merge: Merge::IfAbsent,
+        write: Write::PerDecision(|_, d| legacy(d, |d| d.limit)),
+    },
+    Field {
+        name: X_RATELIMIT_REMAINING,
+        merge: Merge::IfAbsent,
+        write: Write::PerDecision(|_, d| legacy(d, |d| d.remaining)),
+    },
+    Field {
+        name: X_RATELIMIT_RESET,
+        merge: Merge::IfAbsent,
+        write: Write::PerDecision(|_, d| legacy(d, |d| ceil_secs(d.reset_after))),
+    },
+];
+
+/// A legacy figure of `decision`; none for a fail-open decision, which has
+/// no real figures.
+fn legacy(decision: &Decision, figure: fn(&Decision) -> u64) -> Option<HeaderValue> {
+    (decision.source != DecisionSource::FailOpen).then(|| HeaderValue::from(figure(decision)))
+}
+
+/// The draft-10 `RateLimit-Policy` value of `h`'s quotas: `q`, `qu` (a
+/// unit other than requests), `w` (whole seconds only).
+fn draft10_policy(h: &RateLimitHeaders) -> Option<HeaderValue> {
+    let qu = h.unit.as_deref().map(|u| format!(";qu={}", sf_string(u)));
+    let value = h
+        .policies
+        .iter()
+        .zip(&h.items)
+        .map(|(p, item)| {
+            let mut s = format!("{item};q={}", sf_integer(p.q));
+            if let Some(qu) = &qu {
+                s.push_str(qu);
+            }
+            if let Some(w) = p.w {
+                s.push_str(&format!(";w={}", sf_integer(w)));
+            }
+            s
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    HeaderValue::from_str(&value).ok()
+}
+
+/// What a decision adds to its response, made before the decision moves
+/// into the request's extensions and applied to the response without
+/// building a map: the header fields, and on a denial the policies that
+/// denied (for the problem body).
+#[derive(Debug, Default)]
+pub(crate) struct DecisionHeaders {
+    fields: Vec<(&'static Field, HeaderValue)>,
+    /// On a denial, the names of the violated policies (even with headers
+    /// off: the 429 body lists them).
+    pub(crate) violated: Vec<String>,
+}
+
+impl DecisionHeaders {
+    /// The headers for `decision`: the formatter's format when `primary`
+    /// is on, and the legacy ones too when `legacy` is on (once, if the
+    /// format is legacy already).
+    pub(crate) fn new(
+        formatter: &RateLimitHeaders,
+        decision: &Decision,
+        primary: bool,
+        legacy: bool,
+    ) -> Self {
+        let mut fields = Vec::new();
+        let mut write = |format: HeaderFormat| {
+            let fixed = &formatter.fixed[format.row()];
+            for (field, fixed) in format.fields().iter().zip(&fixed[..]) {
+                let value = match field.write {
+                    Write::Fixed(_) => fixed.clone(),
+                    Write::PerDecision(make) => make(formatter, decision),
+                };
+                if let Some(value) = value {
+                    fields.push((field, value));
+                }
+            }
+        };
+        if primary {
+            write(formatter.format);
+        }
+        if legacy && !(primary && formatter.format == HeaderFormat::Legacy) {
+            write(HeaderFormat::Legacy);
+        }
+        let violated = if decision.allowed {
+            Vec::new()
+        } else {
+            formatter.violated_policies(decision)
+        };
+        DecisionHeaders { fields, violated }
+    }
+
+    /// Adds the headers to `target`, each merged as its [`Merge`] says:
+    /// the structured-field lists (`RateLimit`, `RateLimit-Policy`) are
+    /// appended, so stacked limiters each report their own policy; the
+    /// legacy ones are set only if absent (the innermost limiter's figures
+    /// win).
+    pub(crate) fn apply(self, target: &mut HeaderMap) {
+        for (field, value) in self.fields {
+            match field.merge {
+                Merge::Append => {
+                    target.append(field.name.clone(), value);
+                }
+                Merge::IfAbsent => {
+                    if !target.contains_key(&field.name) {
+                        target.insert(field.name.clone(), value);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The headers as a map (for a rejection).
+    pub(crate) fn into_map(self) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        self.apply(&mut h);
+        h
+    }
+}
