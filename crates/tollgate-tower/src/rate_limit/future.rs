@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tollgate_core::{Decision, Error, Subject};
 use tower_service::Service;
 
-use super::service::Shared;
+use super::service::{Entry, Shared};
 use crate::body::ResponseBody;
 use crate::headers::DecisionHeaders;
 use crate::middleware::Reply;
@@ -65,6 +65,8 @@ pin_project! {
             inner: Option<S>,
             req: Option<Request<ReqB>>,
             shared: Arc<Shared>,
+            // The chosen plan's limiter, over plans; `None`: the layer's one.
+            selected: Option<Arc<Entry>>,
         },
         Calling {
             #[pin]
@@ -87,6 +89,7 @@ where
         inner: S,
         req: Request<ReqB>,
         shared: Arc<Shared>,
+        selected: Option<Arc<Entry>>,
     ) -> Self {
         ResponseFuture {
             state: State::Checking {
@@ -96,6 +99,7 @@ where
                 inner: Some(inner),
                 req: Some(req),
                 shared,
+                selected,
             },
         }
     }
@@ -148,10 +152,12 @@ where
                     inner,
                     req,
                     shared,
+                    selected,
                 } => {
+                    let entry = shared.entry(selected);
                     let result = match pending {
                         Some(check) => ready!(check.as_mut().poll(cx)),
-                        None => match shared.limiter.try_check_now(subject, *cost) {
+                        None => match entry.limiter.try_check_now(subject, *cost) {
                             Ok(decided) => decided,
                             Err(round_trip) => {
                                 *pending = Some(Box::pin(round_trip.send()));
@@ -159,14 +165,17 @@ where
                             }
                         },
                     };
-                    shared.observe(subject, *cost, &result);
+                    shared.observe(entry, subject, *cost, &result);
                     let shadow = shared.options.shadow;
                     let mut req = req.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
                     let headers = match result {
                         Ok(d) if d.allowed || shadow => {
-                            let headers = shared.admitted_headers(&d);
+                            let headers = shared.admitted_headers(entry, &d);
                             req.extensions_mut().insert(d);
+                            if let Some(plan) = &entry.plan {
+                                req.extensions_mut().insert(plan.clone());
+                            }
                             Some(headers)
                         }
                         Err(_) if shadow => None,
@@ -175,7 +184,7 @@ where
                             let response = shared
                                 .options
                                 .answer
-                                .reject(&parts, shared.rejection(outcome));
+                                .reject(&parts, shared.rejection(entry, outcome));
                             this.state.set(State::Reply {
                                 reply: Reply::new(response),
                             });

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;
-use tollgate_core::{Algorithm, Quota, RateBackend, RateLimiter};
+use tollgate_core::{Algorithm, Plans, Quota, RateBackend, RateLimiter};
 use tower_layer::Layer;
 
+use super::plan::PlanSelector;
 use super::service::{Options, RateLimit, Shared};
 use crate::grpc::Protocol;
 use crate::headers::{HeaderFormat, RateLimitHeaders};
@@ -116,6 +117,8 @@ use crate::rejection::Rejection;
 pub struct RateLimitLayer<K = GlobalKey, C = u64> {
     limiter: RateLimiter,
     formatter: Arc<RateLimitHeaders>,
+    /// Over plans: the table and what picks a request's plan.
+    plans: Option<(Plans, Arc<dyn PlanSelector>)>,
     options: Options,
     key: K,
     cost: C,
@@ -125,6 +128,7 @@ impl<K: fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimitLayer<K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("limiter", &self.limiter)
+            .field("plans", &self.plans.as_ref().map(|(plans, _)| plans))
             .field("key", &self.key)
             .field("cost", &self.cost)
             .field("options", &self.options)
@@ -170,9 +174,86 @@ impl RateLimitLayer {
         RateLimitLayer {
             formatter: Arc::new(RateLimitHeaders::new(&limiter)),
             limiter,
+            plans: None,
             options: Options::default(),
             key: GlobalKey,
             cost: 1,
+        }
+    }
+
+    /// A layer that chooses its limiter per request: `selector` names the
+    /// request's plan from its head (an extension set by authentication, a
+    /// header, a claim; see [`PlanSelector`]), and the plan's limiter
+    /// decides — the default plan's when the name is missing or unknown.
+    ///
+    /// Each plan counts on its own keys and sends its own
+    /// `RateLimit-Policy`. The admitted request carries the
+    /// [`Plan`](tollgate_core::Plan) in its
+    /// extensions, beside the [`Decision`](tollgate_core::Decision).
+    /// Replacing the table ([`Plans::replace`], through any clone of
+    /// `plans`) applies from the next request on, without a restart; see
+    /// [`tollgate_core::rate::plans`] for what happens to stored state.
+    /// The plan is chosen when the service is called, and checked when the
+    /// response future is polled, as with one limiter.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use axum::{body::Body, routing::get, Extension, Router};
+    /// use http::{request::Parts, Request, StatusCode};
+    /// use tollgate_core::{Algorithm, MemoryBackend, Plan, PlanTable, Plans, Quota, RateLimiter};
+    /// use tollgate_tower::key::HeaderKey;
+    /// use tollgate_tower::RateLimitLayer;
+    /// use tower::ServiceExt;
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let table = |free, pro| -> Result<PlanTable, tollgate_core::Error> {
+    ///     let limiter = |name: &str, n| {
+    ///         RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+    ///             .quota(Quota::per_minute(n))
+    ///             .name(name)
+    ///             .build()
+    ///     };
+    ///     PlanTable::builder()
+    ///         .plan("free", limiter("free", free)?)
+    ///         .plan("pro", limiter("pro", pro)?)
+    ///         .default_plan("free")
+    ///         .build()
+    /// };
+    /// let plans = Plans::new(table(1, 100)?);
+    /// // API keys that start with `pro-` are on the pro plan.
+    /// let by_key = |req: &Parts| {
+    ///     let key = req.headers.get("x-api-key")?.as_bytes();
+    ///     Some(if key.starts_with(b"pro-") { "pro" } else { "free" })
+    /// };
+    /// let layer = RateLimitLayer::plans(plans.clone(), by_key).key(HeaderKey::new("x-api-key"));
+    /// let app = Router::new()
+    ///     .route("/", get(|Extension(plan): Extension<Plan>| async move { plan.name().to_owned() }))
+    ///     .layer(layer);
+    /// let req = |key: &str| Request::get("/").header("x-api-key", key).body(Body::empty()).unwrap();
+    ///
+    /// let res = app.clone().oneshot(req("pro-1")).await?;
+    /// assert_eq!(res.headers()["ratelimit-policy"], r#""pro";q=100;w=60"#);
+    /// let res = app.clone().oneshot(req("k-1")).await?;
+    /// assert_eq!(res.headers()["ratelimit-policy"], r#""free";q=1;w=60"#);
+    /// assert_eq!(app.clone().oneshot(req("k-1")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    ///
+    /// // Free grows to 10 a minute: the next request is checked against it.
+    /// plans.replace(table(10, 100)?)?;
+    /// let res = app.clone().oneshot(req("k-2")).await?;
+    /// assert_eq!(res.headers()["ratelimit-policy"], r#""free";q=10;w=60"#);
+    /// assert!(res.headers()["ratelimit"].to_str()?.starts_with(r#""free";r=9;"#));
+    /// // k-1 used its whole minute: it refills at the new rate, one every 6 s.
+    /// let res = app.clone().oneshot(req("k-1")).await?;
+    /// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(res.headers()["retry-after"], "6");
+    /// # Ok(()) }
+    /// ```
+    pub fn plans(plans: Plans, selector: impl PlanSelector) -> Self {
+        let default = plans.select(None).limiter().clone();
+        RateLimitLayer {
+            plans: Some((plans, Arc::new(selector))),
+            ..Self::new(default)
         }
     }
 
@@ -259,6 +340,7 @@ impl<K, C> RateLimitLayer<K, C> {
         RateLimitLayer {
             limiter: self.limiter,
             formatter: self.formatter,
+            plans: self.plans,
             options: self.options,
             key,
             cost: self.cost,
@@ -271,6 +353,7 @@ impl<K, C> RateLimitLayer<K, C> {
         RateLimitLayer {
             limiter: self.limiter,
             formatter: self.formatter,
+            plans: self.plans,
             options: self.options,
             key: self.key,
             cost,
@@ -379,9 +462,18 @@ impl<K, C> RateLimitLayer<K, C> {
     }
 
     /// The limiter the middleware checks, to run handler-level checks
-    /// against the same state.
+    /// against the same state. Over [plans](RateLimitLayer::plans): the
+    /// default plan's limiter as of when the layer was made (see
+    /// [`plan_table`](Self::plan_table) for the current table).
     pub fn limiter(&self) -> &RateLimiter {
         &self.limiter
+    }
+
+    /// The plan table of a layer made by [`RateLimitLayer::plans`]: the
+    /// same table, so a replacement through it (or any clone of it) applies
+    /// to the layer's next decision.
+    pub fn plan_table(&self) -> Option<&Plans> {
+        self.plans.as_ref().map(|(plans, _)| plans)
     }
 }
 
@@ -389,11 +481,19 @@ impl<S, K: Clone, C: Clone> Layer<S> for RateLimitLayer<K, C> {
     type Service = RateLimit<S, K, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        let shared = Shared::new(
-            self.limiter.clone(),
-            Arc::clone(&self.formatter),
-            self.options.clone(),
-        );
+        let shared = match &self.plans {
+            None => Shared::new(
+                self.limiter.clone(),
+                Arc::clone(&self.formatter),
+                self.options.clone(),
+            ),
+            Some((plans, selector)) => Shared::with_plans(
+                plans.clone(),
+                Arc::clone(selector),
+                Arc::clone(&self.formatter),
+                self.options.clone(),
+            ),
+        };
         RateLimit::new(inner, Arc::new(shared), self.key.clone(), self.cost.clone())
     }
 }

@@ -50,16 +50,29 @@
 //! constructors ([`RateLimitLayer::token_bucket`], …) are sugar for a
 //! limiter with one quota and the defaults.
 //!
+//! # Plans
+//!
+//! [`RateLimitLayer::plans`] chooses the limiter per request: a
+//! [`PlanSelector`] names the request's plan in a
+//! [`Plans`](tollgate_core::Plans) table from the head (a closure,
+//! [`PlanHeader`], [`PlanExtension`]), and that plan's limiter decides,
+//! with its own keys and its own `RateLimit-Policy`; the
+//! [`Plan`](tollgate_core::Plan) joins the [`Decision`] in the request
+//! extensions. A replaced table applies from the next request on. Over one
+//! limiter ([`RateLimitLayer::new`]) no table is read at all.
+//!
 //! [`Decision`]: tollgate_core::Decision
 
 mod future;
 mod layer;
+mod plan;
 mod service;
 
 use http::request::Parts;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
+pub use self::plan::{PlanExtension, PlanHeader, PlanSelector};
 pub use self::service::RateLimit;
 
 /// How much of the limit a request uses, from its head.

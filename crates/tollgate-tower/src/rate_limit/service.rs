@@ -3,11 +3,13 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
-use tollgate_core::{Decision, DecisionSource, Error, RateLimiter, Subject};
+use tollgate_core::{Decision, DecisionSource, Error, Plan, Plans, RateLimiter, Subject};
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+use super::plan::{PlanEntries, PlanSelector};
 use super::RequestCost;
 use crate::body::ResponseBody;
 use crate::headers::{DecisionHeaders, RateLimitHeaders};
@@ -38,13 +40,41 @@ impl Default for Options {
 /// What every service made by one layer shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// The layer's limiter: the one it checks, or, over plans, the default
+    /// plan's as of when the layer was made (reported by `limiter()`).
+    pub(crate) one: Entry,
+    /// Over plans: the table and each plan's entry. `None` keeps the one
+    /// limiter's path free of any table lookup.
+    plans: Option<PlanEntries>,
+    pub(crate) options: Options,
+}
+
+/// One limiter and what its decisions are reported with.
+#[derive(Debug)]
+pub(crate) struct Entry {
     pub(crate) limiter: RateLimiter,
     /// The limiter's policy name, shared so that each decision's metric
     /// label is a reference count, not a fresh `String`.
     policy: Arc<str>,
     /// One structured-field String per quota (`"api"`, or `"api-q0"`, …).
     formatter: Arc<RateLimitHeaders>,
-    pub(crate) options: Options,
+    /// The plan the limiter is for (put into the request's extensions).
+    pub(crate) plan: Option<Plan>,
+}
+
+impl Entry {
+    pub(crate) fn new(
+        limiter: RateLimiter,
+        formatter: Arc<RateLimitHeaders>,
+        plan: Option<Plan>,
+    ) -> Self {
+        Entry {
+            policy: Arc::from(limiter.keyspace().policy()),
+            formatter,
+            limiter,
+            plan,
+        }
+    }
 }
 
 impl Shared {
@@ -54,17 +84,48 @@ impl Shared {
         options: Options,
     ) -> Self {
         Shared {
-            policy: Arc::from(limiter.keyspace().policy()),
-            formatter,
-            limiter,
+            one: Entry::new(limiter, formatter, None),
+            plans: None,
             options,
         }
     }
 
+    /// Over `plans`, chosen per request by `selector`; `formatter` holds the
+    /// header settings every plan's headers are made with.
+    pub(crate) fn with_plans(
+        plans: Plans,
+        selector: Arc<dyn PlanSelector>,
+        formatter: Arc<RateLimitHeaders>,
+        options: Options,
+    ) -> Self {
+        let default = plans.select(None).limiter().clone();
+        Shared {
+            one: Entry::new(default, Arc::clone(&formatter), None),
+            plans: Some(PlanEntries::new(plans, selector, formatter)),
+            options,
+        }
+    }
+
+    /// The entry of `req`'s plan, or `None` for a layer over one limiter
+    /// (then [`Shared::one`] decides).
+    pub(crate) fn select(&self, req: &Parts) -> Option<Arc<Entry>> {
+        self.plans.as_ref().map(|p| p.select(req))
+    }
+
+    /// The plan table, for a layer over plans.
+    pub(crate) fn plans(&self) -> Option<&Plans> {
+        self.plans.as_ref().map(PlanEntries::plans)
+    }
+
+    /// The entry that decides: the selected plan's, else the one limiter's.
+    pub(crate) fn entry<'a>(&'a self, selected: &'a Option<Arc<Entry>>) -> &'a Entry {
+        selected.as_deref().unwrap_or(&self.one)
+    }
+
     /// The headers of an admitted (or shadow-denied) response.
-    pub(crate) fn admitted_headers(&self, decision: &Decision) -> DecisionHeaders {
+    pub(crate) fn admitted_headers(&self, entry: &Entry, decision: &Decision) -> DecisionHeaders {
         DecisionHeaders::new(
-            &self.formatter,
+            &entry.formatter,
             decision,
             self.options.headers,
             self.options.legacy_headers,
@@ -72,14 +133,14 @@ impl Shared {
     }
 
     /// The rejection for a refused check.
-    pub(crate) fn rejection(&self, outcome: Result<Decision, Error>) -> Rejection {
+    pub(crate) fn rejection(&self, entry: &Entry, outcome: Result<Decision, Error>) -> Rejection {
         match outcome {
             Ok(d) => {
-                let headers = self.admitted_headers(&d);
+                let headers = self.admitted_headers(entry, &d);
                 Rejection::limited(d, headers)
             }
             Err(e) => {
-                let r = Rejection::from_limiter_error(&self.formatter, e);
+                let r = Rejection::from_limiter_error(&entry.formatter, e);
                 if self.options.headers {
                     r
                 } else {
@@ -90,9 +151,15 @@ impl Shared {
     }
 
     /// One tracing event (and counter) per decision.
-    pub(crate) fn observe(&self, subject: &Subject, cost: u64, result: &Result<Decision, Error>) {
+    pub(crate) fn observe(
+        &self,
+        entry: &Entry,
+        subject: &Subject,
+        cost: u64,
+        result: &Result<Decision, Error>,
+    ) {
         let shadow = self.options.shadow;
-        let policy = &*self.policy;
+        let policy = &*entry.policy;
         let (outcome, source) = match result {
             Ok(d) => {
                 let source = source_label(d.source);
@@ -136,32 +203,32 @@ impl Shared {
                 ("unavailable", "none")
             }
         };
-        self.count(outcome, source);
+        count(&entry.policy, outcome, source);
     }
 
-    pub(crate) fn observe_key_error(&self, e: &KeyError) {
+    pub(crate) fn observe_key_error(&self, entry: &Entry, e: &KeyError) {
         tracing::debug!(
             target: "tollgate_tower::rate_limit",
-            policy = &*self.policy, status = e.status().as_u16(), error = %e,
+            policy = &*entry.policy, status = e.status().as_u16(), error = %e,
             shadow = self.options.shadow, "request could not be keyed"
         );
-        self.count("key_error", "none");
+        count(&entry.policy, "key_error", "none");
     }
-
-    #[cfg(feature = "metrics")]
-    fn count(&self, outcome: &'static str, source: &'static str) {
-        metrics::counter!(
-            "tollgate_decisions_total",
-            "policy" => Arc::clone(&self.policy),
-            "outcome" => outcome,
-            "source" => source,
-        )
-        .increment(1);
-    }
-
-    #[cfg(not(feature = "metrics"))]
-    fn count(&self, _outcome: &'static str, _source: &'static str) {}
 }
+
+#[cfg(feature = "metrics")]
+fn count(policy: &Arc<str>, outcome: &'static str, source: &'static str) {
+    metrics::counter!(
+        "tollgate_decisions_total",
+        "policy" => Arc::clone(policy),
+        "outcome" => outcome,
+        "source" => source,
+    )
+    .increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+fn count(_policy: &Arc<str>, _outcome: &'static str, _source: &'static str) {}
 
 fn source_label(source: DecisionSource) -> &'static str {
     match source {
@@ -213,9 +280,16 @@ impl<S, K, C> RateLimit<S, K, C> {
         }
     }
 
-    /// The limiter this service checks.
+    /// The limiter this service checks; over plans, the default plan's
+    /// limiter as of when the layer was made (see [`plan_table`](Self::plan_table)).
     pub fn limiter(&self) -> &RateLimiter {
-        &self.shared.limiter
+        &self.shared.one.limiter
+    }
+
+    /// The plan table this service chooses from per request, if it was
+    /// made by [`RateLimitLayer::plans`](super::RateLimitLayer::plans).
+    pub fn plan_table(&self) -> Option<&Plans> {
+        self.shared.plans()
     }
 
     /// The inner service.
@@ -249,7 +323,8 @@ where
                 return ResponseFuture::calling(inner.call(Request::from_parts(parts, body)), None)
             }
             Err(e) => {
-                shared.observe_key_error(&e);
+                let selected = shared.select(&parts);
+                shared.observe_key_error(shared.entry(&selected), &e);
                 if shared.options.shadow {
                     let req = Request::from_parts(parts, body);
                     return ResponseFuture::calling(inner.call(req), None);
@@ -259,13 +334,17 @@ where
             }
         };
         let cost = self.cost.cost(&parts);
-        // Lazy: nothing happens until the response future is polled.
+        // Over plans, the plan is chosen now, from the head; over one
+        // limiter, nothing is looked up.
+        let selected = shared.select(&parts);
+        // Lazy: nothing is checked until the response future is polled.
         ResponseFuture::checking(
             subject,
             cost,
             inner,
             Request::from_parts(parts, body),
             shared,
+            selected,
         )
     }
 }
@@ -361,7 +440,7 @@ mod tests {
                 for grpc in [false, true] {
                     let protocol = if grpc { Protocol::Grpc } else { Protocol::Http };
                     let res = shared
-                        .rejection(Ok(decision.clone()))
+                        .rejection(&shared.one, Ok(decision.clone()))
                         .for_protocol(protocol, &http::HeaderMap::new())
                         .default_response();
                     let all: Vec<_> = res.headers().get_all(RETRY_AFTER).iter().collect();
