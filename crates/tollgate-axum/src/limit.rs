@@ -58,6 +58,78 @@ pub trait RateLimitPolicy<S>: 'static {
     /// The limiter to check (cheap to clone: clones share state).
     fn limiter(state: &S) -> RateLimiter;
 
+    /// The limiter for this request (default: [`limiter`](Self::limiter)).
+    /// Override it to choose per request — a plan from a
+    /// [`Plans`](tollgate_core::Plans) table, named by the request's head;
+    /// each plan's limiter counts on its own keys and the `RateLimit-Policy`
+    /// sent is the chosen limiter's:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use axum::{body::Body, routing::post, Router};
+    /// use http::{request::Parts, Request, StatusCode};
+    /// use tollgate_axum::{RateLimitPolicy, RateLimited};
+    /// use tollgate_core::{Algorithm, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
+    /// use tollgate_tower::key::HeaderKey;
+    /// use tower::ServiceExt;
+    ///
+    /// /// Exports per API key, by plan: `X-Plan` set by the gateway in front.
+    /// struct Exports;
+    ///
+    /// impl RateLimitPolicy<Plans> for Exports {
+    ///     type Key = HeaderKey;
+    ///
+    ///     fn limiter(plans: &Plans) -> RateLimiter {
+    ///         plans.select(None).limiter().clone()
+    ///     }
+    ///
+    ///     fn limiter_for(parts: &Parts, plans: &Plans) -> RateLimiter {
+    ///         let name = parts.headers.get("x-plan").and_then(|v| v.to_str().ok());
+    ///         plans.select(name).limiter().clone()
+    ///     }
+    ///
+    ///     fn key(_: &Plans) -> HeaderKey {
+    ///         HeaderKey::new("x-api-key")
+    ///     }
+    /// }
+    ///
+    /// async fn export(limited: RateLimited<Exports>) -> (RateLimited<Exports>, &'static str) {
+    ///     (limited, "exported")
+    /// }
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let limiter = |name: &str, n| {
+    ///     RateLimiter::builder(backend.clone(), Algorithm::FixedWindow)
+    ///         .quota(Quota::per_hour(n))
+    ///         .name(name)
+    ///         .build()
+    /// };
+    /// let plans = Plans::new(
+    ///     PlanTable::builder()
+    ///         .plan("free", limiter("exports-free", 1)?)
+    ///         .plan("pro", limiter("exports-pro", 50)?)
+    ///         .default_plan("free")
+    ///         .build()?,
+    /// );
+    /// let app = Router::new().route("/export", post(export)).with_state(plans);
+    /// let req = |plan: &str| {
+    ///     Request::post("/export").header("x-api-key", "k").header("x-plan", plan).body(Body::empty()).unwrap()
+    /// };
+    ///
+    /// let res = app.clone().oneshot(req("pro")).await.unwrap();
+    /// assert_eq!(res.headers()["ratelimit-policy"], r#""exports-pro";q=50;w=3600"#);
+    /// let res = app.clone().oneshot(req("free")).await.unwrap();
+    /// assert_eq!(res.headers()["ratelimit-policy"], r#""exports-free";q=1;w=3600"#);
+    /// let res = app.oneshot(req("unknown")).await.unwrap();
+    /// assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(()) }
+    /// ```
+    fn limiter_for(parts: &Parts, state: &S) -> RateLimiter {
+        let _ = parts;
+        Self::limiter(state)
+    }
+
     /// The extractor for this router's state.
     fn key(state: &S) -> Self::Key;
 
@@ -157,7 +229,7 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Rejection> {
         let shape = |r: Rejection| r.for_protocol(Protocol::Auto, &parts.headers);
-        let limiter = P::limiter(state);
+        let limiter = P::limiter_for(parts, state);
         let key = match P::key(state).extract(parts) {
             Ok(Some(key)) => key,
             Ok(None) => {
