@@ -222,6 +222,142 @@ async fn check_orders(a: SocketAddr, b: SocketAddr) {
     assert!(conflict.retry_after() >= 1, "{conflict:?}");
 }
 
+/// `GET /v1/quota` as `key`.
+async fn quota(addr: SocketAddr, key: &str) -> Reply {
+    send(addr, Method::GET, "/v1/quota", &[("x-api-key", key)]).await
+}
+
+/// The caller's plan policy: `"quota-<plan>";q=<limit>;w=60`.
+fn quota_policy(plan: &str, limit: u64) -> String {
+    format!(r#""quota-{plan}";q={limit};w=60"#)
+}
+
+/// The `remaining` of a 200 quota reply, after checking that the JSON is
+/// exactly `{"plan":<plan>,"remaining":<integer>}` and the policy is the
+/// plan's.
+fn quota_left(r: &Reply, plan: &str, limit: u64) -> u64 {
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(
+        r.expect_header("ratelimit-policy"),
+        quota_policy(plan, limit)
+    );
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
+    assert_eq!(v["plan"], plan, "{v}");
+    v["remaining"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no integer remaining in {v}"))
+}
+
+/// A 429 of `plan`: its policy, and a `Retry-After` no longer than one
+/// token's refill (60 s / limit, rounded up).
+fn assert_quota_refused(r: &Reply, plan: &str, limit: u64) {
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert_eq!(
+        r.expect_header("ratelimit-policy"),
+        quota_policy(plan, limit)
+    );
+    let most = 60_u64.div_ceil(limit);
+    assert!((1..=most).contains(&r.retry_after()), "{r:?}");
+}
+
+/// `limit + extra` rapid requests of one new key on `plan`, spread over
+/// `instances` in `streams` concurrent streams: exactly `limit` are
+/// admitted, with the remaining counts `limit - 1` down to 0 each once (in
+/// that order when there is one stream), and the rest get 429.
+///
+/// The bucket refills one token every 60 s / limit, so a burst slower than
+/// that is admitted one more: such a burst (a loaded machine) is not judged,
+/// and is run again with another key.
+async fn check_plan_admissions(
+    instances: &[SocketAddr],
+    plan: &'static str,
+    limit: u64,
+    extra: u64,
+    streams: u64,
+) {
+    let refill = Duration::from_secs(60) / u32::try_from(limit).unwrap();
+    for attempt in 0..5 {
+        let key = match plan {
+            "pro" => unique("pro-q"),
+            _ => unique("q"),
+        };
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for stream in 0..streams {
+            let (key, instances) = (key.clone(), instances.to_vec());
+            tasks.push(tokio::spawn(async move {
+                let mut replies = Vec::new();
+                let mut i = stream;
+                while i < limit + extra {
+                    let addr = instances[(i % instances.len() as u64) as usize];
+                    replies.push(quota(addr, &key).await);
+                    i += streams;
+                }
+                replies
+            }));
+        }
+        let mut replies = Vec::new();
+        for t in tasks {
+            replies.extend(t.await.unwrap());
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= refill {
+            eprintln!("{plan}: attempt {attempt} took {elapsed:?}, over one refill ({refill:?})");
+            continue;
+        }
+        if streams == 1 {
+            // In order: limit - 1 down to 0 left, then refused.
+            for (i, r) in replies.iter().enumerate() {
+                match limit.checked_sub(i as u64 + 1) {
+                    Some(left) => assert_eq!(quota_left(r, plan, limit), left, "{plan} #{i}"),
+                    None => assert_quota_refused(r, plan, limit),
+                }
+            }
+        }
+        let (admitted, refused): (Vec<Reply>, Vec<Reply>) = replies
+            .into_iter()
+            .partition(|r| r.status == StatusCode::OK);
+        let mut left: Vec<u64> = admitted
+            .iter()
+            .map(|r| quota_left(r, plan, limit))
+            .collect();
+        left.sort_unstable();
+        assert_eq!(left, (0..limit).collect::<Vec<_>>(), "{plan}");
+        assert_eq!(refused.len() as u64, extra, "{plan}");
+        for r in &refused {
+            assert_quota_refused(r, plan, limit);
+        }
+        return;
+    }
+    panic!(
+        "{plan}: no burst of {} requests within {refill:?}",
+        limit + extra
+    );
+}
+
+/// `GET /v1/quota`: per API key by plan across `a` and `b` — free admits
+/// exactly 10 of 12 rapid requests (in order: 9 down to 0 left, then 429),
+/// pro exactly 100 of 105; a key's plan comes from its `pro-` prefix; a
+/// missing key is 401, another method a plain 405.
+async fn check_quota(a: SocketAddr, b: SocketAddr) {
+    assert_problem(
+        &send(a, Method::GET, "/v1/quota", &[]).await,
+        StatusCode::UNAUTHORIZED,
+    );
+    let r = send(b, Method::POST, "/v1/quota", &[("x-api-key", "pro-x")]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{r:?}");
+    // One after the other (the exact sequence), then concurrently.
+    check_plan_admissions(&[a, b], "free", 10, 2, 1).await;
+    check_plan_admissions(&[a, b], "free", 10, 2, 3).await;
+    check_plan_admissions(&[a, b], "pro", 100, 5, 5).await;
+    // Pro and free keys are apart: a new pro key starts full.
+    assert_eq!(
+        quota_left(&quota(b, &unique("pro-k")).await, "pro", 100),
+        99
+    );
+}
+
 // ------------------------------------------------------------------ memory
 
 async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -239,6 +375,7 @@ async fn memory_contract() {
     check_validation(a).await;
     check_in_flight(&Permits::new(backend), a, b).await;
     check_orders(a, b).await;
+    check_quota(a, b).await;
     ta.abort();
     tb.abort();
 }
@@ -279,6 +416,7 @@ async fn binary_memory_by_default() {
     )
     .await;
     assert!(refused.retry_after() >= 1, "{refused:?}");
+    check_quota(g.addr, g.addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,12 +433,16 @@ async fn binary_two_processes_share_redis() {
     let permits = Permits::new(RedisBackend::connect(&url).await.unwrap());
     check_in_flight(&permits, a.addr, b.addr).await;
     check_orders(a.addr, b.addr).await;
+    check_quota(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
     assert_every_key_expires(&server);
     // Redis gone: the limit is not lifted, the request is refused.
     let mut server = server;
     server.stop();
     let r = generate(b.addr, Some("down"), "?ms=0").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
+    // And no made-up remaining count.
+    let r = quota(b.addr, "down").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
 }
 
@@ -340,6 +482,7 @@ async fn binary_two_processes_share_a_cluster() {
             .unwrap(),
     );
     check_in_flight(&permits, a.addr, b.addr).await;
+    check_quota(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
 }
 

@@ -24,6 +24,13 @@
 //!   missing or invalid key → 400; the same Idempotency-Key under another
 //!   API key creates another order. Holds across instances sharing Redis;
 //!   records live 1 hour.
+//! - `GET /v1/quota`: limited per API key by plan — free 10 per minute, pro
+//!   100 per minute, each a token bucket of capacity equal to its limit,
+//!   shared by all instances on the same backend. `RateLimit-Policy` carries
+//!   the caller's plan quota (`q=10;w=60` or `q=100;w=60`). Answers 200 with
+//!   JSON `{"plan":"free"|"pro","remaining":<integer>}` (what is left after
+//!   this request); over the limit, 429 with `Retry-After`. While the
+//!   backend is unreachable, 503 (no made-up remaining count).
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,13 +40,17 @@ use axum::extract::{RawQuery, Request};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::json;
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::ExtensionKey;
-use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer};
-use tollgate::{FailurePolicy, FencingToken, LockOptions, RateBackend, Semaphore};
+use tollgate::tower::rate_limit::PlanExtension;
+use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer, RateLimitLayer};
+use tollgate::{
+    Algorithm, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans, Quota,
+    RateBackend, RateLimiter, Semaphore,
+};
 
 /// Requests in flight per API key on `/v1/generate`.
 const GENERATE_IN_FLIGHT: u32 = 2;
@@ -47,6 +58,8 @@ const GENERATE_IN_FLIGHT: u32 = 2;
 const PERMIT_TTL: Duration = Duration::from_secs(5);
 /// How long an order's idempotency record is kept.
 const ORDER_RECORD_TTL: Duration = Duration::from_secs(3600);
+/// `/v1/quota` per minute, by plan.
+const QUOTA_PLANS: [(&str, u64); 2] = [("free", 10), ("pro", 100)];
 
 /// A caller's API key, checked by [`require_api_key`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +73,17 @@ impl ApiKey {
                 .iter()
                 .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-');
         valid.then(|| ApiKey(String::from_utf8_lossy(raw).into_owned()))
+    }
+}
+
+impl ApiKey {
+    /// The caller's plan: keys that start with `pro-` are on pro.
+    fn plan(&self) -> &'static str {
+        if self.0.starts_with("pro-") {
+            "pro"
+        } else {
+            "free"
+        }
     }
 }
 
@@ -169,6 +193,35 @@ async fn create_order(Json(body): Json<serde_json::Value>) -> Response {
     (StatusCode::CREATED, Json(order)).into_response()
 }
 
+/// The `/v1/quota` plans on `backend`: a token bucket per plan, its
+/// capacity the plan's limit, under a name of its own (`quota-free`,
+/// `quota-pro`: its keys and its `RateLimit-Policy`). Refused while the
+/// backend is unreachable: the answer reports a real remaining count or
+/// none.
+fn quota_plans<B: RateBackend + Clone>(backend: &B) -> Plans {
+    let mut table = PlanTable::builder().default_plan("free");
+    for (plan, per_minute) in QUOTA_PLANS {
+        let limiter = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+            .quota(Quota::per_minute(per_minute))
+            .prefix("gateway")
+            .name(format!("quota-{plan}"))
+            .failure_policy(FailurePolicy::Deny)
+            .build()
+            .expect("valid quota settings");
+        table = table.plan(plan, limiter);
+    }
+    Plans::new(table.build().expect("a valid plan table"))
+}
+
+/// The caller's plan and what it has left, from the layer's plan and
+/// decision.
+async fn quota(
+    Extension(plan): Extension<Plan>,
+    Extension(decision): Extension<Decision>,
+) -> Json<serde_json::Value> {
+    Json(json!({ "plan": plan.name(), "remaining": decision.remaining }))
+}
+
 /// The gateway's router on `backend` (see the module docs for the contract).
 pub(crate) fn router<B>(backend: B) -> Router
 where
@@ -180,6 +233,9 @@ where
         .build()
         .expect("valid idempotency settings");
     let once_per_key = IdempotencyLayer::new(orders, ExtensionKey::<ApiKey>::new());
+    let by_plan = PlanExtension::with(|key: &ApiKey| Some(key.plan()));
+    let per_key_by_plan =
+        RateLimitLayer::plans(quota_plans(&backend), by_plan).key(ExtensionKey::<ApiKey>::new());
     // Redis down: 503, so "at most 2 in flight" holds even then.
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
         .prefix("gateway")
@@ -197,7 +253,8 @@ where
                 .route_layer(in_flight)
                 .route_layer(middleware::from_fn(check_work_ms)),
         )
-        .route("/orders", post(create_order).route_layer(once_per_key));
+        .route("/orders", post(create_order).route_layer(once_per_key))
+        .route("/quota", get(quota).route_layer(per_key_by_plan));
     Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
 }
 
@@ -218,6 +275,16 @@ mod tests {
             b"a\r\nb",
         ] {
             assert!(ApiKey::parse(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn plans_of_api_keys() {
+        let plan = |k: &str| ApiKey::parse(k.as_bytes()).unwrap().plan();
+        assert_eq!(plan("pro-1"), "pro");
+        assert_eq!(plan("pro-"), "pro");
+        for free in ["pro", "Pro-1", "xpro-1", "pro_1", "demo"] {
+            assert_eq!(plan(free), "free", "{free}");
         }
     }
 

@@ -1,5 +1,6 @@
 //! An API gateway built only from tollgate's public API: API keys, a
-//! distributed concurrency limit per key, on memory, Redis or a cluster.
+//! distributed concurrency limit per key, idempotent orders and a rate limit
+//! per key by plan, on memory, Redis or a cluster.
 //!
 //! ```text
 //! cargo run --example gateway                                   # in memory
@@ -13,6 +14,8 @@
 //! ```text
 //! curl -i -X POST -H 'X-Api-Key: demo' 'http://127.0.0.1:3000/v1/generate?ms=2000'
 //! # {"permit_fence":...}; a third concurrent one with the same key is 429
+//! curl -i -H 'X-Api-Key: demo' http://127.0.0.1:3000/v1/quota
+//! # {"plan":"free","remaining":9}; the 11th in a minute is 429 (pro-… keys: 100)
 //! ```
 //!
 //! Several instances on one Redis share the limits. The contract is in
