@@ -1,0 +1,170 @@
+//! Refunds: giving back what an admitted check took, at most once per charge
+//! ([`RateLimiter::refund`], [`Charge`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use super::RateLimiter;
+use crate::backend::RefundRequest;
+use crate::clock::monotonic_micros;
+use crate::error::{Error, Result};
+use crate::keyspace::Subject;
+
+/// What one admitted check took: the receipt [`RateLimiter::refund`] gives
+/// back against. Found in [`Decision::charge`](super::Decision::charge).
+///
+/// A refund needs more than a cost: a window gives back to the window that
+/// was charged (so the instant of the check), a log removes the check's own
+/// entries (so its id), and a refund retried after a lost reply must not be
+/// applied twice (so, again, its id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    pub(crate) cost: u64,
+    /// The instant the backend decided at (µs, the backend's clock).
+    pub(crate) at_micros: u64,
+    /// Unique per check: the log's member prefix and the refund's marker.
+    pub(crate) id: u64,
+    /// How long after `at_micros` a refund can still give back (µs).
+    pub(crate) span_micros: u64,
+    /// Taken by the outage fallback's local limiter, not the backend.
+    pub(crate) local: bool,
+}
+
+impl Charge {
+    /// The units taken.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The check's id: a refund is applied at most once per id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The instant the check was decided at (µs since the epoch, on the
+    /// backend's clock).
+    pub fn at_micros(&self) -> u64 {
+        self.at_micros
+    }
+
+    /// The same charge, for `cost` of its units at most: a partial refund
+    /// (never more than was taken).
+    pub fn part(mut self, cost: u64) -> Charge {
+        self.cost = self.cost.min(cost);
+        self
+    }
+}
+
+/// A refund as an algorithm's in-memory twin sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refund {
+    pub(crate) now: u64,
+    pub(crate) cost: u64,
+    pub(crate) at: u64,
+}
+
+/// A fresh id for a check: a random base per process (so processes sharing a
+/// backend do not collide) plus a counter (so one process never repeats, and
+/// no syscall per check).
+pub(crate) fn next_id() -> u64 {
+    static BASE: LazyLock<u64> = LazyLock::new(|| {
+        let mut b = [0u8; 8];
+        // The OS CSPRNG; if it ever fails, a time-derived base (a collision
+        // needs the same subject and counter in two processes).
+        match getrandom::fill(&mut b) {
+            Ok(()) => u64::from_le_bytes(b),
+            Err(_) => monotonic_micros() ^ 0x9E37_79B9_7F4A_7C15,
+        }
+    });
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    BASE.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+impl RateLimiter {
+    /// Gives back what an admitted check took, for every quota: a fixed
+    /// window or a sliding counter returns the cost to the window that was
+    /// charged (nothing once that window no longer counts), a log removes
+    /// the check's entries, a token bucket or GCRA gets the tokens back (never
+    /// above capacity). Applied at most once per charge: a refund retried
+    /// after a timeout or a lost reply returns `Ok(false)` and changes nothing.
+    /// It also clears the subject from the local deny cache.
+    ///
+    /// Returns whether the refund was applied (it gave back whatever of the
+    /// charge still counted): `false` for a charge already refunded, older
+    /// than the longest quota's span (a window's period, two for the
+    /// counter, a bucket's refill from empty), or of cost 0.
+    ///
+    /// Errors: a backend failure or the limiter's timeout (the failure policy
+    /// does not apply: nothing is decided). Retrying is safe.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
+    ///
+    /// // Login throttling: count failed attempts only.
+    /// let logins = RateLimiter::sliding_window_log(MemoryBackend::new(), Quota::per_minute(3))?;
+    /// let d = logins.check("alice").await?;
+    /// assert_eq!(d.remaining, 2);
+    /// // The password was right: this attempt does not count.
+    /// let charge = d.charge.expect("an admitted check took 1");
+    /// assert!(logins.refund("alice", &charge).await?);
+    /// assert!(!logins.refund("alice", &charge).await?, "at most once");
+    /// assert_eq!(logins.check("alice").await?.remaining, 2);
+    /// # Ok(()) }
+    /// ```
+    pub async fn refund(&self, subject: impl Into<Subject>, charge: &Charge) -> Result<bool> {
+        let inner = &self.inner;
+        if charge.cost == 0 {
+            return Ok(false);
+        }
+        let subject = subject.into();
+        if charge.local {
+            return match &inner.fallback {
+                Some(fallback) => {
+                    let own = Charge {
+                        local: false,
+                        ..*charge
+                    };
+                    Box::pin(fallback.refund(subject, &own)).await
+                }
+                None => Ok(false),
+            };
+        }
+        let keys = self.keys_for(&subject);
+        if let Some(cache) = &inner.deny_cache {
+            cache.remove(&keys[0]);
+        }
+        let request = RefundRequest {
+            algorithm: inner.algorithm,
+            marker: inner
+                .keyspace
+                .key(&subject, Some(&format!("r:{:016x}", charge.id))),
+            keys,
+            quotas: std::sync::Arc::clone(&inner.quotas),
+            cost: charge.cost,
+            now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
+            id: charge.id,
+            at_micros: charge.at_micros,
+            span_micros: charge.span_micros,
+        };
+        let done = match inner.backend.refund_rate_now(&request) {
+            Some(done) => done,
+            None => tokio::time::timeout(inner.timeout, inner.backend.refund_rate(&request))
+                .await
+                .unwrap_or(Err(Error::Timeout(inner.timeout))),
+        };
+        match &done {
+            Ok(true) => {
+                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), cost = charge.cost, "refunded")
+            }
+            Ok(false) => {
+                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "refund already applied or too late")
+            }
+            Err(e) => {
+                tracing::warn!(policy = inner.keyspace.policy(), error = %e, "refund failed")
+            }
+        }
+        done
+    }
+}
