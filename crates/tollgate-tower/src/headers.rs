@@ -323,7 +323,7 @@ impl RateLimitHeaders {
             value.extend_from_slice(b";t=");
             value.extend_from_slice(
                 digits
-                    .format(sf_integer(ceil_secs(q.reset_after)))
+                    .format(sf_integer(ceil_secs(q.next_after)))
                     .as_bytes(),
             );
         }

@@ -65,20 +65,23 @@ pub async fn headers_exact(backend: Backend) {
     assert_eq!(r.header("retry-after"), None);
     assert_eq!(r.header("x-ratelimit-limit"), None);
 
+    // Drained: t is when the next unit comes (30 s), not when the bucket
+    // is full again (60 s) — draft-10's "until additional quota".
     let r = send(&app, get("/")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(
         r.header("ratelimit"),
-        Some(format!(r#""{name}";r=0;t=60"#).as_str())
+        Some(format!(r#""{name}";r=0;t=30"#).as_str())
     );
 
     let r = send(&app, get("/")).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(r.header("retry-after"), Some("30"));
     assert_eq!(r.header("ratelimit-policy"), Some(policy.as_str()));
+    // Retry-After never points earlier than t: both 30.
     assert_eq!(
         r.header("ratelimit"),
-        Some(format!(r#""{name}";r=0;t=60"#).as_str())
+        Some(format!(r#""{name}";r=0;t=30"#).as_str())
     );
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     let problem: serde_json::Value = serde_json::from_str(&r.body).unwrap();
@@ -98,7 +101,7 @@ pub async fn headers_exact(backend: Backend) {
     assert_eq!(r.header("retry-after"), Some("30"));
     assert_eq!(
         r.header("ratelimit"),
-        Some(format!(r#""{name}";r=0;t=60"#).as_str())
+        Some(format!(r#""{name}";r=0;t=30"#).as_str())
     );
 
     // 1 µs left: 1, never 0.
