@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tollgate_core::{Decision, Error, Subject};
 use tower_service::Service;
 
+use super::outcome::{Refunding, Reservation};
 use super::service::{Entry, Shared};
 use crate::body::ResponseBody;
 use crate::headers::DecisionHeaders;
@@ -72,6 +73,14 @@ pin_project! {
             #[pin]
             fut: S::Future,
             headers: Option<DecisionHeaders>,
+            // Counting by outcome: the charge, until the response settles it.
+            reservation: Option<Reservation>,
+        },
+        // The response does not count (or the inner service failed and
+        // that does not count): the charge is given back first.
+        Refunding {
+            refunding: Refunding,
+            outcome: Option<Result<S::Response, S::Error>>,
         },
         Reply {
             reply: Reply,
@@ -106,7 +115,11 @@ where
 
     pub(crate) fn calling(fut: S::Future, headers: Option<DecisionHeaders>) -> Self {
         ResponseFuture {
-            state: State::Calling { fut, headers },
+            state: State::Calling {
+                fut,
+                headers,
+                reservation: None,
+            },
         }
     }
 
@@ -127,6 +140,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Calling { .. } => "calling",
+            State::Refunding { .. } => "refunding",
             State::Reply { .. } => "reply",
         };
         f.debug_struct("ResponseFuture")
@@ -169,9 +183,15 @@ where
                     let shadow = shared.options.shadow;
                     let mut req = req.take().expect("polled after completion");
                     let mut inner = inner.take().expect("polled after completion");
+                    let mut reservation = None;
                     let headers = match result {
                         Ok(d) if d.allowed || shadow => {
                             let headers = shared.admitted_headers(entry, &d);
+                            let counting = &shared.options.counting;
+                            if let (Some(charge), true) = (d.charge, counting.refunds()) {
+                                reservation =
+                                    Some(counting.reserve(&entry.limiter, subject, charge));
+                            }
                             req.extensions_mut().insert(d);
                             if let Some(plan) = &entry.plan {
                                 req.extensions_mut().insert(plan.clone());
@@ -192,14 +212,43 @@ where
                         }
                     };
                     let fut = inner.call(req);
-                    this.state.set(State::Calling { fut, headers });
+                    this.state.set(State::Calling {
+                        fut,
+                        headers,
+                        reservation,
+                    });
                 }
-                StateProj::Calling { fut, headers } => {
-                    let mut response = ready!(fut.poll(cx))?;
-                    if let Some(extra) = headers.take() {
-                        extra.apply(response.headers_mut());
+                StateProj::Calling {
+                    fut,
+                    headers,
+                    reservation,
+                } => {
+                    let outcome = ready!(fut.poll(cx));
+                    let refund = match (&outcome, reservation.take()) {
+                        (_, None) => None,
+                        (Ok(res), Some(r)) => r.settle(res.status(), res.headers()),
+                        // No response: counted or refunded as the layer's
+                        // count_unfinished says.
+                        (Err(_), Some(r)) => r.fail(),
+                    };
+                    let outcome = outcome.map(|mut response| {
+                        if let Some(extra) = headers.take() {
+                            extra.apply(response.headers_mut());
+                        }
+                        response
+                    });
+                    match refund {
+                        Some(refunding) => this.state.set(State::Refunding {
+                            refunding,
+                            outcome: Some(outcome),
+                        }),
+                        None => return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new))),
                     }
-                    return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                }
+                StateProj::Refunding { refunding, outcome } => {
+                    ready!(refunding.poll(cx));
+                    let outcome = outcome.take().expect("polled after completion");
+                    return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new)));
                 }
                 StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
             }

@@ -9,6 +9,7 @@ use http::Response;
 use tollgate_core::{Algorithm, Plans, Quota, RateBackend, RateLimiter};
 use tower_layer::Layer;
 
+use super::outcome::CountResponse;
 use super::plan::PlanSelector;
 use super::service::{Options, RateLimit, Shared};
 use crate::grpc::Protocol;
@@ -420,6 +421,74 @@ impl<K, C> RateLimitLayer<K, C> {
     /// refuse a request — for rolling out a new limit safely.
     pub fn shadow(mut self, on: bool) -> Self {
         self.options.shadow = on;
+        self
+    }
+
+    /// Counts only the responses `counts` accepts (a closure
+    /// `Fn(StatusCode) -> bool` or a [`CountResponse`]); the others get
+    /// their charge back — for login throttling, count failures only.
+    ///
+    /// The check still reserves the cost before the handler runs (and
+    /// refuses when the limit is used up), so concurrent requests never get
+    /// past the bound; a response that does not count is refunded
+    /// ([`RateLimiter::refund`]: at most once, bounded by the limiter's
+    /// timeout) before it is returned, so a client's next request already
+    /// sees the quota back. Its `RateLimit` header reports the check, made
+    /// before the refund. A refund that fails leaves the charge in place.
+    /// See [`count_unfinished`](Self::count_unfinished) for requests that
+    /// end without a response.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use axum::{body::Body, routing::post, Router};
+    /// use http::{Request, StatusCode};
+    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
+    /// use tollgate_tower::key::HeaderKey;
+    /// use tollgate_tower::RateLimitLayer;
+    /// use tower::ServiceExt;
+    ///
+    /// // 3 failed logins a minute per user; a right password costs nothing.
+    /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::SlidingWindowLog)
+    ///     .quota(Quota::per_minute(3))
+    ///     .name("login")
+    ///     .build()?;
+    /// let failures = RateLimitLayer::new(limiter)
+    ///     .key(HeaderKey::new("x-user"))
+    ///     .count_if(|status: StatusCode| status == StatusCode::UNAUTHORIZED);
+    /// let login = |body: String| async move {
+    ///     if body == "open-sesame" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
+    /// };
+    /// let app = Router::new().route("/login", post(login)).layer(failures);
+    /// let attempt = |password: &str| {
+    ///     let req = Request::post("/login").header("x-user", "alice");
+    ///     app.clone().oneshot(req.body(Body::from(password.to_owned())).unwrap())
+    /// };
+    ///
+    /// for _ in 0..5 {
+    ///     assert_eq!(attempt("open-sesame").await?.status(), StatusCode::OK);
+    /// }
+    /// for _ in 0..3 {
+    ///     assert_eq!(attempt("guess").await?.status(), StatusCode::UNAUTHORIZED);
+    /// }
+    /// // Three failures: every attempt is refused, the right password too.
+    /// assert_eq!(attempt("open-sesame").await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(()) }
+    /// ```
+    pub fn count_if(mut self, counts: impl CountResponse) -> Self {
+        self.options.counting.counts = Some(Arc::new(counts));
+        self
+    }
+
+    /// Whether an admitted request that ends without a response counts:
+    /// its response future dropped (the client went away, a timeout layer
+    /// gave up) or the inner service returned an error. Default: it counts,
+    /// so that hanging up cannot dodge a limit on failures; `false` gives
+    /// its charge back (before the error is returned; in a task of its own
+    /// when the future was dropped).
+    /// Applies with or without [`count_if`](Self::count_if).
+    pub fn count_unfinished(mut self, on: bool) -> Self {
+        self.options.counting.unfinished = on;
         self
     }
 

@@ -61,10 +61,21 @@
 //! extensions. A replaced table applies from the next request on. Over one
 //! limiter ([`RateLimitLayer::new`]) no table is read at all.
 //!
+//! # Counting by outcome
+//!
+//! [`RateLimitLayer::count_if`] counts only some responses — failed logins,
+//! say — and gives the others their charge back; the check still reserves
+//! the cost before the handler runs, so concurrent requests never get past
+//! the bound. [`RateLimitLayer::count_unfinished`] decides for requests
+//! that end without a response. Handlers can refund themselves with the
+//! [`Charge`](tollgate_core::Charge) in the [`Decision`] and
+//! [`RateLimiter::refund`](tollgate_core::RateLimiter::refund).
+//!
 //! [`Decision`]: tollgate_core::Decision
 
 mod future;
 mod layer;
+mod outcome;
 mod plan;
 mod service;
 
@@ -72,6 +83,7 @@ use http::request::Parts;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
+pub use self::outcome::CountResponse;
 pub use self::plan::{PlanExtension, PlanHeader, PlanSelector};
 pub use self::service::RateLimit;
 

@@ -9,6 +9,7 @@ use tollgate_core::{Decision, DecisionSource, Error, Plan, Plans, RateLimiter, S
 use tower_service::Service;
 
 use super::future::ResponseFuture;
+use super::outcome::Counting;
 use super::plan::{PlanEntries, PlanSelector};
 use super::RequestCost;
 use crate::body::ResponseBody;
@@ -24,6 +25,7 @@ pub(crate) struct Options {
     pub(crate) legacy_headers: bool,
     pub(crate) shadow: bool,
     pub(crate) answer: Answer,
+    pub(crate) counting: Counting,
 }
 
 impl Default for Options {
@@ -33,6 +35,7 @@ impl Default for Options {
             legacy_headers: false,
             shadow: false,
             answer: Answer::default(),
+            counting: Counting::default(),
         }
     }
 }
