@@ -358,6 +358,93 @@ async fn check_quota(a: SocketAddr, b: SocketAddr) {
     );
 }
 
+/// `POST /v1/login` as `key` with `body`.
+async fn login(addr: SocketAddr, key: &str, body: &str) -> Reply {
+    let headers = [("x-api-key", key), ("content-type", "application/json")];
+    let body = Bytes::from(body.to_owned());
+    send_with(addr, Method::POST, "/v1/login", &headers, None, body).await
+}
+
+const RIGHT: &str = r#"{"password":"open-sesame"}"#;
+
+fn assert_logged_in(r: &Reply) {
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v, serde_json::json!({ "login": "ok" }), "{r:?}");
+}
+
+/// A 429 of the login throttle: `Retry-After` within the 60 s window.
+fn assert_login_refused(r: &Reply) {
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert!((1..=60).contains(&r.retry_after()), "{r:?}");
+}
+
+/// `POST /v1/login` across `a` and `b`: successes consume nothing; 32
+/// concurrent failed attempts with one key get exactly 3 answers (401) and
+/// 29 refusals (429); then the right password is refused too; other keys
+/// are not affected; anything but the right password is a failure. Returns
+/// the throttled key and its `Retry-After`.
+async fn check_login(a: SocketAddr, b: SocketAddr) -> (String, u64) {
+    let r = send(a, Method::POST, "/v1/login", &[]).await;
+    assert_problem(&r, StatusCode::UNAUTHORIZED);
+    let r = send(b, Method::GET, "/v1/login", &[("x-api-key", "k")]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{r:?}");
+
+    let key = unique("login");
+    for i in 0..6 {
+        assert_logged_in(&login([a, b][i % 2], &key, RIGHT).await);
+    }
+    let tries: Vec<_> = (0..32)
+        .map(|i| {
+            let key = key.clone();
+            let addr = [a, b][i % 2];
+            tokio::spawn(async move {
+                let body = format!(r#"{{"password":"guess-{i}"}}"#);
+                login(addr, &key, &body).await
+            })
+        })
+        .collect();
+    let (mut failed, mut refused) = (0, 0);
+    for t in tries {
+        let r = t.await.unwrap();
+        if r.status == StatusCode::UNAUTHORIZED {
+            assert_problem(&r, StatusCode::UNAUTHORIZED);
+            failed += 1;
+        } else {
+            assert_login_refused(&r);
+            refused += 1;
+        }
+    }
+    assert_eq!((failed, refused), (3, 29));
+    let r = login(b, &key, RIGHT).await;
+    assert_login_refused(&r);
+
+    // Each key has its own count; any body but the right password fails.
+    let other = unique("login");
+    assert_logged_in(&login(a, &other, RIGHT).await);
+    for body in [r#"{"password":"Open-Sesame"}"#, "{}", "open-sesame"] {
+        assert_problem(&login(a, &other, body).await, StatusCode::UNAUTHORIZED);
+    }
+    assert_login_refused(&login(b, &other, RIGHT).await);
+    (key, r.retry_after())
+}
+
+/// Once the throttled `key`'s window lets one more (after its
+/// `Retry-After`), the right password is answered again.
+async fn check_login_recovers(addr: SocketAddr, key: &str, retry_after: u64) {
+    tokio::time::sleep(Duration::from_secs(retry_after)).await;
+    let r = common::eventually(
+        Duration::from_secs(5),
+        "a login after Retry-After",
+        || async {
+            let r = login(addr, key, RIGHT).await;
+            (r.status == StatusCode::OK).then_some(r)
+        },
+    )
+    .await;
+    assert_logged_in(&r);
+}
+
 // ------------------------------------------------------------------ memory
 
 async fn serve(router: axum::Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
@@ -373,9 +460,13 @@ async fn memory_contract() {
     let (a, ta) = serve(app::router(backend.clone())).await;
     let (b, tb) = serve(app::router(backend.clone())).await;
     check_validation(a).await;
+    // The login throttle's minute runs while the other routes are checked.
+    let (key, retry_after) = check_login(a, b).await;
+    let recovered = tokio::spawn(async move { check_login_recovers(b, &key, retry_after).await });
     check_in_flight(&Permits::new(backend), a, b).await;
     check_orders(a, b).await;
     check_quota(a, b).await;
+    recovered.await.unwrap();
     ta.abort();
     tb.abort();
 }
@@ -417,6 +508,7 @@ async fn binary_memory_by_default() {
     .await;
     assert!(refused.retry_after() >= 1, "{refused:?}");
     check_quota(g.addr, g.addr).await;
+    check_login(g.addr, g.addr).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,6 +526,7 @@ async fn binary_two_processes_share_redis() {
     check_in_flight(&permits, a.addr, b.addr).await;
     check_orders(a.addr, b.addr).await;
     check_quota(a.addr, b.addr).await;
+    check_login(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
     assert_every_key_expires(&server);
     // Redis gone: the limit is not lifted, the request is refused.
@@ -443,6 +536,9 @@ async fn binary_two_processes_share_redis() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
     // And no made-up remaining count.
     let r = quota(b.addr, "down").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
+    // Nor is the login throttle.
+    let r = login(b.addr, "down", r#"{"password":"guess"}"#).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
 }
 
@@ -483,6 +579,7 @@ async fn binary_two_processes_share_a_cluster() {
     );
     check_in_flight(&permits, a.addr, b.addr).await;
     check_quota(a.addr, b.addr).await;
+    check_login(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
 }
 

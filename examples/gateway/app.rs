@@ -31,6 +31,15 @@
 //!   JSON `{"plan":"free"|"pro","remaining":<integer>}` (what is left after
 //!   this request); over the limit, 429 with `Retry-After`. While the
 //!   backend is unreachable, 503 (no made-up remaining count).
+//! - `POST /v1/login` with JSON `{"password": "..."}`: `open-sesame` → 200
+//!   with JSON `{"login":"ok"}`; anything else (another password, a body
+//!   that is not such JSON) → 401 as a problem. Failed attempts are counted
+//!   per API key, 3 per 60 s (a sliding window log named `login`, shared
+//!   by all instances on the same backend): after 3 failures every login —
+//!   the right password too — gets 429 with `Retry-After` until the window
+//!   lets one more; successful logins consume nothing; concurrent failed
+//!   attempts never get past the bound. While the backend is unreachable,
+//!   503.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +65,10 @@ use tollgate::{
 const GENERATE_IN_FLIGHT: u32 = 2;
 /// The TTL of a generate permit; renewed every third of it while held.
 const PERMIT_TTL: Duration = Duration::from_secs(5);
+/// Failed `/v1/login` attempts per API key, per minute.
+const LOGIN_FAILURES_PER_MINUTE: u64 = 3;
+/// The one password `/v1/login` accepts.
+const PASSWORD: &str = "open-sesame";
 /// How long an order's idempotency record is kept.
 const ORDER_RECORD_TTL: Duration = Duration::from_secs(3600);
 /// `/v1/quota` per minute, by plan.
@@ -222,6 +235,36 @@ async fn quota(
     Json(json!({ "plan": plan.name(), "remaining": decision.remaining }))
 }
 
+/// 200 for the right password, 401 for anything else.
+async fn login(body: axum::body::Bytes) -> Response {
+    let password = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| Some(v.get("password")?.as_str()? == PASSWORD));
+    if password == Some(true) {
+        Json(json!({ "login": "ok" })).into_response()
+    } else {
+        problem(StatusCode::UNAUTHORIZED, "wrong password")
+    }
+}
+
+/// Failed logins per API key: a sliding window log of 3 a minute that
+/// counts only the 401s. Every attempt reserves one before the password is
+/// looked at (so concurrent failures never get past 3) and a success gives
+/// its one back before it is answered. Refused while the backend is
+/// unreachable: a throttle on guessing is never lifted.
+fn login_failures<B: RateBackend>(backend: B) -> RateLimitLayer<ExtensionKey<ApiKey>> {
+    let failures = RateLimiter::builder(backend, Algorithm::SlidingWindowLog)
+        .quota(Quota::per_minute(LOGIN_FAILURES_PER_MINUTE))
+        .prefix("gateway")
+        .name("login")
+        .failure_policy(FailurePolicy::Deny)
+        .build()
+        .expect("valid login settings");
+    RateLimitLayer::new(failures)
+        .key(ExtensionKey::<ApiKey>::new())
+        .count_if(|status: StatusCode| status == StatusCode::UNAUTHORIZED)
+}
+
 /// The gateway's router on `backend` (see the module docs for the contract).
 pub(crate) fn router<B>(backend: B) -> Router
 where
@@ -236,6 +279,7 @@ where
     let by_plan = PlanExtension::with(|key: &ApiKey| Some(key.plan()));
     let per_key_by_plan =
         RateLimitLayer::plans(quota_plans(&backend), by_plan).key(ExtensionKey::<ApiKey>::new());
+    let failed_logins = login_failures(backend.clone());
     // Redis down: 503, so "at most 2 in flight" holds even then.
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
         .prefix("gateway")
@@ -254,7 +298,8 @@ where
                 .route_layer(middleware::from_fn(check_work_ms)),
         )
         .route("/orders", post(create_order).route_layer(once_per_key))
-        .route("/quota", get(quota).route_layer(per_key_by_plan));
+        .route("/quota", get(quota).route_layer(per_key_by_plan))
+        .route("/login", post(login).route_layer(failed_logins));
     Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
 }
 
