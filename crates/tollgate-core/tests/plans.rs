@@ -407,9 +407,10 @@ async fn the_swap_is_atomic_and_the_next_decision_uses_it() {
     };
     let plans = Plans::new(table(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut readers = Vec::new();
     for _ in 0..3 {
-        let (plans, stop) = (plans.clone(), stop.clone());
+        let (plans, stop, reads) = (plans.clone(), stop.clone(), reads.clone());
         readers.push(tokio::spawn(async move {
             let mut seen = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -418,12 +419,19 @@ async fn the_swap_is_atomic_and_the_next_decision_uses_it() {
                 assert_eq!(plan.name(), "pro");
                 assert!((2_000..2_100).contains(&d.limit), "{d:?}");
                 seen += 1;
+                reads.fetch_add(1, Ordering::Relaxed);
                 tokio::task::yield_now().await;
             }
             seen
         }));
     }
     for version in 1..50 {
+        // Readers decide between every two swaps (on a loaded machine the
+        // writer could otherwise finish before a reader ran at all).
+        let before = reads.load(Ordering::Relaxed);
+        while reads.load(Ordering::Relaxed) == before && !readers.iter().any(|r| r.is_finished()) {
+            tokio::task::yield_now().await;
+        }
         plans.replace(table(version)).unwrap();
         let d = plans
             .select(Some("pro"))
