@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use tollgate_core::{Algorithm, DecisionSource, FailurePolicy, Quota, RateLimiter, RedisBackend};
+use tollgate_core::{
+    Algorithm, DecisionSource, FailurePolicy, Quota, RateLimiter, RedisBackend, Subject,
+};
 use tollgate_testkit::RedisServer;
 
 struct Topology {
@@ -60,8 +62,10 @@ async fn topology(timeout: Duration) -> Topology {
     }
 }
 
-/// Checks until one lands on the promoted replica; errors on the way are
-/// unavailability, never anything else.
+/// Checks until one lands on the promoted replica — each on a fresh subject,
+/// whose key must then exist there (a write that went to the old master, or
+/// nowhere, does not count); errors on the way are unavailability, never
+/// anything else.
 async fn until_checks_reach(new_master: &RedisServer, limiter: &RateLimiter) {
     let deadline = Instant::now() + Duration::from_secs(40);
     while !new_master.cli(&["ROLE"]).starts_with("master") {
@@ -69,11 +73,14 @@ async fn until_checks_reach(new_master: &RedisServer, limiter: &RateLimiter) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut errors = 0;
-    loop {
-        let before = new_master.cli(&["INFO", "commandstats"]);
-        match limiter.check("s").await {
-            Ok(d) if before != new_master.cli(&["INFO", "commandstats"]) => {
+    for n in 0.. {
+        let subject = Subject::new(format!("after-{n}"));
+        let key = limiter.keys_for(&subject).remove(0);
+        assert_eq!(new_master.cli(&["EXISTS", &key]), "0", "{key}");
+        match limiter.check(subject).await {
+            Ok(d) if new_master.cli(&["EXISTS", &key]) == "1" => {
                 assert_eq!(d.source, DecisionSource::Backend);
+                assert!(d.allowed);
                 return;
             }
             Ok(_) => {}
