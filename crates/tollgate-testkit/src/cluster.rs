@@ -26,12 +26,17 @@ const CLUSTER_ARGS: &[&str] = &[
     "2000",
 ];
 
-/// A Redis Cluster of three masters and no replicas, each a [`RedisServer`]
-/// (with its own temporary directory and `nodes.conf`), created with
-/// `redis-cli --cluster create`. Dropping it kills every node.
+/// A Redis Cluster of three masters (and, from
+/// [`RedisCluster::start_with_replicas`], replicas), each node a
+/// [`RedisServer`] (with its own temporary directory and `nodes.conf`),
+/// created with `redis-cli --cluster create`. Dropping it kills every node.
+/// Failover controls are in [`RedisCluster::kill_master`] and
+/// [`RedisCluster::force_failover`].
 #[derive(Debug)]
 pub struct RedisCluster {
-    nodes: Vec<RedisServer>,
+    pub(crate) nodes: Vec<RedisServer>,
+    /// Replicas per master.
+    pub(crate) replicas: usize,
 }
 
 impl RedisCluster {
@@ -42,11 +47,21 @@ impl RedisCluster {
     /// [`TestkitError::Startup`] after 30 s). Takes about 2 s (redis keeps a
     /// fresh master's state `fail` for 2 s), occasionally up to about 4 s.
     pub fn start() -> Result<RedisCluster> {
+        Self::start_with_replicas(0)
+    }
+
+    /// Like [`RedisCluster::start`], with `replicas` replicas per master
+    /// (`3 × (1 + replicas)` nodes); returns once every replica's link to its
+    /// master is up, so a failover has a synced replica to promote. Which
+    /// nodes are masters is up to `redis-cli`: ask
+    /// [`masters`](RedisCluster::masters) and
+    /// [`replicas_of`](RedisCluster::replicas_of).
+    pub fn start_with_replicas(replicas: usize) -> Result<RedisCluster> {
         require_binaries()?;
-        let nodes = (0..MASTERS)
+        let nodes = (0..MASTERS * (1 + replicas))
             .map(|_| RedisServer::start_with_args(CLUSTER_ARGS))
             .collect::<Result<Vec<_>>>()?;
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, replicas };
         cluster.create_and_wait()?;
         Ok(cluster)
     }
@@ -102,7 +117,11 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(self.nodes.iter().map(RedisServer::addr))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args([
+                "--cluster-replicas",
+                &self.replicas.to_string(),
+                "--cluster-yes",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -141,9 +160,16 @@ impl RedisCluster {
                     }
                 }
             }
-            let states: Vec<std::result::Result<(), String>> =
-                self.nodes.iter().map(node_healthy).collect();
-            if states.iter().all(std::result::Result::is_ok) {
+            let known = self.nodes.len();
+            let states: Vec<std::result::Result<(), String>> = self
+                .nodes
+                .iter()
+                .map(|node| node_healthy(node, known).and_then(|()| replica_synced(node)))
+                .collect();
+            // redis-cli makes the replicas replicate only after the nodes
+            // have joined: wait for exactly MASTERS masters too.
+            let masters = self.nodes.iter().filter(|n| is_master(n)).count();
+            if states.iter().all(std::result::Result::is_ok) && masters == MASTERS {
                 // Reap redis-cli (killing it if it is still in its final check).
                 let _ = output_of(cli);
                 return Ok(());
@@ -171,8 +197,35 @@ impl RedisCluster {
     }
 }
 
-/// `Ok` if `node` reports a fully assigned, fully known, healthy cluster.
-fn node_healthy(node: &RedisServer) -> std::result::Result<(), String> {
+/// Whether `node` answers `INFO replication` with `role:master`.
+pub(crate) fn is_master(node: &RedisServer) -> bool {
+    resp::command(
+        node.port(),
+        &["INFO", "replication"],
+        Duration::from_millis(500),
+    )
+    .is_ok_and(|info| resp::info_field(&info, "role") == Some("master"))
+}
+
+/// `Ok` if `node` is a master, or a replica whose link to its master is up.
+pub(crate) fn replica_synced(node: &RedisServer) -> std::result::Result<(), String> {
+    let info = resp::command(
+        node.port(),
+        &["INFO", "replication"],
+        Duration::from_millis(500),
+    )
+    .map_err(|e| format!("INFO replication failed: {e}"))?;
+    match resp::info_field(&info, "role") {
+        Some("master") => Ok(()),
+        _ => match resp::info_field(&info, "master_link_status") {
+            Some("up") => Ok(()),
+            other => Err(format!("replica link {other:?}")),
+        },
+    }
+}
+
+/// `Ok` if `node` reports a fully assigned, healthy cluster of `known` nodes.
+pub(crate) fn node_healthy(node: &RedisServer, known: usize) -> std::result::Result<(), String> {
     let info = resp::command(
         node.port(),
         &["CLUSTER", "INFO"],
@@ -182,7 +235,7 @@ fn node_healthy(node: &RedisServer) -> std::result::Result<(), String> {
     let expected = [
         ("cluster_state", "ok".to_owned()),
         ("cluster_slots_assigned", "16384".to_owned()),
-        ("cluster_known_nodes", MASTERS.to_string()),
+        ("cluster_known_nodes", known.to_string()),
     ];
     for (field, want) in expected {
         let got = resp::info_field(&info, field).unwrap_or("<missing>");

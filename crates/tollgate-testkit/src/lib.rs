@@ -6,7 +6,11 @@
 //!   fault controls: [`RedisServer::stop`], [`RedisServer::pause`] /
 //!   [`RedisServer::resume`] (SIGSTOP / SIGCONT) and [`RedisServer::restart`]
 //!   (same port, empty data set).
-//! * [`RedisCluster`] starts a three-master Redis Cluster.
+//! * [`RedisCluster`] starts a three-master Redis Cluster, with replicas if
+//!   asked, and fails a master over ([`RedisCluster::kill_master`],
+//!   [`RedisCluster::force_failover`]).
+//! * [`RedisServer::start_sentinels`] starts a quorum of Sentinels;
+//!   [`RedisServer::pause_for`] is a bounded blip.
 //! * [`require_binaries`] checks that `redis-server` and `redis-cli` are
 //!   installed.
 //! * [`unique`] names keys apart; [`eventually`] polls until a condition
@@ -31,6 +35,7 @@
 
 mod cluster;
 mod error;
+mod failover;
 mod helpers;
 #[cfg(feature = "http")]
 pub mod http;

@@ -76,13 +76,34 @@ impl RedisServer {
     /// Starts a Redis Sentinel monitoring `master` under the name `service`
     /// (quorum 1, down after 1 s, failover timeout 3 s), on a free port.
     pub fn start_sentinel(master: &RedisServer, service: &str) -> Result<RedisServer> {
+        Self::start_sentinel_with_quorum(master, service, 1)
+    }
+
+    /// Starts `count` Sentinels monitoring `master` under the name
+    /// `service` with a majority quorum (`count / 2 + 1`; down after 1 s,
+    /// failover timeout 3 s). They find each other through the master.
+    pub fn start_sentinels(
+        master: &RedisServer,
+        service: &str,
+        count: usize,
+    ) -> Result<Vec<RedisServer>> {
+        (0..count)
+            .map(|_| Self::start_sentinel_with_quorum(master, service, count / 2 + 1))
+            .collect()
+    }
+
+    fn start_sentinel_with_quorum(
+        master: &RedisServer,
+        service: &str,
+        quorum: usize,
+    ) -> Result<RedisServer> {
         require_binaries()?;
         let dir = create_temp_dir()?;
         let conf = dir.join("sentinel.conf");
         std::fs::write(
             &conf,
             format!(
-                "sentinel monitor {service} 127.0.0.1 {port} 1\n\
+                "sentinel monitor {service} 127.0.0.1 {port} {quorum}\n\
                  sentinel down-after-milliseconds {service} 1000\n\
                  sentinel failover-timeout {service} 3000\n",
                 port = master.port()
@@ -194,6 +215,24 @@ impl RedisServer {
     /// Thaws a paused process with SIGCONT. No-op when stopped.
     pub fn resume(&self) {
         self.signal("CONT");
+    }
+
+    /// A bounded blip: pauses the server now and resumes it after `blip`
+    /// from a thread of its own (join the handle to wait for the end). No-op
+    /// when stopped.
+    pub fn pause_for(&self, blip: Duration) -> std::thread::JoinHandle<()> {
+        self.pause();
+        let pid = self.pid();
+        std::thread::spawn(move || {
+            sleep(blip);
+            if let Some(pid) = pid {
+                let _ = Command::new("kill")
+                    .arg("-CONT")
+                    .arg(pid.to_string())
+                    .stdin(Stdio::null())
+                    .status();
+            }
+        })
     }
 
     /// Stops the server if running and starts it again on the same port with

@@ -1,0 +1,132 @@
+//! Failing a [`RedisCluster`]'s master over: by killing it (and waiting for
+//! a replica's promotion) or with `CLUSTER FAILOVER FORCE`.
+
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use crate::cluster::{is_master, RedisCluster};
+use crate::error::{Result, TestkitError};
+use crate::resp;
+use crate::server::RedisServer;
+
+/// How long a failover may take (failure detection after
+/// `cluster-node-timeout` 2 s, then the replica's election).
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(50);
+const PROBE: Duration = Duration::from_millis(500);
+
+impl RedisCluster {
+    /// The indices (into [`nodes`](RedisCluster::nodes)) of the running
+    /// masters.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| live(&self.nodes[i]) && is_master(&self.nodes[i]))
+            .collect()
+    }
+
+    /// The indices of the running replicas of node `master`.
+    pub fn replicas_of(&self, master: usize) -> Vec<usize> {
+        let port = self.nodes[master].port().to_string();
+        (0..self.nodes.len())
+            .filter(|&i| live(&self.nodes[i]))
+            .filter(|&i| {
+                resp::command(self.nodes[i].port(), &["INFO", "replication"], PROBE).is_ok_and(
+                    |info| {
+                        resp::info_field(&info, "role") == Some("slave")
+                            && resp::info_field(&info, "master_port") == Some(port.as_str())
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// The index of the master that serves `key`'s slot (panics if no
+    /// running master claims it).
+    pub fn master_for_key(&self, key: &str) -> usize {
+        let masters = self.masters();
+        let any = masters
+            .first()
+            .expect("tollgate-testkit: no running master");
+        let slot: u16 = resp::command(self.nodes[*any].port(), &["CLUSTER", "KEYSLOT", key], PROBE)
+            .expect("CLUSTER KEYSLOT")
+            .parse()
+            .expect("a slot number");
+        masters
+            .into_iter()
+            .find(|&i| own_slots(&self.nodes[i]).iter().any(|r| r.contains(&slot)))
+            .unwrap_or_else(|| panic!("tollgate-testkit: no running master serves slot {slot}"))
+    }
+
+    /// SIGKILLs master `master` and waits until one of its replicas has been
+    /// promoted and every running node reports `cluster_state:ok`; returns
+    /// the promoted node's index. Fails with [`TestkitError::Startup`] if
+    /// the master has no replica or nothing was promoted within 30 s.
+    pub fn kill_master(&mut self, master: usize) -> Result<usize> {
+        let replicas = self.replicas_of(master);
+        if replicas.is_empty() {
+            return Err(TestkitError::Startup(format!(
+                "node {master} has no replica to promote (start_with_replicas)"
+            )));
+        }
+        self.nodes[master].stop();
+        self.wait_promoted(&replicas)
+    }
+
+    /// Promotes replica `replica` with `CLUSTER FAILOVER FORCE` (its master
+    /// becomes a replica if it is running) and waits until it is a master
+    /// and every running node reports `cluster_state:ok`.
+    pub fn force_failover(&self, replica: usize) -> Result<()> {
+        let node = &self.nodes[replica];
+        resp::command(node.port(), &["CLUSTER", "FAILOVER", "FORCE"], PROBE)
+            .map_err(|e| TestkitError::Startup(format!("CLUSTER FAILOVER FORCE: {e}")))?;
+        self.wait_promoted(&[replica]).map(|_| ())
+    }
+
+    fn wait_promoted(&self, candidates: &[usize]) -> Result<usize> {
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        loop {
+            let promoted = candidates
+                .iter()
+                .copied()
+                .find(|&i| is_master(&self.nodes[i]));
+            if let Some(promoted) = promoted {
+                let ok = self.nodes.iter().filter(|n| live(n)).all(|n| {
+                    resp::command(n.port(), &["CLUSTER", "INFO"], PROBE)
+                        .is_ok_and(|info| resp::info_field(&info, "cluster_state") == Some("ok"))
+                });
+                if ok {
+                    return Ok(promoted);
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(TestkitError::Startup(format!(
+                    "no promotion among nodes {candidates:?} within {FAILOVER_TIMEOUT:?}"
+                )));
+            }
+            sleep(POLL);
+        }
+    }
+}
+
+/// Whether the node's process is running (not stopped).
+fn live(node: &RedisServer) -> bool {
+    node.pid().is_some()
+}
+
+/// The slot ranges `node` serves, from its `myself` line of `CLUSTER NODES`.
+fn own_slots(node: &RedisServer) -> Vec<std::ops::RangeInclusive<u16>> {
+    let Ok(nodes) = resp::command(node.port(), &["CLUSTER", "NODES"], PROBE) else {
+        return Vec::new();
+    };
+    let Some(line) = nodes.lines().find(|l| l.contains("myself")) else {
+        return Vec::new();
+    };
+    line.split(' ')
+        .skip(8)
+        .filter(|f| !f.starts_with('['))
+        .filter_map(|f| match f.split_once('-') {
+            Some((a, b)) => Some(a.parse().ok()?..=b.parse().ok()?),
+            None => f.parse().ok().map(|s| s..=s),
+        })
+        .collect()
+}
