@@ -256,8 +256,7 @@ fn trim_quotes(s: &[u8]) -> &[u8] {
 
 /// The `for=` node of one RFC 7239 element.
 fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
-    element
-        .split(|&b| b == b';')
+    split_pairs(element)
         .filter_map(|pair| {
             let eq = pair.iter().position(|&b| b == b'=')?;
             let (name, value) = (pair[..eq].trim_ascii(), &pair[eq + 1..]);
@@ -265,6 +264,27 @@ fn forwarded_for(element: &[u8]) -> Option<IpAddr> {
         })
         .next()
         .and_then(|v| parse_node(trim_quotes(v)))
+}
+
+/// The `name=value` pairs of one RFC 7239 element, split on `;` outside
+/// quoted strings (with `\` escapes). A proxy copies some values from the
+/// request (`host` is the client's `Host`), quoted: a `;for=…` inside one
+/// is part of that value, not a parameter of its own.
+fn split_pairs(element: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let (mut quoted, mut escape) = (false, false);
+    element.split(move |&b| {
+        if escape {
+            escape = false;
+            return false;
+        }
+        match b {
+            b'\\' if quoted => escape = true,
+            b'"' => quoted = !quoted,
+            b';' => return !quoted,
+            _ => {}
+        }
+        false
+    })
 }
 
 /// An address, possibly with a port: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
@@ -443,6 +463,36 @@ mod tests {
             );
             assert_eq!(key(&fwd, &req), Subject::new("203.0.113.9"), "{garbage:?}");
         }
+    }
+
+    /// A quoted parameter value the proxy copied from the request (`host`
+    /// is the client's `Host` header) cannot smuggle a `for=` in: `;`
+    /// inside a quoted string does not end the parameter.
+    #[test]
+    fn a_quoted_parameter_cannot_smuggle_a_for() {
+        assert_eq!(
+            forwarded_for(br#"host="a;for=6.6.6.6;b=";for=203.0.113.9"#),
+            Some("203.0.113.9".parse().unwrap())
+        );
+        assert_eq!(
+            forwarded_for(br#"host="x\";for=6.6.6.6;y=\"";for=203.0.113.9"#),
+            Some("203.0.113.9".parse().unwrap())
+        );
+        assert_eq!(
+            forwarded_for(br#"host=";for=6.6.6.6";For="[2001:db8::1]:80";proto=https"#),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        let k = ClientIp::trusted_proxies(["10.0.0.0/8"])
+            .unwrap()
+            .header(ForwardedHeader::Forwarded);
+        assert_eq!(
+            via_proxy(
+                &k,
+                "forwarded",
+                r#"host="a;for=6.6.6.6;b=";for=203.0.113.9;proto=https"#
+            ),
+            Subject::new("203.0.113.9")
+        );
     }
 
     #[test]
