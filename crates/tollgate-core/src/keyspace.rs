@@ -1,4 +1,14 @@
-//! Key encoding: `<prefix>:<policy>:{<subject>}[:<suffix>]`.
+//! Key encoding: `<prefix>:<policy>[:<kind>]:{<subject>}[:<suffix>]`.
+//!
+//! A kind says what state lives under the key: rate limiters put their
+//! algorithm's short name there (`tollgate:api:gcra:{alice}`), so two
+//! algorithms under one name never read each other's state; locks,
+//! semaphores and idempotency records have none (`tollgate:lock:{orders}`)
+//! and their policy names (`lock`, `sem`, `idem`) are not algorithm names.
+//! Prefixes, policies and kinds hold no braces, so two keys can be equal
+//! only if everything before `{` is; its last `:`-separated part is an
+//! algorithm in a rate key and `lock`, `sem` or `idem` in any other, so no
+//! rate key is ever a lock's, a semaphore's or an idempotency record's.
 //!
 //! The subject (user id, IP, route, …) is escaped so that
 //! - no two different subjects, and no two splits of a compound subject, map to
@@ -246,9 +256,22 @@ impl Keyspace {
 
     /// The key for `subject`, with an optional suffix after the hash tag.
     pub fn key(&self, subject: &Subject, suffix: Option<&str>) -> String {
+        self.build(None, subject, suffix)
+    }
+
+    /// The key for `subject` of state of one `kind` (a rate limiter's
+    /// algorithm): `<prefix>:<policy>:<kind>:{<subject>}[:<suffix>]`. `kind`
+    /// is one of the crate's own names (no braces, no colon).
+    pub(crate) fn key_of(&self, kind: &str, subject: &Subject, suffix: Option<&str>) -> String {
+        debug_assert!(!kind.contains([':', '{', '}']), "{kind}");
+        self.build(Some(kind), subject, suffix)
+    }
+
+    fn build(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>) -> String {
         let mut key = String::with_capacity(
             self.prefix.len()
                 + self.policy.len()
+                + kind.map_or(0, |k| k.len() + 1)
                 + subject.0.len()
                 + 8
                 + suffix.map_or(0, str::len),
@@ -256,6 +279,10 @@ impl Keyspace {
         key.push_str(&self.prefix);
         key.push(':');
         key.push_str(&self.policy);
+        if let Some(k) = kind {
+            key.push(':');
+            key.push_str(k);
+        }
         key.push_str(":{");
         key.push_str(&subject.0);
         key.push('}');
@@ -328,6 +355,17 @@ mod tests {
         assert_eq!(Subject::new(&edge).as_encoded(), edge);
         // A subject cannot impersonate a digest.
         assert_ne!(Subject::new(a.as_encoded()), a);
+    }
+
+    #[test]
+    fn kinds_keep_keys_apart_in_one_hash_tag() {
+        let ks = Keyspace::new("t", "api").unwrap();
+        let s = Subject::new("alice");
+        assert_eq!(ks.key_of("gcra", &s, None), "t:api:gcra:{alice}");
+        assert_eq!(ks.key_of("fw", &s, Some("q1")), "t:api:fw:{alice}:q1");
+        assert_ne!(ks.key_of("gcra", &s, None), ks.key_of("tb", &s, None));
+        assert_ne!(ks.key_of("gcra", &s, None), ks.key(&s, None));
+        assert_eq!(tag(&ks.key_of("swl", &s, Some("r:00"))), "alice");
     }
 
     #[test]

@@ -101,9 +101,11 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Names the policy. Limiters with the same prefix and name share
-    /// counters; by default the name is derived from the algorithm and quotas,
-    /// so differently configured limiters never share them.
+    /// Names the policy. Limiters with the same prefix, name and algorithm
+    /// share counters (keys carry the algorithm: another algorithm under
+    /// the same name keeps its own); by default the name is derived from the
+    /// algorithm and quotas, so differently configured limiters never share
+    /// them.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self

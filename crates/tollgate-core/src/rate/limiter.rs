@@ -114,14 +114,30 @@ impl RateLimiter {
         self.inner.backend.kind()
     }
 
-    /// The keys a check of `subject` touches, one per quota.
+    /// The keys a check of `subject` touches, one per quota:
+    /// `<prefix>:<name>:<algorithm>:{<subject>}`, with `:q<i>` after the
+    /// hash tag when there are several quotas. The algorithm's
+    /// [short name](Algorithm::short_name) is part of every key, so limiters
+    /// that share a name but not an algorithm never read each other's state.
+    ///
+    /// ```
+    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter, Subject};
+    ///
+    /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+    ///     .quota(Quota::per_second(10))
+    ///     .prefix("app")
+    ///     .name("api")
+    ///     .build()?;
+    /// assert_eq!(limiter.keys_for(&Subject::new("alice")), ["app:api:gcra:{alice}"]);
+    /// # Ok::<(), tollgate_core::Error>(())
+    /// ```
     pub fn keys_for(&self, subject: &Subject) -> Vec<String> {
-        let ks = &self.inner.keyspace;
+        let (ks, kind) = (&self.inner.keyspace, self.inner.algorithm.short_name());
         if self.inner.quotas.len() == 1 {
-            vec![ks.key(subject, None)]
+            vec![ks.key_of(kind, subject, None)]
         } else {
             (0..self.inner.quotas.len())
-                .map(|i| ks.key(subject, Some(&format!("q{i}"))))
+                .map(|i| ks.key_of(kind, subject, Some(&format!("q{i}"))))
                 .collect()
         }
     }

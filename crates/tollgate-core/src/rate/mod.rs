@@ -80,7 +80,8 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// A short stable name, used in default policy names and metrics.
+    /// A short stable name, used in default policy names, metrics and in
+    /// every key the algorithm writes (see [`RateLimiter::keys_for`]).
     pub fn short_name(&self) -> &'static str {
         match self {
             Algorithm::FixedWindow => "fw",

@@ -44,17 +44,18 @@
 //! # Plans never share counters
 //!
 //! Each plan is its own limiter, and its keys live under its limiter's
-//! prefix and name (see [`keyspace`](crate::keyspace)). [`PlanTableBuilder::build`]
-//! refuses two plans whose limiters would write the same keys, so a subject
-//! that moves from free to pro starts pro with pro's own budget, and the
-//! `RateLimit-Policy` of each plan names its own policy.
+//! prefix, name and algorithm (see [`keyspace`](crate::keyspace)).
+//! [`PlanTableBuilder::build`] refuses two plans whose limiters would write
+//! the same keys, so a subject that moves from free to pro starts pro with
+//! pro's own budget, and the `RateLimit-Policy` of each plan names its own
+//! policy.
 //!
 //! # What a replaced table does to existing state
 //!
 //! [`Plans::replace`] swaps the whole table atomically; checks already
 //! running finish on the table they started with, the next one uses the new
-//! table. Nothing stored is touched: **a plan whose limiter keeps its prefix
-//! and name reads the keys the old limiter wrote**, so subjects keep what they
+//! table. Nothing stored is touched: **a plan whose limiter keeps its prefix,
+//! name and algorithm reads the keys the old limiter wrote**, so subjects keep what they
 //! used. Name plan limiters explicitly (`.name("plan-pro")`): a derived name
 //! hashes the quotas, so a changed quota means a new name, fresh keys and a
 //! full budget for everyone. With the same name and the same period, per
@@ -85,11 +86,13 @@
 //!
 //! Keys are per quota position: quota `i` of the new limiter reads quota
 //! `i`'s state; going from one quota to several (or back) changes every key
-//! and starts afresh. Changing a plan's **algorithm** under the same prefix
-//! and name is refused by [`Plans::replace`]: one algorithm's state is not
-//! another's (on Redis the other script would fail on it); give the new
-//! limiter another name. Each limiter has its own deny cache, so a new
-//! limiter never repeats the old one's denials: a grown limit admits at once.
+//! and starts afresh. So does a changed **algorithm**: keys carry it, so the
+//! new limiter reads none of the old one's state (one algorithm's state
+//! means nothing to another) and every subject starts with a full budget,
+//! under the same name and `RateLimit-Policy`; the old keys expire by their
+//! TTLs, and going back to the old algorithm before then finds them again.
+//! Each limiter has its own deny cache, so a new limiter never repeats the
+//! old one's denials: a grown limit admits at once.
 //!
 //! A table lives in one process. Instances that share a backend share the
 //! stored state, and each applies the table it holds: replace the table in
@@ -235,12 +238,6 @@ impl PlanTable {
             .filter(|own| Arc::ptr_eq(&own.name, &plan.name))
             .map(|_| plan.index)
     }
-
-    /// The first plan in `self` that writes the keys `other` writes.
-    fn sharing_keys<'a>(&'a self, other: &Plan) -> Option<&'a Plan> {
-        let keys = key_prefix(&other.limiter);
-        self.plans.iter().find(|p| key_prefix(&p.limiter) == keys)
-    }
 }
 
 /// Builds a [`PlanTable`]; every rule is checked by [`build`](Self::build).
@@ -269,7 +266,8 @@ impl PlanTableBuilder {
 
     /// Checks the table: at least one plan, no name twice, a default that
     /// is one of the plans, and no two plans whose limiters write the same
-    /// keys (the same prefix and name: their counters would be shared).
+    /// keys (the same prefix, name and algorithm: their counters would be
+    /// shared).
     ///
     /// ```
     /// use tollgate_core::{Error, MemoryBackend, PlanTable, Quota, RateLimiter};
@@ -339,12 +337,18 @@ impl PlanTableBuilder {
 }
 
 /// What every key of `limiter` starts with, before the subject's hash tag:
-/// `<prefix>:<policy>`. Prefixes and policy names cannot hold braces, so two
-/// limiters write the same keys exactly when these are equal (`"a:b"` +
-/// `"c"` and `"a"` + `"b:c"` are the same keys).
+/// `<prefix>:<policy>:<algorithm>`. Prefixes and policy names cannot hold
+/// braces, so two limiters write the same keys exactly when these are equal
+/// (`"a:b"` + `"c"` and `"a"` + `"b:c"` are the same keys; another
+/// algorithm never is).
 fn key_prefix(limiter: &RateLimiter) -> String {
     let ks = limiter.keyspace();
-    format!("{}:{}", ks.prefix(), ks.policy())
+    format!(
+        "{}:{}:{}",
+        ks.prefix(),
+        ks.policy(),
+        limiter.algorithm().short_name()
+    )
 }
 
 /// The current [`PlanTable`], shared by every clone and replaceable at
@@ -408,55 +412,33 @@ impl Plans {
     /// Checks already running finish on the old table; the next decision
     /// uses the new one.
     ///
-    /// Errors ([`Error::InvalidConfig`], and the table stays as it was): a
-    /// plan of `table` writes the keys of a current plan under another
-    /// algorithm. The stored state of one algorithm means nothing to
-    /// another (and on Redis its script would fail on it): give the new
-    /// limiter another name.
+    /// A plan may change its algorithm under the same name: keys carry the
+    /// algorithm, so the new limiter starts afresh instead of reading the
+    /// old one's state (see the [module docs](self)). No table is refused
+    /// today; the `Result` leaves room for rules that need the table in use.
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate_core::Error> {
     /// use tollgate_core::{Algorithm, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
     ///
     /// let backend = MemoryBackend::new();
-    /// let table = |alg, name: &str| -> Result<PlanTable, tollgate_core::Error> {
+    /// let table = |alg| -> Result<PlanTable, tollgate_core::Error> {
     ///     let limiter = RateLimiter::builder(backend.clone(), alg)
     ///         .quota(Quota::per_minute(10))
-    ///         .name(name)
+    ///         .name("free")
     ///         .build()?;
     ///     PlanTable::builder().plan("free", limiter).default_plan("free").build()
     /// };
-    /// let plans = Plans::new(table(Algorithm::TokenBucket, "free-v1")?);
-    /// assert!(plans.replace(table(Algorithm::FixedWindow, "free-v1")?).is_err());
-    /// let old = plans.replace(table(Algorithm::FixedWindow, "free-v2")?)?;
+    /// let plans = Plans::new(table(Algorithm::TokenBucket)?);
+    /// assert_eq!(plans.select(None).limiter().check_n("alice", 10).await?.remaining, 0);
+    /// let old = plans.replace(table(Algorithm::FixedWindow)?)?;
     /// assert_eq!(old.default_plan().limiter().algorithm(), Algorithm::TokenBucket);
-    /// assert_eq!(plans.select(None).limiter().algorithm(), Algorithm::FixedWindow);
+    /// // The same name, another algorithm: its own keys, a full budget.
+    /// assert_eq!(plans.select(None).limiter().check("alice").await?.remaining, 9);
     /// # Ok(()) }
     /// ```
     pub fn replace(&self, table: PlanTable) -> Result<Arc<PlanTable>> {
-        let new = Arc::new(table);
-        loop {
-            let old = self.current.load_full();
-            for plan in new.plans() {
-                if let Some(was) = old.sharing_keys(plan) {
-                    let (from, to) = (was.limiter.algorithm(), plan.limiter.algorithm());
-                    if from != to {
-                        return Err(Error::InvalidConfig(format!(
-                            "plan {:?} would read the {from} state that plan {:?} keeps under \"{}:\" \
-                             as {to} state; give its limiter another name",
-                            plan.name,
-                            was.name,
-                            key_prefix(&plan.limiter)
-                        )));
-                    }
-                }
-            }
-            // Only over the table just checked: a concurrent replacement
-            // in between means checking against that one instead.
-            let previous = self.current.compare_and_swap(&old, Arc::clone(&new));
-            if Arc::ptr_eq(&previous, &old) {
-                return Ok(old);
-            }
-        }
+        Ok(self.current.swap(Arc::new(table)))
     }
 }

@@ -137,9 +137,12 @@ impl RateLimiter {
         }
         let request = RefundRequest {
             algorithm: inner.algorithm,
-            marker: inner
-                .keyspace
-                .key(&subject, Some(&format!("r:{:016x}", charge.id))),
+            // Beside the quota keys, under the same algorithm and hash tag.
+            marker: inner.keyspace.key_of(
+                inner.algorithm.short_name(),
+                &subject,
+                Some(&format!("r:{:016x}", charge.id)),
+            ),
             keys,
             quotas: std::sync::Arc::clone(&inner.quotas),
             cost: charge.cost,

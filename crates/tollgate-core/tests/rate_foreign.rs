@@ -1,0 +1,185 @@
+//! Issue #16, defect 4: rate limiters never read state they did not write.
+//! Two limiters that share a prefix and an explicit name but not an
+//! algorithm keep their own keys; a rate limiter's keys are never a lock's,
+//! a semaphore's or an idempotency record's. On memory, a standalone Redis
+//! and a 3-master cluster (real processes, no mocks).
+
+mod rate_common;
+
+use std::time::Duration;
+
+use tollgate_core::idempotency::IdempotencyStore;
+use tollgate_core::{
+    Algorithm, DecisionSource, LockOptions, Locker, ManualClock, MemoryBackend, Quota, RateLimiter,
+    RedisBackend, Semaphore, Subject,
+};
+
+use rate_common::*;
+
+/// A limiter on `t` under the default failure policy (allow): an error that
+/// the policy turned into an admission shows as a `FailOpen` decision.
+fn allow_limiter(
+    t: &Target,
+    alg: Algorithm,
+    quotas: &[Quota],
+    prefix: &str,
+    name: &str,
+    clock: &ManualClock,
+) -> RateLimiter {
+    let mut b = RateLimiter::builder(t.backend.clone(), alg)
+        .prefix(prefix)
+        .name(name)
+        .clock(clock.clone())
+        .timeout(Duration::from_secs(5))
+        .deny_cache(0);
+    for q in quotas {
+        b = b.quota(*q);
+    }
+    b.build().unwrap()
+}
+
+fn quota_sets() -> [Vec<Quota>; 2] {
+    // One quota (the scripts' straight-line path) and two (their loop).
+    [vec![q(3, 60)], vec![q(3, 60), q(5, 3600)]]
+}
+
+/// Two limiters with one prefix and one explicit name, each pair of
+/// algorithms, checked in turn on one subject: each admits exactly its own
+/// limit, every decision from the backend. (Before: GCRA overwrote the fixed
+/// window's value, the fixed window's script then failed on GCRA's, and the
+/// allow policy admitted that subject without limit; on memory each read the
+/// other's state as empty and admitted everything.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_name_two_algorithms_stay_apart() {
+    for kind in KINDS {
+        let clock = ManualClock::starting_now();
+        let t = Target::new(kind, &clock).await;
+        let p = prefix();
+        for (i, &a) in ALL.iter().enumerate() {
+            for &b in &ALL[i + 1..] {
+                for quotas in quota_sets() {
+                    let la = allow_limiter(&t, a, &quotas, &p, "shared", &clock);
+                    let lb = allow_limiter(&t, b, &quotas, &p, "shared", &clock);
+                    let subject = format!("{a:?}-{b:?}-{}", quotas.len());
+                    for round in 0..5 {
+                        for l in [&la, &lb] {
+                            let what = format!(
+                                "{kind:?} {:?} beside {a:?}/{b:?}, {} quotas, round {round}",
+                                l.algorithm(),
+                                quotas.len()
+                            );
+                            let d = l
+                                .check(subject.as_str())
+                                .await
+                                .unwrap_or_else(|e| panic!("{what}: {e}"));
+                            assert_eq!(d.source, DecisionSource::Backend, "{what}: {d:?}");
+                            assert_eq!(d.allowed, round < 3, "{what}: {d:?}");
+                        }
+                    }
+                }
+            }
+        }
+        t.assert_all_keys_expire(&p, &clock).await;
+    }
+}
+
+/// Every key a rate limiter can write, next to every key a lock, a fair
+/// lock, a semaphore and an idempotency store can write under the same
+/// prefix, for names chosen to collide (`lock`, `sem`, `idem`, names and
+/// prefixes with colons): no key in common. (Before: a limiter named `lock`
+/// wrote `<prefix>:lock:{<subject>}`, the lock's own key.)
+#[test]
+fn rate_keys_never_meet_lock_keys() {
+    let m = MemoryBackend::new();
+    let prefixes = ["t", "t:lock", "t:sem", "t:idem", "t:x"];
+    let names = [
+        "lock", "sem", "idem", "x", "lock:x", "x:lock", "fence", "record", "fw", "gcra",
+    ];
+    let subjects = ["orders", "fence", "q0", ""];
+    let mut lock_keys = std::collections::HashSet::new();
+    for prefix in prefixes {
+        let locker = Locker::builder(m.clone()).prefix(prefix).build().unwrap();
+        let fair = Locker::builder(m.clone())
+            .prefix(prefix)
+            .fair()
+            .build()
+            .unwrap();
+        let sem = Semaphore::builder(m.clone(), 3)
+            .prefix(prefix)
+            .fair()
+            .build()
+            .unwrap();
+        let idem = IdempotencyStore::builder(m.clone())
+            .prefix(prefix)
+            .build()
+            .unwrap();
+        for s in subjects {
+            for keys in [locker.keys_for(s), fair.keys_for(s), sem.keys_for(s)] {
+                lock_keys.extend([keys.queue(), keys.tickets(), keys.lock, keys.fence]);
+            }
+            let record = idem.keys_for(&Subject::new(s));
+            lock_keys.extend([record.record, record.lease.lock, record.lease.fence]);
+        }
+    }
+    let mut checked = 0;
+    for prefix in prefixes {
+        for name in names {
+            for alg in ALL {
+                for quotas in quota_sets() {
+                    let mut b = RateLimiter::builder(m.clone(), alg)
+                        .prefix(prefix)
+                        .name(name);
+                    for q in &quotas {
+                        b = b.quota(*q);
+                    }
+                    let l = b.build().unwrap();
+                    for s in subjects {
+                        for key in l.keys_for(&Subject::new(s)) {
+                            assert!(
+                                !lock_keys.contains(&key),
+                                "{alg:?} limiter {prefix:?}/{name:?} writes {key}, a lock keyspace key"
+                            );
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000);
+}
+
+/// A rate limiter named `lock` beside a held lock of the same name under
+/// the same prefix: the limit is exact and the lock is still held (its
+/// release finds its own token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_named_lock_leaves_locks_alone() {
+    for kind in [Kind::Standalone, Kind::Cluster] {
+        let clock = ManualClock::starting_now();
+        let t = Target::new(kind, &clock).await;
+        let p = prefix();
+        let backend = match kind {
+            Kind::Standalone => RedisBackend::from_connection(server().connection_manager().await),
+            _ => RedisBackend::from_connection(cluster().connection().await),
+        };
+        let locker = Locker::builder(backend).prefix(&p).build().unwrap();
+        for alg in ALL {
+            let name = format!("orders-{alg:?}");
+            let lease = locker
+                .acquire(name.as_str(), &LockOptions::new())
+                .await
+                .unwrap();
+            let l = allow_limiter(&t, alg, &[q(3, 60)], &p, "lock", &clock);
+            for round in 0..5 {
+                let d = l.check(name.as_str()).await.unwrap();
+                let what = format!("{kind:?} {alg:?} round {round}");
+                assert_eq!(d.source, DecisionSource::Backend, "{what}: {d:?}");
+                assert_eq!(d.allowed, round < 3, "{what}: {d:?}");
+            }
+            assert!(
+                lease.release().await.unwrap(),
+                "{kind:?} {alg:?}: the lock was overwritten"
+            );
+        }
+    }
+}
