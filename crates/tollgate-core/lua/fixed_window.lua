@@ -13,11 +13,11 @@ if n == 1 then
   local w = math.floor(now / period)
   local reset = (w + 1) * period - now
   local count = 0
-  local v = redis.call('GET', KEYS[1])
+  local v = stored_string(KEYS[1])
   if v then
-    local sep = string.find(v, ':', 1, true)
-    -- `+ 0` fails exactly where tonumber() would give nil (and the sum then fail).
-    if tonumber(string.sub(v, 1, sep - 1)) == w then count = string.sub(v, sep + 1) + 0 end
+    -- Anything but "<digits>:<digits>" is not this script's: read as absent.
+    local sw, sc = string.match(v, '^(%d+):(%d+)$')
+    if sw and sw + 0 == w then count = sc + 0 end
   end
   if count + cost > limit then
     return {0, now, limit - count, reset, reset, reset}
@@ -34,11 +34,11 @@ for i = 1, n do
   w[i] = math.floor(now / period)
   reset[i] = (w[i] + 1) * period - now
   count[i] = 0
-  local v = redis.call('GET', KEYS[i])
+  local v = stored_string(KEYS[i])
   if v then
-    local sep = string.find(v, ':', 1, true)
+    local sw, sc = string.match(v, '^(%d+):(%d+)$')
     -- A count from an earlier window no longer counts.
-    if tonumber(string.sub(v, 1, sep - 1)) == w[i] then count[i] = string.sub(v, sep + 1) + 0 end
+    if sw and sw + 0 == w[i] then count[i] = sc + 0 end
   end
   if count[i] + cost > limit[i] then ok = false end
 end

@@ -12,8 +12,8 @@ if n == 1 then
   -- which saves about a fifth of the script's CPU.
   local interval = ARGV[5] + 0
   local limit_at = now + ARGV[4] * interval
-  -- tonumber(): a value this script did not write reads as no value.
-  local tat = tonumber(redis.call('GET', KEYS[1])) or now
+  -- A value this script did not write reads as no value.
+  local tat = stored_int(KEYS[1]) or now
   if tat < now then tat = now end
   local nt = tat + cost * interval
   -- One more unit is made available when limit_at - tat reaches the next
@@ -35,7 +35,7 @@ local tat, nt, limit_at, interval, ok = {}, {}, {}, {}, true
 for i = 1, n do
   interval[i] = ARGV[3 + 2 * i] + 0
   limit_at[i] = now + ARGV[2 + 2 * i] * interval[i]
-  local t = tonumber(redis.call('GET', KEYS[i])) or now
+  local t = stored_int(KEYS[i]) or now
   if t < now then t = now end
   tat[i], nt[i] = t, t + cost * interval[i]
   if nt[i] > limit_at[i] then ok = false end

@@ -2,7 +2,7 @@
 -- emission intervals, never before now (a full bucket needs no key).
 for i = 1, n - 1 do
   local key, interval = KEYS[i + 1], ARGV[5 + 2 * i] + 0
-  local tat = tonumber(redis.call('GET', key))
+  local tat = stored_int(key)
   if tat then
     tat = tat - cost * interval
     if tat <= now then

@@ -9,3 +9,19 @@ end
 -- Arithmetic coerces a string with one strtod; tonumber() runs two.
 local cost = ARGV[2] + 0
 local n = #KEYS
+-- Stored state is read through redis.pcall: a key someone else wrote with
+-- another type (WRONGTYPE) or a value no script writes is read as absent and
+-- overwritten, like an expired key. A script error instead would leave the
+-- value in place and fail every later check of that subject.
+-- The string under `key`, or nil (absent, or of another type).
+local function stored_string(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' then return v end
+end
+-- The integer under `key` (a TAT, an empty instant), or nil: absent, of
+-- another type, not a number, NaN, ±inf or beyond 2^53 (where integers stop
+-- being exact; no script writes one). tonumber() of an error table is nil.
+local function stored_int(key)
+  local x = tonumber(redis.pcall('GET', key))
+  if x and x > -9007199254740992 and x < 9007199254740992 then return x end
+end

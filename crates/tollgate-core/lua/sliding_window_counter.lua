@@ -27,16 +27,15 @@ if n == 1 then
   local w = math.floor(now / p)
   local e = now - w * p
   local prev, cur = 0, 0
-  local v = redis.call('GET', KEYS[1])
+  local v = stored_string(KEYS[1])
   if v then
-    local a = string.find(v, ':', 1, true)
-    local b = string.find(v, ':', a + 1, true)
-    local sw = tonumber(string.sub(v, 1, a - 1))
-    -- `+ 0` fails exactly where tonumber() would give nil (and the sums then fail).
+    -- Anything but "<digits>:<digits>:<digits>" is not this script's: read as absent.
+    local sw, sp, sc = string.match(v, '^(%d+):(%d+):(%d+)$')
+    sw = sw and sw + 0
     if sw == w then
-      prev, cur = string.sub(v, a + 1, b - 1) + 0, string.sub(v, b + 1) + 0
+      prev, cur = sp + 0, sc + 0
     elseif sw == w - 1 then
-      prev = string.sub(v, b + 1) + 0
+      prev = sc + 0
     end
   end
   local est = cur + math.floor((prev * (p - e) + p - 1) / p)
@@ -61,15 +60,14 @@ for i = 1, n do
   w[i] = math.floor(now / period[i])
   e[i] = now - w[i] * period[i]
   prev[i], cur[i] = 0, 0
-  local v = redis.call('GET', KEYS[i])
+  local v = stored_string(KEYS[i])
   if v then
-    local a = string.find(v, ':', 1, true)
-    local b = string.find(v, ':', a + 1, true)
-    local sw = tonumber(string.sub(v, 1, a - 1))
+    local sw, sp, sc = string.match(v, '^(%d+):(%d+):(%d+)$')
+    sw = sw and sw + 0
     if sw == w[i] then
-      prev[i], cur[i] = string.sub(v, a + 1, b - 1) + 0, string.sub(v, b + 1) + 0
+      prev[i], cur[i] = sp + 0, sc + 0
     elseif sw == w[i] - 1 then
-      prev[i] = string.sub(v, b + 1) + 0
+      prev[i] = sc + 0
     end
   end
   est[i] = cur[i] + math.floor((prev[i] * (period[i] - e[i]) + period[i] - 1) / period[i])

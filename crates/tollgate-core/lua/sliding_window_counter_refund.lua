@@ -3,16 +3,15 @@
 -- (still weighed); never below zero; two windows on, nothing is owed.
 for i = 1, n - 1 do
   local key, period = KEYS[i + 1], ARGV[5 + 2 * i] + 0
-  local v = redis.call('GET', key)
-  local a = v and string.find(v, ':', 1, true)
-  local b = a and string.find(v, ':', a + 1, true)
-  if b then
-    local w = tonumber(string.sub(v, 1, a - 1))
-    local prev, cur = tonumber(string.sub(v, a + 1, b - 1)), tonumber(string.sub(v, b + 1))
+  local v = stored_string(key)
+  local w, prev, cur
+  if v then w, prev, cur = string.match(v, '^(%d+):(%d+):(%d+)$') end
+  if w then
+    w, prev, cur = w + 0, prev + 0, cur + 0
     local charged = math.floor(at / period)
-    if prev and cur and w == charged then
+    if w == charged then
       rewrite(key, string.format('%d:%d:%d', w, prev, math.max(cur - cost, 0)))
-    elseif prev and cur and w == charged + 1 then
+    elseif w == charged + 1 then
       rewrite(key, string.format('%d:%d:%d', w, math.max(prev - cost, 0), cur))
     end
   end

@@ -30,6 +30,15 @@ local function log_units(key, score)
   end
 end
 
+-- Drops the entries of `key` scored at or before `upto`. A key of another
+-- type (WRONGTYPE) is not a log: deleted, so it reads as an empty one and
+-- is overwritten (see rate_prelude.lua).
+local function trim(key, upto)
+  if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', upto)) == 'table' then
+    redis.call('DEL', key)
+  end
+end
+
 -- Until the oldest entry of `key` leaves the window (more room is made
 -- available then); 0 for an empty log. `count` entries are in it.
 local function next_us(key, count, period)
@@ -40,7 +49,7 @@ end
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables).
   local limit, period = ARGV[4] + 0, ARGV[5] + 0
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - period))
+  trim(KEYS[1], string.format('%d', now - period))
   local count = redis.call('ZCARD', KEYS[1])
   if count + cost > limit then
     local reset, idx = 0, count + cost - limit - 1
@@ -63,7 +72,7 @@ local count, limit, period, ok = {}, {}, {}, true
 for i = 1, n do
   limit[i], period[i] = ARGV[2 + 2 * i] + 0, ARGV[3 + 2 * i] + 0
   -- Entries at or before now - period have left the window.
-  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', string.format('%d', now - period[i]))
+  trim(KEYS[i], string.format('%d', now - period[i]))
   count[i] = redis.call('ZCARD', KEYS[i])
   if count[i] + cost > limit[i] then ok = false end
 end

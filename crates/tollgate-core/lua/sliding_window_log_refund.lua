@@ -9,7 +9,9 @@ for i = 1, n - 1 do
       m, k = m + 1, k + 1
       members[k] = ARGV[3] .. ':' .. m
     end
-    redis.call('ZREM', KEYS[i + 1], unpack(members))
+    -- pcall: a key of another type holds none of them (the next check
+    -- repairs it).
+    redis.pcall('ZREM', KEYS[i + 1], unpack(members))
   end
 end
 return 1

@@ -14,8 +14,8 @@ if n == 1 then
   local interval = ARGV[5] + 0
   local capacity = ARGV[4] + 0
   local full = capacity * interval
-  -- tonumber(): a value this script did not write reads as no value.
-  local empty_at = tonumber(redis.call('GET', KEYS[1])) or (now - full)
+  -- A value this script did not write reads as no value.
+  local empty_at = stored_int(KEYS[1]) or (now - full)
   if empty_at < now - full then empty_at = now - full end
   local tokens = math.floor((now - empty_at) / interval)
   local after = empty_at + cost * interval
@@ -35,7 +35,7 @@ local empty_at, tokens, full, ok = {}, {}, {}, true
 for i = 1, n do
   local interval = ARGV[3 + 2 * i] + 0
   full[i] = ARGV[2 + 2 * i] * interval
-  local e = tonumber(redis.call('GET', KEYS[i])) or (now - full[i])
+  local e = stored_int(KEYS[i]) or (now - full[i])
   -- A full bucket holds no more than its capacity.
   if e < now - full[i] then e = now - full[i] end
   empty_at[i], tokens[i] = e, math.floor((now - e) / interval)

@@ -3,7 +3,7 @@
 for i = 1, n - 1 do
   local key, interval = KEYS[i + 1], ARGV[5 + 2 * i] + 0
   local full = ARGV[4 + 2 * i] * interval
-  local empty_at = tonumber(redis.call('GET', key))
+  local empty_at = stored_int(key)
   if empty_at then
     empty_at = empty_at - cost * interval
     if empty_at <= now - full then

@@ -1,13 +1,17 @@
 //! Issue #16, defect 4: rate limiters never read state they did not write.
 //! Two limiters that share a prefix and an explicit name but not an
 //! algorithm keep their own keys; a rate limiter's keys are never a lock's,
-//! a semaphore's or an idempotency record's. On memory, a standalone Redis
-//! and a 3-master cluster (real processes, no mocks).
+//! a semaphore's or an idempotency record's; a value someone else wrote
+//! under a limiter's key is repaired (read as absent and overwritten with a
+//! TTL), never an error that the default allow policy would turn into
+//! "admit everything, for ever". On memory, a standalone Redis and a
+//! 3-master cluster (real processes, no mocks).
 
 mod rate_common;
 
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
 use tollgate_core::idempotency::IdempotencyStore;
 use tollgate_core::{
     Algorithm, DecisionSource, LockOptions, Locker, ManualClock, MemoryBackend, Quota, RateLimiter,
@@ -181,5 +185,128 @@ async fn a_limiter_named_lock_leaves_locks_alone() {
                 "{kind:?} {alg:?}: the lock was overwritten"
             );
         }
+    }
+}
+
+/// A raw connection to the standalone server or the cluster, to write
+/// what a limiter would never write.
+enum Raw {
+    Standalone(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Raw {
+    async fn new(kind: Kind) -> Raw {
+        match kind {
+            Kind::Standalone => Raw::Standalone(server().connection_manager().await),
+            Kind::Cluster => Raw::Cluster(cluster().connection().await),
+            Kind::Memory => unreachable!("memory holds only what the twins write"),
+        }
+    }
+
+    async fn run(&mut self, args: &[&str]) -> redis::Value {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let r = match self {
+            Raw::Standalone(c) => c.req_packed_command(&cmd).await,
+            Raw::Cluster(c) => c.req_packed_command(&cmd).await,
+        };
+        r.unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    async fn pttl(&mut self, key: &str) -> i64 {
+        match self.run(&["PTTL", key]).await {
+            redis::Value::Int(n) => n,
+            other => panic!("PTTL {key}: {other:?}"),
+        }
+    }
+}
+
+/// What someone else may have left under a limiter's key, with no TTL:
+/// strings no script writes (not numbers, not finite, beyond 2^53, another
+/// algorithm's shape) and other types (WRONGTYPE for GET or ZCARD).
+const FOREIGN: [&[&str]; 18] = [
+    &["SET", "garbage"],
+    &["SET", ""],
+    &["SET", "nan"],
+    &["SET", "inf"],
+    &["SET", "-inf"],
+    &["SET", "1e400"],
+    &["SET", "0x7fffffffffffffff"],
+    &["SET", "99999999999999999999"],
+    &["SET", "12:abc"],
+    &["SET", ":"],
+    &["SET", "::"],
+    &["SET", "1:2"],
+    &["SET", "1:2:3:4"],
+    &["SET", "-5"],
+    &["HSET", "f", "v"],
+    &["RPUSH", "a"],
+    &["SADD", "a"],
+    &["ZADD", "1", "a"],
+];
+
+/// A foreign value under every key of a limiter, on the default allow
+/// policy: the checks decide from the backend, admit exactly the limit, and
+/// leave every key holding the limiter's own value with a TTL; a refund over
+/// a foreign value is an answer, not an error. (Before: the window scripts
+/// failed on such a value — and so did every script on another type — and
+/// the allow policy admitted that subject without limit for as long as the
+/// value stayed, which without a TTL is for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_are_repaired() {
+    for kind in [Kind::Standalone, Kind::Cluster] {
+        let clock = ManualClock::starting_now();
+        let t = Target::new(kind, &clock).await;
+        let mut raw = Raw::new(kind).await;
+        let p = prefix();
+        for alg in ALL {
+            for quotas in quota_sets() {
+                let l = allow_limiter(&t, alg, &quotas, &p, "n", &clock);
+                for (i, foreign) in FOREIGN.iter().enumerate() {
+                    // A sorted set is the log's own type: its members count.
+                    if alg == Algorithm::SlidingWindowLog && foreign[0] == "ZADD" {
+                        continue;
+                    }
+                    let subject = format!("s{i}");
+                    let keys = l.keys_for(&Subject::new(&subject));
+                    let what = format!("{kind:?} {alg:?} {} quotas, {foreign:?}", quotas.len());
+                    for key in &keys {
+                        raw.run(&["DEL", key]).await;
+                        let mut args = vec![foreign[0], key.as_str()];
+                        args.extend(&foreign[1..]);
+                        raw.run(&args).await;
+                    }
+                    let mut first = None;
+                    for round in 0..5 {
+                        let d = l.check(subject.as_str()).await;
+                        let d = d.unwrap_or_else(|e| panic!("{what} round {round}: {e}"));
+                        assert_eq!(d.source, DecisionSource::Backend, "{what}: {d:?}");
+                        assert_eq!(d.allowed, round < 3, "{what} round {round}: {d:?}");
+                        first = first.or(d.charge);
+                    }
+                    for key in &keys {
+                        let pttl = raw.pttl(key).await;
+                        assert!(pttl > 0, "{what}: {key} left with PTTL {pttl}");
+                    }
+                    // Clobbered again, then refunded: an answer either way.
+                    for key in &keys {
+                        raw.run(&["DEL", key]).await;
+                        let mut args = vec![foreign[0], key.as_str()];
+                        args.extend(&foreign[1..]);
+                        raw.run(&args).await;
+                    }
+                    let charge = first.expect("an admitted check");
+                    l.refund(subject.as_str(), &charge)
+                        .await
+                        .unwrap_or_else(|e| panic!("{what}: refund: {e}"));
+                    let d = l.check(subject.as_str()).await.unwrap();
+                    assert_eq!(d.source, DecisionSource::Backend, "{what}: {d:?}");
+                }
+            }
+        }
+        t.assert_all_keys_expire(&p, &clock).await;
     }
 }
