@@ -13,6 +13,7 @@ fn cluster() -> &'static RedisCluster {
 }
 
 behaviour_suite!(Cluster(cluster()), 10_000);
+replay_suite!(Cluster(cluster()));
 
 /// A release published by a node other than the one the waiters subscribe
 /// to (the first seed) still wakes them: plain PUBLISH reaches every node.

@@ -15,6 +15,7 @@ fn memory() -> Memory {
 }
 
 behaviour_suite!(memory(), 10_000);
+replay_suite!(memory());
 
 /// Expiry follows the backend's clock: once it passes the TTL, another
 /// locker takes the lock and the holder's next renewal finds it gone.
@@ -105,4 +106,29 @@ fn drop_without_a_runtime_is_harmless() {
     });
     drop(rt);
     drop(lease);
+}
+
+/// A release is remembered for RELEASE_MARKER_TTL on the backend's clock: a
+/// replay within it reports released, one after it not held (the marker is
+/// gone, as its key expires on Redis), for locks and permits alike.
+#[tokio::test]
+async fn a_release_is_remembered_for_the_marker_ttl() {
+    use lock_common::replay::{token, Name};
+    use tollgate_core::lock::{AcquireReply, AcquireRequest, RELEASE_MARKER_TTL};
+    use tollgate_core::LockBackend;
+
+    let clock = ManualClock::starting_now();
+    let backend = MemoryBackend::with_clock(clock.clone());
+    for permits in [None, Some((2, 1, false)), Some((1, 1, true))] {
+        let keys = Name::new("marker", permits).keys();
+        let ttl = Duration::from_secs(30);
+        let a = AcquireRequest::new(keys.clone(), token('a'), ttl, ttl * 10);
+        let reply = backend.acquire_lock(&a).await.unwrap();
+        assert!(matches!(reply, AcquireReply::Acquired { .. }), "{reply:?}");
+        assert!(backend.release_lock(&keys, &a.token).await.unwrap());
+        clock.advance(RELEASE_MARKER_TTL - Duration::from_millis(1));
+        assert!(backend.release_lock(&keys, &a.token).await.unwrap());
+        clock.advance(Duration::from_millis(2));
+        assert!(!backend.release_lock(&keys, &a.token).await.unwrap());
+    }
 }

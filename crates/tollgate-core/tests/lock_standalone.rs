@@ -17,6 +17,7 @@ fn server() -> &'static RedisServer {
 }
 
 behaviour_suite!(Standalone(server()), 10_000);
+replay_suite!(Standalone(server()));
 
 /// SIGSTOP while a lease is held: lost() resolves before the TTL has run out
 /// (measured from before the acquire), and no call hangs.

@@ -101,6 +101,23 @@ impl LockKeys {
     pub fn tickets(&self) -> String {
         format!("{}:tickets", self.lock)
     }
+
+    /// The marker a successful release of `token` leaves for
+    /// [`RELEASE_MARKER_TTL`](super::RELEASE_MARKER_TTL): `<lock>:released:<token>`
+    /// (same hash tag, so the same cluster slot). A replay of that release
+    /// finds it and reports "released" (see [`LockBackend::release_lock`]).
+    ///
+    /// ```
+    /// use tollgate_core::lock::LockKeys;
+    /// use tollgate_core::{Keyspace, Subject};
+    ///
+    /// let keys = LockKeys::new(&Keyspace::new("app", "lock")?, &Subject::new("orders"));
+    /// assert_eq!(keys.release_marker("ab12"), "app:lock:{orders}:released:ab12");
+    /// # Ok::<(), tollgate_core::Error>(())
+    /// ```
+    pub fn release_marker(&self, token: &str) -> String {
+        format!("{}:released:{token}", self.lock)
+    }
 }
 
 /// How many may hold one name at once.
@@ -223,7 +240,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ) -> BoxFuture<'a, Result<AcquireReply>>;
 
     /// Deletes the lock if its value is `token`, and then publishes on its
-    /// channel. `true` when it was ours.
+    /// channel. `true` when it was ours; for permits
+    /// ([`Holders::Permits`]), removes `token`'s permits (or its waiter
+    /// ticket, which reports `false`).
+    ///
+    /// Idempotent per token: a successful release leaves a marker
+    /// ([`LockKeys::release_marker`]) for
+    /// [`RELEASE_MARKER_TTL`](super::RELEASE_MARKER_TTL), so the same
+    /// release sent again in that time — a client retrying after the reply
+    /// was lost, as the cluster client does — answers `true` again (and
+    /// leaves whoever holds the name now alone), instead of telling the
+    /// holder it lost a lock it released. `false` only when `token` did not
+    /// release it: it expired (taken by someone else or not), or never held.
     fn release_lock<'a>(
         &'a self,
         keys: &'a LockKeys,

@@ -455,6 +455,15 @@ impl Lease {
     /// left alone); an error when the backend did not answer (the lock then
     /// expires at its TTL). Dropping the lease afterwards does nothing more.
     ///
+    /// Idempotent per owner token on the backend: when the client sends the
+    /// release again because the first reply was lost (the cluster client
+    /// retries after a dropped connection), the replay finds the marker the
+    /// first run left (it lives
+    /// [`RELEASE_MARKER_TTL`](super::RELEASE_MARKER_TTL), far longer than a
+    /// round trip's bound) and the answer is still `Ok(true)`: the holder
+    /// is not told it lost a lock it released. An expired lease leaves no
+    /// marker, so its release still reports `Ok(false)`.
+    ///
     /// Cancel-safe: the release runs in a task of its own, so dropping this
     /// future mid-flight still releases the lock.
     pub async fn release(self) -> Result<bool> {

@@ -14,6 +14,7 @@ use super::backend::{
     AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
 };
 use super::permits::memory::PermitSet;
+use super::settings::RELEASE_MARKER_TTL;
 use super::FencingToken;
 use crate::backend::MemoryBackend;
 use crate::error::Result;
@@ -39,6 +40,9 @@ pub(crate) struct State {
     pub(crate) permits: HashMap<String, PermitSet>,
     /// Idempotency record key → the record.
     pub(crate) records: HashMap<String, Record>,
+    /// Release marker key ([`LockKeys::release_marker`]) → its expiry (µs):
+    /// the tokens that released a lock or permits lately.
+    released: HashMap<String, u64>,
     ops: u64,
     next_sweep: u64,
 }
@@ -69,6 +73,7 @@ impl fmt::Debug for MemoryLocks {
         f.debug_struct("MemoryLocks")
             .field("held", &s.held.len())
             .field("fences", &s.fences.len())
+            .field("released", &s.released.len())
             .finish()
     }
 }
@@ -98,8 +103,12 @@ impl MemoryLocks {
             state.fences.retain(|_, f| f.expires_at > now);
             Self::sweep_permits(state, now);
             state.records.retain(|_, r| r.expires_at > now);
-            let live =
-                state.held.len() + state.fences.len() + state.permits.len() + state.records.len();
+            state.released.retain(|_, expires_at| *expires_at > now);
+            let live = state.held.len()
+                + state.fences.len()
+                + state.permits.len()
+                + state.records.len()
+                + state.released.len();
             state.next_sweep = state.ops + (live as u64).max(1024);
         }
     }
@@ -163,21 +172,38 @@ impl MemoryLocks {
         FencingToken(fence)
     }
 
+    /// Compare-and-delete, idempotent per token (as `lock_release.lua`): a
+    /// release leaves a marker, and a replay that finds it reports `true`.
     pub(crate) fn release(&self, keys: &LockKeys, token: &str, now: u64) -> bool {
-        let released = {
+        {
             let mut state = self.lock();
             match Self::live(&mut state, &keys.lock, now) {
                 Some(h) if h.token == token => {
                     state.held.remove(&keys.lock);
-                    true
+                    Self::remember_release(&mut state, keys, token, now);
                 }
-                _ => false,
+                _ => return Self::released_by(&state, keys, token, now),
             }
-        };
-        if released {
-            self.notify(&keys.channel);
         }
-        released
+        self.notify(&keys.channel);
+        true
+    }
+
+    /// Leaves the marker of `token`'s release of `keys` (`SET marker 1 PX`).
+    pub(crate) fn remember_release(state: &mut State, keys: &LockKeys, token: &str, now: u64) {
+        state.released.insert(
+            keys.release_marker(token),
+            now.saturating_add(micros(RELEASE_MARKER_TTL)),
+        );
+    }
+
+    /// Whether `token` released `keys` less than [`RELEASE_MARKER_TTL`] ago
+    /// (`EXISTS marker`).
+    pub(crate) fn released_by(state: &State, keys: &LockKeys, token: &str, now: u64) -> bool {
+        state
+            .released
+            .get(&keys.release_marker(token))
+            .is_some_and(|expires_at| *expires_at > now)
     }
 
     /// Announces a release on `channel` (no subscriber is fine: nobody waits).

@@ -57,6 +57,10 @@
 //!   ownerless until its TTL. Acquires are idempotent on the backend, so a
 //!   client that retries one after a connection error (the cluster client
 //!   does) gets its own lock back, not [`Error::Busy`](crate::Error::Busy).
+//!   Releases are idempotent per owner token: a release replayed after its
+//!   reply was lost reports that the lock was ours (a short-lived marker,
+//!   [`RELEASE_MARKER_TTL`], remembers it), not that it was lost; a token
+//!   whose lease expired, or that never held the lock, still gets "not held".
 //! - **No hang, no blocking drop, no panic.** Every round trip is bounded
 //!   ([`LockerBuilder::timeout`]); dropping a [`Lease`] releases it on the
 //!   runtime it was acquired on, without blocking. TTLs, hold caps and fence
@@ -160,6 +164,7 @@ pub use self::permits::MAX_PERMITS;
 pub use self::semaphore::{Permit, Semaphore, SemaphoreBuilder};
 pub use self::settings::{
     DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL, FENCE_TTL_TTLS,
+    RELEASE_MARKER_TTL,
 };
 
 #[cfg(test)]

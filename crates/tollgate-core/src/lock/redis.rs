@@ -11,6 +11,7 @@ use super::backend::{
     ReleaseEvents,
 };
 use super::permits;
+use super::settings::RELEASE_MARKER_TTL;
 use super::FencingToken;
 use crate::backend::redis::lua;
 use crate::backend::RedisBackend;
@@ -111,12 +112,15 @@ impl LockBackend for RedisBackend {
             return permits::redis::release(self, keys, token).boxed();
         }
         async move {
+            let marker = keys.release_marker(token);
             let value = self
                 .invoke(&LOCK_RELEASE, |cmd| {
-                    cmd.arg(1)
+                    cmd.arg(2)
                         .arg(keys.lock.as_str())
+                        .arg(marker.as_str())
                         .arg(token)
-                        .arg(keys.channel.as_str());
+                        .arg(keys.channel.as_str())
+                        .arg(millis_ceil(RELEASE_MARKER_TTL));
                 })
                 .await?;
             parse_flag(value)

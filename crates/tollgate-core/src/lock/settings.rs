@@ -19,6 +19,16 @@ pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 pub const DEFAULT_FENCE_TTL: Duration = Duration::from_secs(3600);
 /// At every acquire, the fence key lives at least this many lock TTLs.
 pub const FENCE_TTL_TTLS: u32 = 10;
+/// How long a release is remembered: a successful release leaves a marker
+/// of its owner token (a key beside the lock, in the same hash tag) that
+/// lives this long, so that the same release sent again — a client retrying
+/// after the reply was lost, as the cluster client does after a dropped
+/// connection — reports "released", the truth, instead of "not held". Ten
+/// times the [default round-trip bound](DEFAULT_LOCK_TIMEOUT): a replay
+/// comes within the call that sent it. One short-lived key per release,
+/// never an immortal one; an expired lease leaves none, so its release still
+/// reports "not held".
+pub const RELEASE_MARKER_TTL: Duration = Duration::from_secs(5);
 /// Default drift allowance: 1 % of the TTL plus 2 ms.
 pub(crate) const DEFAULT_DRIFT_RATIO: f64 = 0.01;
 pub(crate) const DEFAULT_DRIFT_FIXED: Duration = Duration::from_millis(2);

@@ -177,7 +177,8 @@ pub(crate) async fn bound_under_contention<F: SemFixture>(
 
 /// try_acquire refuses when full (Busy with the time to the earliest
 /// expiry), names are independent, counts follow, release frees, a second
-/// release of a token is refused, drop releases, an expired permit's
+/// release of a token (a replay) reports released again and frees nothing
+/// more, another token's is refused, drop releases, an expired permit's
 /// release is false and leaves the others alone, a retried acquire (same
 /// token) counts once.
 pub(crate) async fn try_acquire_and_release<F: SemFixture>(f: &F) {
@@ -230,8 +231,10 @@ pub(crate) async fn try_acquire_and_release<F: SemFixture>(f: &F) {
     }
     assert_eq!(a.in_use("t").await.unwrap(), 0);
 
-    // The storage: a second release of one token is refused; a retried
-    // acquire (the same token) is granted again and counted once.
+    // The storage: a second release of one token (a replay after a lost
+    // reply) reports released and frees nothing more; a token that never
+    // held any is refused; a retried acquire (the same token) is granted
+    // again and counted once.
     let backend = f.backend().await;
     let keys = a.keys_for("raw");
     let token = "a".repeat(32);
@@ -244,11 +247,16 @@ pub(crate) async fn try_acquire_and_release<F: SemFixture>(f: &F) {
     };
     assert!(again > fence);
     assert_eq!(a.in_use("raw").await.unwrap(), 1);
+    let other = b.try_acquire("raw", &opts).await.unwrap();
     assert!(backend.release_lock(&keys, &token).await.unwrap());
+    assert_eq!(a.in_use("raw").await.unwrap(), 1);
     assert!(
-        !backend.release_lock(&keys, &token).await.unwrap(),
-        "released twice"
+        backend.release_lock(&keys, &token).await.unwrap(),
+        "a replayed release reported not held"
     );
+    assert!(!backend.release_lock(&keys, &"b".repeat(32)).await.unwrap());
+    assert_eq!(a.in_use("raw").await.unwrap(), 1, "a replay freed another");
+    assert!(other.release().await.unwrap());
     assert_eq!(a.in_use("raw").await.unwrap(), 0);
 
     // An expired permit: release is false, the holder after it keeps its own.

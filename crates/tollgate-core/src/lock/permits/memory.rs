@@ -153,10 +153,10 @@ impl MemoryLocks {
 
     pub(crate) fn release_permits(&self, keys: &LockKeys, token: &str, now: u64) -> Result<bool> {
         shape(keys)?;
-        let (removed, dequeued) = {
+        let (removed, dequeued, replayed) = {
             let mut state = self.lock();
             let Some(set) = state.permits.get_mut(&keys.lock) else {
-                return Ok(false);
+                return Ok(MemoryLocks::released_by(&state, keys, token, now));
             };
             set.expire(now);
             let removed = set.holders.remove(token).is_some_and(|(w, _)| {
@@ -170,12 +170,20 @@ impl MemoryLocks {
             if set.is_empty() {
                 state.permits.remove(&keys.lock);
             }
-            (removed, dequeued)
+            // Idempotent per token, as `permit_release.lua`: a release
+            // leaves a marker that a replay finds.
+            let replayed = if removed {
+                MemoryLocks::remember_release(&mut state, keys, token, now);
+                false
+            } else {
+                MemoryLocks::released_by(&state, keys, token, now)
+            };
+            (removed, dequeued, replayed)
         };
         if removed || dequeued {
             self.notify(&keys.channel);
         }
-        Ok(removed)
+        Ok(removed || replayed)
     }
 
     pub(crate) fn extend_permits(

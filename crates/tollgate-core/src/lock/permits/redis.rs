@@ -4,6 +4,7 @@ use redis::Value;
 
 use super::super::backend::{millis_ceil, AcquireRequest, LockKeys};
 use super::super::redis::{parse_acquire, parse_flag};
+use super::super::settings::RELEASE_MARKER_TTL;
 use super::shape;
 use crate::backend::redis::lua;
 use crate::backend::RedisBackend;
@@ -55,13 +56,19 @@ pub(crate) async fn acquire(backend: &RedisBackend, req: &AcquireRequest) -> Res
 pub(crate) async fn release(backend: &RedisBackend, keys: &LockKeys, token: &str) -> Result<bool> {
     let (_, weight, fair) = shape(keys)?;
     let (queue, tickets) = (keys.queue(), keys.tickets());
+    let marker = keys.release_marker(token);
     let value = backend
         .invoke(&PERMIT_RELEASE, |cmd| {
-            cmd.arg(if fair { 3 } else { 1 }).arg(keys.lock.as_str());
+            cmd.arg(if fair { 4 } else { 2 })
+                .arg(keys.lock.as_str())
+                .arg(marker.as_str());
             if fair {
                 cmd.arg(queue.as_str()).arg(tickets.as_str());
             }
-            cmd.arg(token).arg(weight).arg(keys.channel.as_str());
+            cmd.arg(token)
+                .arg(weight)
+                .arg(keys.channel.as_str())
+                .arg(millis_ceil(RELEASE_MARKER_TTL));
         })
         .await?;
     parse_flag(value)
