@@ -96,7 +96,9 @@ pub struct BackendError {
 
 impl BackendError {
     /// An error about one request (a wrong key type, a script error): the
-    /// backend itself works, so a circuit breaker does not count it.
+    /// backend itself works, so a circuit breaker does not count it, and a
+    /// rate limiter returns it under every failure policy (admitting it
+    /// would lift that subject's limit for as long as the cause stays).
     pub fn new(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         BackendError {
             outage: false,
@@ -104,9 +106,10 @@ impl BackendError {
         }
     }
 
-    /// An error that means the backend is unreachable or overloaded (a
-    /// connection refused or dropped, a timeout, a loading or failing-over
-    /// server): what a limiter's circuit breaker counts.
+    /// An error that means the backend is unreachable, overloaded or
+    /// refusing every request (a connection refused or dropped, a timeout,
+    /// a loading or failing-over server, one out of memory): what a
+    /// limiter's circuit breaker counts and its failure policy acts on.
     pub fn outage(source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         BackendError {
             outage: true,
@@ -150,10 +153,32 @@ impl BackendError {
             || matches!(
                 e.kind(),
                 ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::AuthenticationFailed
                     | ErrorKind::Server(
-                        S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
+                        S::BusyLoading
+                            | S::TryAgain
+                            | S::ClusterDown
+                            | S::MasterDown
+                            | S::ReadOnly
+                            | S::NoPerm
                     )
-            );
+            )
+            // A server that refuses every request alike (out of memory, a
+            // script busy, writes stopped after a failed save, too few
+            // replicas, authentication) is down for the limiter, not wrong
+            // about one key: the failure policy applies, not an error.
+            || matches!(
+                e.code(),
+                Some("OOM" | "BUSY" | "MISCONF" | "NOREPLICAS" | "NOAUTH" | "WRONGPASS")
+            )
+            // Before Redis 7, a command refused inside a script comes back
+            // as "ERR Error running script …: -OOM command not allowed …".
+            || (e.code() == Some("ERR")
+                && e.detail().is_some_and(|d| {
+                    ["-OOM ", "-READONLY ", "-MISCONF ", "-NOREPLICAS "]
+                        .iter()
+                        .any(|code| d.contains(code))
+                }));
         BackendError {
             outage,
             source: Box::new(e),
@@ -182,9 +207,38 @@ mod tests {
         let script = redis::RedisError::from((redis::ErrorKind::Client, "WRONGTYPE of key"));
         let e = redis_error(script);
         assert!(matches!(&e, Error::Backend(b) if !b.is_outage()));
-        // Still unavailable for the failure policy, as before.
+        // Still unavailable (a 503 over HTTP), though no policy admits it.
         assert!(e.is_unavailable());
         assert!(e.to_string().contains("WRONGTYPE"), "{e}");
+        // A server refusing every request alike is an outage.
+        for (code, detail) in [
+            ("OOM", "command not allowed when used memory > 'maxmemory'."),
+            ("BUSY", "Redis is busy running a script."),
+            ("MISCONF", "Redis is configured to save RDB snapshots"),
+            ("NOREPLICAS", "Not enough good replicas to write."),
+            ("NOAUTH", "Authentication required."),
+        ] {
+            let e = redis_error(redis::make_extension_error(
+                code.to_owned(),
+                Some(detail.to_owned()),
+            ));
+            assert!(matches!(&e, Error::Backend(b) if b.is_outage()), "{code}");
+        }
+        // So is one refused inside a script before Redis 7.
+        let wrapped = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "Error running script (call to f_0): @user_script:1: @user_script: 1: \
+             -OOM command not allowed when used memory > 'maxmemory'."
+                .to_owned(),
+        ));
+        assert!(matches!(&redis_error(wrapped), Error::Backend(b) if b.is_outage()));
+        // A script's runtime error is about its data, not an outage.
+        let lua = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "user_script:1: attempt to perform arithmetic on a nil value",
+        ));
+        assert!(matches!(&redis_error(lua), Error::Backend(b) if !b.is_outage()));
         let source = std::error::Error::source(&e).and_then(std::error::Error::source);
         assert!(source.is_some_and(|s| s.is::<redis::RedisError>()));
     }

@@ -310,3 +310,109 @@ async fn foreign_values_are_repaired() {
         t.assert_all_keys_expire(&p, &clock).await;
     }
 }
+
+/// A backend that answers per subject: `script` and `wrongtype` with the
+/// errors a script about one key's data gives, `protocol` with a reply no
+/// script gives, `down` with an outage; anything else from memory.
+#[derive(Debug)]
+struct Faulty(MemoryBackend);
+
+impl tollgate_core::RateBackend for Faulty {
+    fn check_rate<'a>(
+        &'a self,
+        request: &'a tollgate_core::backend::RateRequest,
+    ) -> futures_util::future::BoxFuture<'a, tollgate_core::Result<tollgate_core::backend::RateReply>>
+    {
+        use tollgate_core::{BackendError, Error};
+        let subject = request.keys[0].rsplit('{').next().unwrap_or_default();
+        let io = |m: &str| std::io::Error::other(m.to_owned());
+        let error = match subject.trim_end_matches('}') {
+            "script" => Error::Backend(BackendError::new(io(
+                "ERR user_script:12: attempt to perform arithmetic on local 'sep' (a nil value)",
+            ))),
+            "wrongtype" => Error::Backend(BackendError::new(io(
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+            ))),
+            "protocol" => Error::Protocol("expected an array, got nil".into()),
+            "down" => Error::Backend(BackendError::outage(io("connection refused"))),
+            _ => return self.0.check_rate(request),
+        };
+        Box::pin(std::future::ready(Err(error)))
+    }
+
+    fn kind(&self) -> &'static str {
+        "faulty"
+    }
+}
+
+/// An error about one request's data (a script error, WRONGTYPE, a reply no
+/// script gives) is not an outage: no failure policy admits it or decides it
+/// locally — the check fails, as unavailable (503 over HTTP) — and it does
+/// not trip the circuit breaker. An outage still gets the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_errors_are_not_outages() {
+    use tollgate_core::FailurePolicy;
+    for policy in [
+        FailurePolicy::Allow,
+        FailurePolicy::Deny,
+        FailurePolicy::Fallback {
+            instances: 2.try_into().unwrap(),
+        },
+    ] {
+        let l = RateLimiter::builder(Faulty(MemoryBackend::new()), Algorithm::Gcra)
+            .quota(q(100, 60))
+            .failure_policy(policy)
+            .circuit_breaker(2, Duration::from_secs(60))
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        for _ in 0..5 {
+            for subject in ["script", "wrongtype", "protocol"] {
+                match l.check(subject).await {
+                    Err(e) => assert!(e.is_unavailable(), "{policy:?} {subject}: {e}"),
+                    Ok(d) => panic!("{policy:?} {subject}: decided {d:?}"),
+                }
+            }
+        }
+        // The circuit stayed closed: others are decided by the backend.
+        let d = l.check("fine").await.unwrap();
+        assert_eq!(d.source, DecisionSource::Backend, "{policy:?}");
+        // An outage gets the failure policy.
+        let d = l.check("down").await;
+        match policy {
+            FailurePolicy::Allow => assert_eq!(d.unwrap().source, DecisionSource::FailOpen),
+            FailurePolicy::Deny => assert!(d.unwrap_err().is_unavailable()),
+            _ => assert_eq!(d.unwrap().source, DecisionSource::Fallback),
+        }
+    }
+}
+
+/// A server that refuses every write (out of memory) is an outage, not a
+/// data error: the allow policy admits, the deny policy refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_memory_server_is_an_outage() {
+    let server = tollgate_testkit::RedisServer::start().unwrap();
+    let backend = RedisBackend::from_connection(server.connection_manager().await);
+    let build = |policy| {
+        RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+            .quota(q(100, 60))
+            .failure_policy(policy)
+            .deny_cache(0)
+            .build()
+            .unwrap()
+    };
+    let (open, closed) = (
+        build(tollgate_core::FailurePolicy::Allow),
+        build(tollgate_core::FailurePolicy::Deny),
+    );
+    assert_eq!(
+        open.check("a").await.unwrap().source,
+        DecisionSource::Backend
+    );
+    server.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    let d = open.check("b").await.unwrap();
+    assert_eq!(d.source, DecisionSource::FailOpen, "{d:?}");
+    let e = closed.check("b").await.unwrap_err();
+    assert!(e.to_string().contains("OOM"), "{e}");
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+}

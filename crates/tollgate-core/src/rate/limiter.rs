@@ -18,7 +18,10 @@ use crate::keyspace::{Keyspace, Subject};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-/// What a limiter does when its backend fails (error, timeout, open circuit).
+/// What a limiter does when its backend fails (an outage: unreachable,
+/// timed out, overloaded or refusing every request, or the circuit open).
+/// An error about one request's data is not an outage: it is returned
+/// whatever the policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -151,8 +154,10 @@ impl RateLimiter {
     /// if every quota admits it, and then taken from every quota.
     ///
     /// Errors: [`Error::CostExceedsCapacity`] when the cost can never fit
-    /// (before any round trip); backend errors only under
-    /// [`FailurePolicy::Deny`].
+    /// (before any round trip); an outage only under
+    /// [`FailurePolicy::Deny`]; an error about this request's data (a
+    /// script error, a reply no script gives) under every policy — it is
+    /// not an outage, so no policy admits it.
     pub async fn check_n(&self, subject: impl Into<Subject>, cost: u64) -> Result<Decision> {
         let subject = subject.into();
         match self.start(&subject, cost) {
@@ -275,25 +280,14 @@ impl RateLimiter {
                 reply
             }
             Ok(reply) => {
-                inner.breaker.failure(monotonic_micros());
                 let e = Error::Protocol(format!(
                     "{} outcomes for {} quotas",
                     reply.outcomes.len(),
                     inner.quotas.len()
                 ));
-                return self.on_failure(subject, request.cost, e);
+                return self.on_error(subject, request.cost, e);
             }
-            Err(e) => {
-                // Only an unreachable or overloaded backend trips the
-                // breaker; an error about one key's data (WRONGTYPE, …)
-                // says nothing about the others.
-                if is_outage(&e) {
-                    inner.breaker.failure(monotonic_micros());
-                } else {
-                    inner.breaker.success();
-                }
-                return self.on_failure(subject, request.cost, e);
-            }
+            Err(e) => return self.on_error(subject, request.cost, e),
         };
         let mut d = Decision::from_outcomes(
             inner.algorithm,
@@ -321,6 +315,23 @@ impl RateLimiter {
             }
         }
         Ok(d)
+    }
+
+    /// A failed round trip. Only an outage (unreachable, overloaded, or
+    /// refusing every request) trips the breaker and gets the failure
+    /// policy. An error about one request's data (a script error, a wrong
+    /// key type, a reply no script gives) says nothing about other subjects
+    /// and is returned under every policy: admitting it would lift the
+    /// limit of that subject for as long as the data stays (issue #16).
+    fn on_error(&self, subject: &Subject, cost: u64, error: Error) -> Result<Decision> {
+        let inner = &self.inner;
+        if is_outage(&error) {
+            inner.breaker.failure(monotonic_micros());
+            return self.on_failure(subject, cost, error);
+        }
+        inner.breaker.success();
+        tracing::warn!(policy = inner.keyspace.policy(), subject = %subject.digest(), error = %error, "rate-limit check failed on this subject's data; not admitted");
+        Err(error)
     }
 
     fn on_failure(&self, subject: &Subject, cost: u64, error: Error) -> Result<Decision> {
