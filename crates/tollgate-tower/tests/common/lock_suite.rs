@@ -192,21 +192,52 @@ pub async fn one_runs_the_other_gets_409(env: LockEnv) {
 
 /// With a wait bound, the second request waits for the first and then runs.
 pub async fn waits_when_configured(env: LockEnv) {
-    let mut p = ProbeRx::new();
-    let app = app(
-        LockLayer::new(env.locker, key()).options(LockOptions::new().wait(BOUND)),
-        p.probe.clone(),
-    );
-    let r = resource("w");
-    let a = spawn_send(&app, req("/work", &r, "a", true));
-    p.wait_entered("a").await;
-    let b = spawn_send(&app, req("/work", &r, "b", false));
-    // Give B time to start waiting (the assertions below hold either way).
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    p.probe.gate.add_permits(1);
-    assert_eq!(join(a).await.status, StatusCode::OK);
-    assert_eq!(join(b).await.status, StatusCode::OK);
-    assert_eq!(p.events(), ["start a", "end a", "start b", "end b"]);
+    // B is sent once A holds the lock, and the gate opens only after B has
+    // reached the lock layer (its acquire runs in the same poll): B can then
+    // only succeed by waiting. The control, without a wait, is refused.
+    for wait in [true, false] {
+        let mut p = ProbeRx::new();
+        let options = if wait {
+            LockOptions::new().wait(BOUND)
+        } else {
+            LockOptions::new()
+        };
+        let (arrived_tx, mut arrived) = mpsc::unbounded_channel();
+        let app = app(
+            LockLayer::new(env.locker.clone(), key()).options(options),
+            p.probe.clone(),
+        )
+        .layer(tower::util::MapRequestLayer::new(
+            move |req: Request<Body>| {
+                let _ = arrived_tx.send(header(req.headers(), "x-id").unwrap_or("?").to_owned());
+                req
+            },
+        ));
+        let r = resource("w");
+        let a = spawn_send(&app, req("/work", &r, "a", true));
+        p.wait_entered("a").await;
+        assert_eq!(arrived.recv().await.as_deref(), Some("a"));
+        let b = spawn_send(&app, req("/work", &r, "b", false));
+        assert_eq!(arrived.recv().await.as_deref(), Some("b"));
+        let b = if wait {
+            tokio::task::yield_now().await;
+            assert!(!b.is_finished(), "B waits while A holds the lock");
+            Some(b)
+        } else {
+            // Refused while A still holds the lock.
+            let refused = join(b).await;
+            assert_eq!(refused.status, StatusCode::CONFLICT, "{refused:?}");
+            None
+        };
+        p.probe.gate.add_permits(1);
+        assert_eq!(join(a).await.status, StatusCode::OK);
+        if let Some(b) = b {
+            assert_eq!(join(b).await.status, StatusCode::OK);
+            assert_eq!(p.events(), ["start a", "end a", "start b", "end b"]);
+        } else {
+            assert_eq!(p.events(), ["start a", "end a"]);
+        }
+    }
 }
 
 /// Fences strictly increase across holders of one resource.
