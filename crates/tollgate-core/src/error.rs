@@ -153,6 +153,10 @@ impl BackendError {
             || matches!(
                 e.kind(),
                 ErrorKind::ClusterConnectionNotFound
+                    // Mid-failover, no sentinel names a reachable master
+                    // yet: the service is down for now, not wrong.
+                    | ErrorKind::MasterNameNotFoundBySentinel
+                    | ErrorKind::NoValidReplicasFoundBySentinel
                     | ErrorKind::AuthenticationFailed
                     | ErrorKind::Server(
                         S::BusyLoading
@@ -200,6 +204,11 @@ mod tests {
 
     #[test]
     fn redis_errors_are_classified_before_they_become_opaque() {
+        let failover = redis::RedisError::from((
+            redis::ErrorKind::MasterNameNotFoundBySentinel,
+            "Master with given name not found in sentinel",
+        ));
+        assert!(matches!(&redis_error(failover), Error::Backend(b) if b.is_outage()));
         let io = redis::RedisError::from(std::io::Error::other("connection reset"));
         let e = redis_error(io);
         assert!(e.is_unavailable());

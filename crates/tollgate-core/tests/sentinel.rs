@@ -171,3 +171,93 @@ async fn semaphores_and_idempotency_follow_a_failover() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Three Sentinels (quorum 2) fail a killed master over: locks follow — a
+/// waiter blocked on the holder acquires on the promoted replica with a
+/// fence above every earlier one (server-clock fences; one host clock here)
+/// — and so do rate limits (a check's key lands on the new master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_and_limits_follow_three_sentinels_through_a_killed_master() {
+    use tollgate_core::{LockOptions, Locker};
+
+    let mut master = RedisServer::start().unwrap();
+    let port = master.port().to_string();
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let sentinels = RedisServer::start_sentinels(&master, "main", 3).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // Each sentinel knows the replica and the two others before the kill.
+    for s in &sentinels {
+        while !s
+            .cli(&["SENTINEL", "REPLICAS", "main"])
+            .contains(&replica.port().to_string())
+            || s.cli(&["SENTINEL", "SENTINELS", "main"])
+                .matches("runid")
+                .count()
+                < 2
+        {
+            assert!(Instant::now() < deadline, "sentinels never met");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    while !replica
+        .cli(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "replica never synced");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let urls: Vec<String> = sentinels.iter().map(RedisServer::url).collect();
+    let locker = Locker::builder(RedisBackend::sentinel(&urls, "main").unwrap())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(5));
+    let mut fences = Vec::new();
+    for _ in 0..3 {
+        let lease = locker.acquire("job", &opts).await.unwrap();
+        fences.push(lease.fence());
+        assert!(lease.release().await.unwrap());
+    }
+    let holder = locker.acquire("job", &opts).await.unwrap();
+    fences.push(holder.fence());
+    let waiter = {
+        let locker = locker.clone();
+        let wait = LockOptions::new()
+            .ttl(Duration::from_secs(5))
+            .wait(Duration::from_secs(40));
+        tokio::spawn(async move { locker.acquire("job", &wait).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "the waiter waits for the holder");
+
+    master.stop();
+    while !replica.cli(&["ROLE"]).starts_with("master") {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(30),
+            "no failover"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = holder.release().await;
+    let lease = waiter.await.unwrap().expect("the waiter acquires");
+    assert!(
+        fences.iter().all(|f| lease.fence() > *f),
+        "{:?} after {fences:?}",
+        lease.fence()
+    );
+    assert_eq!(replica.cli(&["EXISTS", lease.key()]), "1");
+    assert!(lease.release().await.unwrap());
+
+    let limiter = RateLimiter::builder(
+        RedisBackend::sentinel(&urls, "main").unwrap(),
+        Algorithm::FixedWindow,
+    )
+    .quota(Quota::per_hour(10))
+    .failure_policy(FailurePolicy::Deny)
+    .build()
+    .unwrap();
+    let d = limiter.check("after").await.unwrap();
+    assert_eq!((d.allowed, d.source), (true, DecisionSource::Backend));
+    let key = limiter.keys_for(&Subject::new("after")).remove(0);
+    assert_eq!(replica.cli(&["EXISTS", &key]), "1");
+}
