@@ -222,3 +222,66 @@ async fn fences_increase_and_waiters_wake_through_a_killed_master() {
         assert!(lease.release().await.unwrap());
     }
 }
+
+/// The node a `Locker`'s release subscription is on (`PUBSUB NUMPAT`).
+fn subscribed(cluster: &RedisCluster) -> Option<usize> {
+    (0..cluster.nodes().len()).find(|&i| {
+        cluster.nodes()[i].pid().is_some() && cluster.nodes()[i].cli(&["PUBSUB", "NUMPAT"]) != "0"
+    })
+}
+
+/// The release subscription follows the topology: when the node it is on
+/// dies, it moves to another live node (it was pinned to the first seed),
+/// and a waiter that only polls once a minute is still woken by the next
+/// release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_subscription_moves_off_a_dead_node() {
+    let cluster = RedisCluster::start_with_replicas(1).unwrap();
+    let backend = RedisBackend::connect_cluster(cluster.seeds())
+        .await
+        .unwrap();
+    let locker = Locker::builder(backend)
+        .timeout(TIMEOUT)
+        .poll_interval(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let name = unique("sub");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let holder = locker.acquire(name.as_str(), &opts).await.unwrap();
+    let waiter = {
+        let (locker, name) = (locker.clone(), name.clone());
+        let wait = LockOptions::new()
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(40));
+        tokio::spawn(async move { locker.acquire(name.as_str(), &wait).await })
+    };
+    let first = tollgate_testkit::eventually(Duration::from_secs(20), "a subscription", || async {
+        subscribed(&cluster)
+    })
+    .await;
+    let cluster = Arc::new(Mutex::new(cluster));
+    let killer = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut cluster = killer.lock().unwrap();
+        if cluster.masters().contains(&first) {
+            cluster.kill_master(first).unwrap();
+        } else {
+            cluster.nodes_mut()[first].stop();
+        }
+    })
+    .await
+    .unwrap();
+    let moved =
+        tollgate_testkit::eventually(Duration::from_secs(20), "a new subscription", || async {
+            subscribed(&cluster.lock().unwrap())
+        })
+        .await;
+    assert_ne!(moved, first);
+    assert!(!waiter.is_finished(), "the waiter still waits");
+    assert!(holder.release().await.unwrap());
+    let lease = waiter
+        .await
+        .unwrap()
+        .expect("woken by the release (with a live subscription, waiters poll once a minute)");
+    assert!(lease.release().await.unwrap());
+}

@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::rate::{Algorithm, Outcome, Quota};
 
 pub(crate) mod memory;
+pub(crate) mod pubsub;
 pub(crate) mod redis;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;

@@ -10,6 +10,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
+use super::pubsub::PubSubNodes;
 use super::{RateBackend, RateReply, RateRequest, RefundRequest};
 use crate::error::{redis_error, Error, Result};
 use crate::rate::{Algorithm, Outcome};
@@ -119,7 +120,7 @@ fn refund_script_for(algorithm: Algorithm) -> &'static LuaScript {
 #[derive(Clone)]
 pub struct RedisBackend {
     conn: Conn,
-    pubsub: Option<Arc<redis::Client>>,
+    pubsub: Option<Arc<PubSubNodes>>,
     kind: &'static str,
 }
 
@@ -246,8 +247,9 @@ impl RedisBackend {
     }
 
     /// Connects to a Redis Cluster through its seed nodes (`redis://host:port`
-    /// or `host:port`). Pub/sub for lock waiters goes to the first seed
-    /// (cluster-wide `PUBLISH` reaches every node).
+    /// or `host:port`). Lock waiters subscribe on any live node of the
+    /// current topology (a cluster-wide `PUBLISH` reaches every node), and
+    /// move to another when theirs goes away.
     pub async fn connect_cluster<I, S>(seeds: I) -> Result<Self>
     where
         I: IntoIterator<Item = S>,
@@ -267,14 +269,19 @@ impl RedisBackend {
         let first = seeds
             .first()
             .ok_or_else(|| Error::InvalidConfig("a cluster needs at least one seed".into()))?;
-        let pubsub = redis::Client::open(first.as_str()).map_err(redis_error)?;
+        let mut pubsub = vec![redis::Client::open(first.as_str()).map_err(redis_error)?];
+        for seed in &seeds[1..] {
+            pubsub.push(redis::Client::open(seed.as_str()).map_err(redis_error)?);
+        }
         let mut conn = redis::cluster::ClusterClient::new(seeds.clone())
             .map_err(redis_error)?
             .get_async_connection()
             .await
             .map_err(redis_error)?;
         ensure_supported(&mut conn).await?;
-        Ok(Self::with_conn(Conn::Cluster(conn), "cluster").with_pubsub(pubsub))
+        let mut backend = Self::with_conn(Conn::Cluster(conn), "cluster");
+        backend.pubsub = Some(Arc::new(PubSubNodes::new(pubsub)));
+        Ok(backend)
     }
 
     /// A backend on the master `service` behind Redis Sentinel; follows
@@ -341,7 +348,7 @@ impl RedisBackend {
 
     /// The client used for the one pub/sub subscription per `Locker`.
     pub fn with_pubsub(mut self, client: redis::Client) -> Self {
-        self.pubsub = Some(Arc::new(client));
+        self.pubsub = Some(Arc::new(PubSubNodes::new(vec![client])));
         self
     }
 
@@ -351,9 +358,18 @@ impl RedisBackend {
         self
     }
 
-    /// The pub/sub client, if any.
-    pub(crate) fn pubsub_client(&self) -> Option<&redis::Client> {
-        self.pubsub.as_deref()
+    /// Where lock waiters subscribe, if anywhere.
+    pub(crate) fn pubsub_nodes(&self) -> Option<&Arc<PubSubNodes>> {
+        self.pubsub.as_ref()
+    }
+
+    /// The cluster connection, for a cluster backend (to ask it for the
+    /// current topology).
+    pub(crate) fn cluster_connection(&self) -> Option<ClusterConnection> {
+        match &self.conn {
+            Conn::Cluster(c) => Some(c.clone()),
+            _ => None,
+        }
     }
 
     /// Runs a script: `EVALSHA`, and on `NOSCRIPT` (after a restart, a

@@ -178,10 +178,17 @@ impl LockBackend for RedisBackend {
         &self,
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
-        let client = self.pubsub_client()?.clone();
+        let nodes = std::sync::Arc::clone(self.pubsub_nodes()?);
+        let cluster = self.cluster_connection();
         let pattern = format!("{}*", glob_escape(channel_prefix));
         Some(
             async move {
+                // On a cluster, a live node of the current topology (the
+                // last subscription's node may be the one that died).
+                let client = match cluster {
+                    Some(mut conn) => nodes.next_cluster_node(&mut conn).await,
+                    None => nodes.next_seed(),
+                };
                 let mut pubsub = client.get_async_pubsub().await.map_err(redis_error)?;
                 pubsub
                     .psubscribe(pattern.as_str())
