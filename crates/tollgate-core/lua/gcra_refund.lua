@@ -1,14 +1,16 @@
 -- GCRA refund: the theoretical arrival time moves back by the cost's
--- emission intervals, never before now (a full bucket needs no key).
+-- emission intervals, never before now (a full bucket needs no key). Time
+-- relative to now in units of 1/per µs, as in gcra.lua.
 for i = 1, n - 1 do
-  local key, interval = KEYS[i + 1], ARGV[5 + 2 * i] + 0
-  local tat = stored_int(key)
+  local key = KEYS[i + 1]
+  local interval, per = interval_of(ARGV[5 + 2 * i])
+  local tat = stored_instant(key, per)
   if tat then
     tat = tat - cost * interval
-    if tat <= now then
+    if tat <= 0 then
       redis.call('DEL', key)
     else
-      redis.call('SET', key, string.format('%d', tat), 'PX', string.format('%d', math.ceil((tat - now) / 1000)))
+      redis.call('SET', key, instant(tat, per), 'PX', string.format('%d', math.ceil(ceil_us(tat, per) / 1000)))
     end
   end
 end

@@ -18,10 +18,45 @@ local function stored_string(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'string' then return v end
 end
--- The integer under `key` (a TAT, an empty instant), or nil: absent, of
--- another type, not a number, NaN, ±inf or beyond 2^53 (where integers stop
--- being exact; no script writes one). tonumber() of an error table is nil.
-local function stored_int(key)
-  local x = tonumber(redis.pcall('GET', key))
-  if x and x > -9007199254740992 and x < 9007199254740992 then return x end
+-- A quota's time argument: whole µs ('100000'), or an exact fraction of
+-- them, '<ticks>/<per>' (a bucket's emission interval period/limit, reduced:
+-- rounding it to whole µs would change the rate). Returns ticks, per: the
+-- buckets count time in units of 1/per µs, so their arithmetic stays exact.
+local function interval_of(s)
+  local slash = string.find(s, '/', 1, true)
+  if not slash then return s + 0, 1 end
+  return string.sub(s, 1, slash - 1) + 0, string.sub(s, slash + 1) + 0
+end
+-- A bucket's instant (a TAT, an empty instant) under `key`, relative to
+-- `now` in units of 1/per µs; nil when absent, of another type, or not such
+-- a value (not a number, NaN, ±inf, beyond 2^53 where integers stop being
+-- exact: no script writes one). Stored as whole µs, plus ':<frac>' units
+-- (0 < frac < per) when the instant falls between two microseconds: only
+-- whole µs are ever absolute, so no figure nears 2^53.
+local function stored_instant(key, per)
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then return end
+  local us, frac = tonumber(v), 0
+  if not us then
+    local colon = string.find(v, ':', 1, true)
+    if not colon then return end
+    us, frac = tonumber(string.sub(v, 1, colon - 1)), tonumber(string.sub(v, colon + 1))
+    if not (us and frac and frac >= 0) then return end
+    -- Units of another quota (changed under the same name): the next whole
+    -- µs, later and so stricter for both buckets.
+    if frac >= per or frac % 1 ~= 0 then us, frac = us + 1, 0 end
+  end
+  if us > -9007199254740992 and us < 9007199254740992 then return (us - now) * per + frac end
+end
+-- The instant `rel` units of 1/per µs after now, as stored_instant reads it.
+local function instant(rel, per)
+  local us = math.floor(rel / per)
+  local frac = rel - us * per
+  if frac == 0 then return string.format('%d', now + us) end
+  return string.format('%d:%d', now + us, frac)
+end
+-- `x` units of 1/per µs in whole µs, rounded up (a client waiting that long
+-- is not early). Exact: |x| < 2^52.
+local function ceil_us(x, per)
+  return math.ceil(x / per)
 end

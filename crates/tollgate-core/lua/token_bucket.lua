@@ -1,63 +1,66 @@
--- Token bucket in one integer per key: the instant (µs) at which the bucket was
--- last empty. tokens(now) = min(capacity, floor((now - empty_at) / interval)).
+-- Token bucket in one instant per key: when the bucket was last empty.
+-- tokens(now) = min(capacity, floor((now - empty_at) / interval)).
 -- KEYS[i]: one key per quota, all sharing one hash tag.
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost (both read by
 -- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS). ARGV[3]: unused.
--- ARGV[2+2i], ARGV[3+2i]: capacity and refill interval per token (µs) of quota i.
+-- ARGV[2+2i], ARGV[3+2i]: capacity and exact refill interval per token
+-- ('<ticks>[/<per>]' µs, see interval_of) of quota i. Time below is relative
+-- to now, in units of 1/per µs: the empty instant is ≤ 0 once it counts.
 -- Returns {allowed, now, then per quota: remaining, reset_after_us, retry_after_us,
 -- next_us (until more quota is made available: draft-10's `t`; 0 when full)}:
 -- the figures after taking the tokens when every quota has them, else the
--- figures as they stand (nothing is written: all or nothing).
+-- figures as they stand (nothing is written: all or nothing). Figures in µs
+-- are rounded up.
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables),
   -- which saves about a fifth of the script's CPU.
-  local interval = ARGV[5] + 0
+  local interval, per = interval_of(ARGV[5])
   local capacity = ARGV[4] + 0
   local full = capacity * interval
   -- A value this script did not write reads as no value.
-  local empty_at = stored_int(KEYS[1]) or (now - full)
-  if empty_at < now - full then empty_at = now - full end
-  local tokens = math.floor((now - empty_at) / interval)
-  local after = empty_at + cost * interval
+  local empty = stored_instant(KEYS[1], per) or -full
+  if empty < -full then empty = -full end
+  local tokens = math.floor(-empty / interval)
+  local after = empty + cost * interval
   if tokens < cost then
-    return {0, now, tokens, empty_at + full - now, after - now,
-      tokens < capacity and interval - (now - empty_at) % interval or 0}
+    return {0, now, tokens, ceil_us(empty + full, per), ceil_us(after, per),
+      tokens < capacity and ceil_us(interval - (-empty) % interval, per) or 0}
   end
-  local px = math.ceil((after + full - now) / 1000)
+  local px = math.ceil(ceil_us(after + full, per) / 1000)
   if px < 1 then px = 1 end
   -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  redis.call('SET', KEYS[1], string.format('%d', after), 'PX', string.format('%d', px))
+  redis.call('SET', KEYS[1], instant(after, per), 'PX', string.format('%d', px))
   -- The next token comes when the elapsed time reaches a whole interval.
-  return {1, now, tokens - cost, after + full - now, 0,
-    tokens - cost < capacity and interval - (now - after) % interval or 0}
+  return {1, now, tokens - cost, ceil_us(after + full, per), 0,
+    tokens - cost < capacity and ceil_us(interval - (-after) % interval, per) or 0}
 end
-local empty_at, tokens, full, ok = {}, {}, {}, true
+local empty, tokens, full, interval, per, ok = {}, {}, {}, {}, {}, true
 for i = 1, n do
-  local interval = ARGV[3 + 2 * i] + 0
-  full[i] = ARGV[2 + 2 * i] * interval
-  local e = stored_int(KEYS[i]) or (now - full[i])
+  interval[i], per[i] = interval_of(ARGV[3 + 2 * i])
+  full[i] = ARGV[2 + 2 * i] * interval[i]
+  local e = stored_instant(KEYS[i], per[i]) or -full[i]
   -- A full bucket holds no more than its capacity.
-  if e < now - full[i] then e = now - full[i] end
-  empty_at[i], tokens[i] = e, math.floor((now - e) / interval)
+  if e < -full[i] then e = -full[i] end
+  empty[i], tokens[i] = e, math.floor(-e / interval[i])
   if tokens[i] < cost then ok = false end
 end
 local out = {ok and 1 or 0, now}
 for i = 1, n do
   local j = 4 * i - 1
-  local interval = ARGV[3 + 2 * i] + 0
+  local iv, p = interval[i], per[i]
   local capacity = ARGV[2 + 2 * i] + 0
-  local after = empty_at[i] + cost * interval
+  local after = empty[i] + cost * iv
   if ok then
     -- The key is worthless once the bucket is full again: expire it then.
     -- At least 1 ms: a cost of 0 on a full bucket leaves nothing to wait for.
-    local px = math.ceil((after + full[i] - now) / 1000)
+    local px = math.ceil(ceil_us(after + full[i], p) / 1000)
     if px < 1 then px = 1 end
-    redis.call('SET', KEYS[i], string.format('%d', after), 'PX', string.format('%d', px))
-    out[j], out[j + 1], out[j + 2] = tokens[i] - cost, after + full[i] - now, 0
-    out[j + 3] = tokens[i] - cost < capacity and interval - (now - after) % interval or 0
+    redis.call('SET', KEYS[i], instant(after, p), 'PX', string.format('%d', px))
+    out[j], out[j + 1], out[j + 2] = tokens[i] - cost, ceil_us(after + full[i], p), 0
+    out[j + 3] = tokens[i] - cost < capacity and ceil_us(iv - (-after) % iv, p) or 0
   else
-    out[j], out[j + 1], out[j + 2] = tokens[i], empty_at[i] + full[i] - now, math.max(after - now, 0)
-    out[j + 3] = tokens[i] < capacity and interval - (now - empty_at[i]) % interval or 0
+    out[j], out[j + 1], out[j + 2] = tokens[i], ceil_us(empty[i] + full[i], p), math.max(ceil_us(after, p), 0)
+    out[j + 3] = tokens[i] < capacity and ceil_us(iv - (-empty[i]) % iv, p) or 0
   end
 end
 return out

@@ -1,16 +1,18 @@
 -- Token bucket refund: the tokens go back into the bucket, never above its
--- capacity (a full bucket needs no key).
+-- capacity (a full bucket needs no key). Time relative to now in units of
+-- 1/per µs, as in token_bucket.lua.
 for i = 1, n - 1 do
-  local key, interval = KEYS[i + 1], ARGV[5 + 2 * i] + 0
+  local key = KEYS[i + 1]
+  local interval, per = interval_of(ARGV[5 + 2 * i])
   local full = ARGV[4 + 2 * i] * interval
-  local empty_at = stored_int(key)
-  if empty_at then
-    empty_at = empty_at - cost * interval
-    if empty_at <= now - full then
+  local empty = stored_instant(key, per)
+  if empty then
+    empty = empty - cost * interval
+    if empty <= -full then
       redis.call('DEL', key)
     else
-      redis.call('SET', key, string.format('%d', empty_at), 'PX',
-        string.format('%d', math.ceil((empty_at + full - now) / 1000)))
+      redis.call('SET', key, instant(empty, per), 'PX',
+        string.format('%d', math.ceil(ceil_us(empty + full, per) / 1000)))
     end
   end
 end

@@ -2,10 +2,10 @@
 //!
 //! - `Quota::new` never panics: any limit and any `Duration` give a quota
 //!   or an error, and an error exactly for what the docs refuse (a zero
-//!   limit, a period under 1 µs or over ten years, more than one per
-//!   microsecond, a span past 2^50 µs);
-//! - an accepted quota keeps its figures (limit, period truncated to whole
-//!   microseconds, burst = limit unless set);
+//!   limit, a period under 1 µs, over ten years or not a whole number of
+//!   microseconds, more than one per microsecond, a span past 2^50 µs);
+//! - an accepted quota keeps its figures (limit, period, burst = limit
+//!   unless set);
 //! - the emission interval is the period over the limit rounded **up** to
 //!   whole microseconds (never a faster rate), so `interval × limit` is the
 //!   period plus less than one microsecond per unit;
@@ -43,6 +43,10 @@ fn period() -> impl Strategy<Value = Duration> {
 /// What the docs accept, computed in 128 bits.
 fn accepted(limit: u64, period: Duration, burst: Option<u64>) -> bool {
     let (limit, us) = (u128::from(limit), period.as_micros());
+    // Whole microseconds only: truncating would change the rate.
+    if !period.subsec_nanos().is_multiple_of(1000) {
+        return false;
+    }
     if limit == 0 || us == 0 || us > TEN_YEARS_US || limit > us {
         return false;
     }

@@ -228,7 +228,7 @@ impl MemoryBackend {
         shard.map.insert(
             req.marker.clone(),
             Entry {
-                slot: Slot::Int(1),
+                slot: Slot::Marker,
                 expires_at: until,
             },
         );
@@ -241,7 +241,7 @@ impl MemoryBackend {
             let Some(entry) = shard.map.get_mut(key).filter(|e| e.expires_at > now) else {
                 continue;
             };
-            let mut slot = Some(std::mem::replace(&mut entry.slot, Slot::Int(0)));
+            let mut slot = Some(std::mem::replace(&mut entry.slot, Slot::Marker));
             let ttl = req.algorithm.refund(&mut slot, r, q);
             match slot {
                 Some(slot) => {
@@ -271,7 +271,7 @@ impl MemoryBackend {
         let cost = req.cost;
         if let Some(entry) = shard.map.get_mut(key) {
             let expired = entry.expires_at <= now;
-            let mut slot = (!expired).then(|| std::mem::replace(&mut entry.slot, Slot::Int(0)));
+            let mut slot = (!expired).then(|| std::mem::replace(&mut entry.slot, Slot::Marker));
             let mut outcome = alg.step(&mut slot, now, cost, q, false);
             let allowed = outcome.retry_after_micros == 0;
             if allowed {

@@ -160,6 +160,9 @@ impl RateLimiterBuilder {
                     self.algorithm
                 )));
             }
+            if self.algorithm.uses_burst() {
+                q.check_bucket_exact()?;
+            }
             if self.algorithm == Algorithm::SlidingWindowLog && q.limit() > MAX_LOG_LIMIT {
                 return Err(Error::InvalidQuota(format!(
                     "{q:?}: the sliding window log keeps one entry per request and accepts limits up to {MAX_LOG_LIMIT}; use the sliding window counter"

@@ -1,61 +1,61 @@
-//! GCRA (generic cell rate algorithm): a token bucket kept in one integer, the
+//! GCRA (generic cell rate algorithm): a token bucket kept in one instant, the
 //! theoretical arrival time. The Redis script is `lua/gcra.lua`; this file is
 //! its twin for the memory backend, figure for figure.
+//!
+//! Time is counted relative to now in units of `1/per_micro` µs, where the
+//! emission interval `period / limit` is a whole number of units
+//! ([`Interval`]): no rate is rounded.
 
-use super::{Outcome, Refund, Slot, Step};
+use super::{ceil_micros, Instant, Interval, Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("gcra");
 /// Its refund script.
 pub(crate) const REFUND: &str = refund_script!("gcra");
 
-/// One quota's step. `burst` and `interval` are the quota's burst and
-/// emission interval in µs. With `req.commit`, an admitted cost is written back.
-pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, interval): (u64, u64)) -> Outcome {
+/// One quota's step. `burst` and the exact emission interval. With
+/// `req.commit`, an admitted cost is written back.
+pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, iv): (u64, Interval)) -> Outcome {
+    let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
     let tat = match slot {
-        Some(Slot::Int(t)) => u64::try_from(*t).unwrap_or(0).max(req.now),
-        _ => req.now,
+        Some(Slot::At(t)) => t.rel(req.now, per).max(0),
+        _ => 0,
     };
-    let limit_at = req.now + burst * interval;
-    let nt = tat + req.cost * interval;
-    let retry = nt.saturating_sub(limit_at);
+    let limit_at = i128::from(burst) * interval;
+    let nt = tat + i128::from(req.cost) * interval;
+    let us = |units: i128| ceil_micros(units, per);
+    // Whole intervals of room; negative (a TAT past the limit after the
+    // clock stepped back) reads as none, as the script's reply does.
+    let units = |room: i128| room.div_euclid(interval).max(0) as u64;
     // One more unit is made available when limit_at - tat reaches the next
     // whole interval (time moves limit_at; the TAT stays); none when full.
-    let next = |t: u64| {
-        if t > req.now {
-            interval - limit_at.saturating_sub(t) % interval
+    // Euclid's remainder: Lua's `%` for a negative room.
+    let next = |t: i128| {
+        if t > 0 {
+            us(interval - (limit_at - t).rem_euclid(interval))
         } else {
             0
         }
     };
-    if req.commit && retry == 0 {
-        *slot = Some(Slot::Int(nt as i64));
-        return Outcome::allowed(
-            (limit_at - nt) / interval,
-            nt - req.now,
-            nt - req.now,
-            next(nt),
-        );
+    if req.commit && nt <= limit_at {
+        *slot = Some(Slot::At(Instant::at(req.now, nt, per)));
+        return Outcome::allowed(units(limit_at - nt), us(nt), us(nt), next(nt));
     }
-    Outcome::current(
-        limit_at.saturating_sub(tat) / interval,
-        tat - req.now,
-        retry,
-        next(tat),
-    )
+    Outcome::current(units(limit_at - tat), us(tat), us(nt - limit_at), next(tat))
 }
 
 /// The refund: the TAT moves back by the cost's intervals, never before now
 /// (a full bucket keeps no state). Returns the new TTL.
-pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, interval): (u64, u64)) -> Option<u64> {
-    let Some(Slot::Int(tat)) = slot else {
+pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, iv): (u64, Interval)) -> Option<u64> {
+    let Some(Slot::At(t)) = slot else {
         return None;
     };
-    let tat = i128::from(*tat) - i128::from(r.cost * interval);
-    if tat <= i128::from(r.now) {
+    let per = iv.per_micro;
+    let tat = t.rel(r.now, per) - i128::from(r.cost) * i128::from(iv.ticks);
+    if tat <= 0 {
         *slot = None;
         return None;
     }
-    *slot = Some(Slot::Int(tat as i64));
-    Some((tat - i128::from(r.now)) as u64)
+    *slot = Some(Slot::At(Instant::at(r.now, tat, per)));
+    Some(ceil_micros(tat, per))
 }

@@ -97,13 +97,14 @@ impl Algorithm {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
 
-    /// The two numbers the script takes for a quota: (limit, period) for the
-    /// windows, (burst, interval) for the buckets.
-    pub(crate) fn params(&self, q: &Quota) -> (u64, u64) {
+    /// The two arguments the script takes for a quota: (limit, period) for
+    /// the windows, (burst, exact emission interval) for the buckets.
+    pub(crate) fn params(&self, q: &Quota) -> (u64, Interval) {
         if self.uses_burst() {
-            (q.burst(), q.interval_micros())
+            let (ticks, per_micro) = q.interval_fraction();
+            (q.burst(), Interval { ticks, per_micro })
         } else {
-            (q.limit(), q.period_micros())
+            (q.limit(), Interval::micros(q.period_micros()))
         }
     }
 
@@ -121,14 +122,18 @@ impl Algorithm {
         q: &Quota,
         commit: bool,
     ) -> Outcome {
-        let f = match self {
-            Algorithm::FixedWindow => fixed_window::step,
-            Algorithm::SlidingWindowLog => sliding_window_log::step,
-            Algorithm::SlidingWindowCounter => sliding_window_counter::step,
-            Algorithm::TokenBucket => token_bucket::step,
-            Algorithm::Gcra => gcra::step,
-        };
-        f(slot, Step { now, cost, commit }, self.params(q))
+        let req = Step { now, cost, commit };
+        // The windows' periods are whole µs (`per_micro` is 1).
+        let (a, b) = self.params(q);
+        match self {
+            Algorithm::FixedWindow => fixed_window::step(slot, req, (a, b.ticks)),
+            Algorithm::SlidingWindowLog => sliding_window_log::step(slot, req, (a, b.ticks)),
+            Algorithm::SlidingWindowCounter => {
+                sliding_window_counter::step(slot, req, (a, b.ticks))
+            }
+            Algorithm::TokenBucket => token_bucket::step(slot, req, (a, b)),
+            Algorithm::Gcra => gcra::step(slot, req, (a, b)),
+        }
     }
 }
 
@@ -137,14 +142,16 @@ impl Algorithm {
     /// (µs) when the state was rewritten with one, `None` to keep it (or
     /// when the slot was emptied).
     pub(crate) fn refund(&self, slot: &mut Option<Slot>, r: Refund, q: &Quota) -> Option<u64> {
-        let f = match self {
-            Algorithm::FixedWindow => fixed_window::refund,
-            Algorithm::SlidingWindowLog => sliding_window_log::refund,
-            Algorithm::SlidingWindowCounter => sliding_window_counter::refund,
-            Algorithm::TokenBucket => token_bucket::refund,
-            Algorithm::Gcra => gcra::refund,
-        };
-        f(slot, r, self.params(q))
+        let (a, b) = self.params(q);
+        match self {
+            Algorithm::FixedWindow => fixed_window::refund(slot, r, (a, b.ticks)),
+            Algorithm::SlidingWindowLog => sliding_window_log::refund(slot, r, (a, b.ticks)),
+            Algorithm::SlidingWindowCounter => {
+                sliding_window_counter::refund(slot, r, (a, b.ticks))
+            }
+            Algorithm::TokenBucket => token_bucket::refund(slot, r, (a, b)),
+            Algorithm::Gcra => gcra::refund(slot, r, (a, b)),
+        }
     }
 
     /// How long after an admitted check (`d`) its refund can still give
@@ -167,6 +174,78 @@ impl Algorithm {
                 .unwrap_or(0),
         }
     }
+}
+
+/// A quota's time argument, exactly: `ticks` units of `1/per_micro` µs. A
+/// window's period is whole microseconds (`per_micro` 1); a bucket's emission
+/// interval is the reduced fraction `period / limit`
+/// ([`Quota::interval_fraction`]), so no rate is rounded.
+///
+/// It goes to a script as one argument, `"<ticks>"` or `"<ticks>/<per_micro>"`
+/// (the same count as a plain number, so the backends send it unchanged);
+/// the scripts' `interval_of` reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Interval {
+    pub(crate) ticks: u64,
+    pub(crate) per_micro: u64,
+}
+
+impl Interval {
+    fn micros(us: u64) -> Interval {
+        Interval {
+            ticks: us,
+            per_micro: 1,
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Interval {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        if self.per_micro == 1 {
+            self.ticks.write_redis_args(out);
+        } else {
+            out.write_arg_fmt(format_args!("{}/{}", self.ticks, self.per_micro));
+        }
+    }
+}
+
+/// An instant as the buckets store it, exactly: whole microseconds (`floor`,
+/// signed: a fresh bucket's empty instant may precede the epoch under a fake
+/// clock) plus `frac` units of `1/per_micro` µs, `0 ≤ frac < per_micro`.
+/// Kept relative to now in those units (`rel`), the scripts' arithmetic
+/// stays far below 2^53; only whole microseconds are ever absolute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Instant {
+    pub(crate) micros: i64,
+    pub(crate) frac: u64,
+}
+
+impl Instant {
+    /// `rel` units of `1/per` µs after `now` (negative: before).
+    pub(crate) fn at(now: u64, rel: i128, per: u64) -> Instant {
+        let per = i128::from(per);
+        Instant {
+            micros: (i128::from(now) + rel.div_euclid(per)) as i64,
+            frac: rel.rem_euclid(per) as u64,
+        }
+    }
+
+    /// How far after `now` this instant lies, in units of `1/per` µs.
+    pub(crate) fn rel(self, now: u64, per: u64) -> i128 {
+        (i128::from(self.micros) - i128::from(now)) * i128::from(per) + i128::from(self.frac)
+    }
+}
+
+/// `units` of `1/per` µs in whole microseconds, rounded up (never early):
+/// every figure a bucket reports.
+pub(crate) fn ceil_micros(units: i128, per: u64) -> u64 {
+    let per = i128::from(per);
+    // Floor division plus one unless exact: ceil for negatives too.
+    let q = units.div_euclid(per) + i128::from(units.rem_euclid(per) != 0);
+    q.max(0) as u64
 }
 
 /// One request as an algorithm's in-memory step sees it: `cost` units at
@@ -196,10 +275,10 @@ impl fmt::Display for Algorithm {
 /// State of one key in the memory backend.
 #[derive(Debug, Clone)]
 pub(crate) enum Slot {
-    /// GCRA's TAT or the token bucket's empty instant (signed, like the
-    /// script's number: a bucket's empty instant precedes the epoch when a
-    /// fake clock starts near it).
-    Int(i64),
+    /// A refund's marker, or a placeholder while an entry is stepped.
+    Marker,
+    /// GCRA's TAT or the token bucket's empty instant.
+    At(Instant),
     /// Fixed window (previous unused) or sliding counter.
     Window {
         window: u64,

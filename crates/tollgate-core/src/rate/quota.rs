@@ -11,11 +11,49 @@ const MAX_PERIOD_MICROS: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
 /// Largest product of capacity and interval, in microseconds (2^50): scripts
 /// add costs to microsecond timestamps (~2^51 today) and must stay below 2^53.
 const MAX_SPAN_MICROS: u64 = 1 << 50;
+/// Largest span of a bucket (token bucket, GCRA) in its own units, the
+/// `1/per_micro` µs of [`Quota::interval_fraction`]: the scripts' schedule
+/// arithmetic stays exact in Lua's doubles (2^53) with a cost's worth of
+/// headroom, and their divisions stay exact below 2^52.
+const MAX_SPAN_TICKS: u64 = 1 << 50;
+
+/// Greatest common divisor (Euclid), `const` for the literal constructors.
+const fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        let r = a % b;
+        a = b;
+        b = r;
+    }
+    a
+}
 
 /// How much per how long: `Quota::per_second(10)` is **ten per second**.
 ///
 /// The burst (used by the token bucket and GCRA) is how many can be taken at
 /// once from a full bucket; it defaults to the limit.
+///
+/// # Precision
+///
+/// Rates are exact: every algorithm admits `limit` per `period` over any
+/// long span, however the two divide. The windows count whole units per
+/// whole period. The token bucket and GCRA keep the emission interval
+/// `period / limit` as an exact fraction (reduced: 3 per 7 µs is one per
+/// 7/3 µs) and their state as a whole microsecond plus a fraction of one, so
+/// `Quota::per_second(999_999)` admits 999 999 per second, not the 500 000 a
+/// rounded 2 µs interval would. Their figures (`reset_after`, `retry_after`,
+/// `next_after`) are rounded **up** to whole microseconds: a client that
+/// waits that long is admitted.
+///
+/// What cannot be kept exact is refused, never rounded:
+/// - a period that is not a whole number of microseconds
+///   ([`Quota::new`] errs; the literal constructors always are);
+/// - for the token bucket and GCRA only, a burst whose span in the
+///   fraction's units (`burst × period / gcd(limit, period)`, the period in
+///   µs) passes 2^50, where Lua's doubles would stop being exact: building
+///   the limiter errs ([`Error::InvalidQuota`]) and names the largest burst
+///   that fits. Limits that share factors with the period's microseconds
+///   (10, 1000, 3600 …) are never near it; 1 000 003 (a prime) per day is,
+///   with its default burst.
 ///
 /// ```
 /// use std::time::Duration;
@@ -49,6 +87,12 @@ impl Quota {
             ));
         }
         let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+        // Truncating the nanoseconds would quietly change the rate.
+        if !period.subsec_nanos().is_multiple_of(1000) {
+            return Err(Error::InvalidQuota(format!(
+                "the period {period:?} is not a whole number of microseconds"
+            )));
+        }
         if period_us == 0 {
             return Err(Error::InvalidQuota(
                 "the period must be at least one microsecond".into(),
@@ -206,9 +250,40 @@ impl Quota {
     }
 
     /// Time between two admissions at the sustained rate, in whole
-    /// microseconds, rounded **up** so the rate is never exceeded.
+    /// microseconds, rounded **up**. A figure for display and sizing: the
+    /// limiters use the exact fraction `period / limit` (see
+    /// [Precision](Quota#precision)).
     pub fn interval_micros(&self) -> u64 {
         self.period_us.div_ceil(self.limit)
+    }
+
+    /// The exact emission interval as `(ticks, per_micro)`: `ticks` units of
+    /// `1/per_micro` µs, the fraction `period_us / limit` reduced. The buckets'
+    /// scripts count time in those units (one when `per_micro` is 1).
+    pub(crate) fn interval_fraction(&self) -> (u64, u64) {
+        let g = gcd(self.period_us, self.limit);
+        (self.period_us / g, self.limit / g)
+    }
+
+    /// Whether the token bucket and GCRA can run this quota exactly: its
+    /// burst's span in the fraction's units must stay within 2^50.
+    pub(crate) fn check_bucket_exact(&self) -> Result<()> {
+        let (ticks, per) = self.interval_fraction();
+        if self
+            .burst()
+            .checked_mul(ticks)
+            .is_some_and(|s| s <= MAX_SPAN_TICKS)
+        {
+            return Ok(());
+        }
+        Err(Error::InvalidQuota(format!(
+            "{self:?}: a bucket keeps the interval {} / {per} µs exact only for a burst up to {} \
+             (burst × {ticks} must stay within 2^50); lower the burst, or choose a limit that \
+             shares more factors with the period's {} µs",
+            ticks,
+            MAX_SPAN_TICKS / ticks,
+            self.period_us
+        )))
     }
 }
 
@@ -273,6 +348,38 @@ mod tests {
     #[test]
     fn interval_rounds_up() {
         assert_eq!(Quota::per_second(3).interval_micros(), 333_334);
+    }
+
+    #[test]
+    fn interval_fraction_is_exact_and_reduced() {
+        assert_eq!(Quota::per_second(3).interval_fraction(), (1_000_000, 3));
+        assert_eq!(Quota::per_second(10).interval_fraction(), (100_000, 1));
+        assert_eq!(
+            Quota::per_second(999_999).interval_fraction(),
+            (1_000_000, 999_999)
+        );
+        let q = Quota::new(6, Duration::from_micros(14)).unwrap();
+        assert_eq!(q.interval_fraction(), (7, 3));
+        assert_eq!(Quota::per_day(1_000_000).interval_fraction(), (86_400, 1));
+    }
+
+    #[test]
+    fn buckets_refuse_what_cannot_be_exact() {
+        assert!(Quota::per_second(999_999).check_bucket_exact().is_ok());
+        assert!(Quota::per_day(20_000).check_bucket_exact().is_ok());
+        let q = Quota::per_day(1_000_003);
+        let e = q.check_bucket_exact().unwrap_err().to_string();
+        // 2^50 / 86 400 000 000 = 13 031.
+        assert!(e.contains("burst up to 13031"), "{e}");
+        assert!(q.with_burst(13_031).unwrap().check_bucket_exact().is_ok());
+        assert!(q.with_burst(13_032).unwrap().check_bucket_exact().is_err());
+    }
+
+    #[test]
+    fn periods_of_part_microseconds_are_refused() {
+        assert!(Quota::new(1, Duration::from_nanos(1_500)).is_err());
+        assert!(Quota::new(1, Duration::new(1, 1)).is_err());
+        assert!(Quota::new(1, Duration::new(1, 1_000)).is_ok());
     }
 
     #[test]

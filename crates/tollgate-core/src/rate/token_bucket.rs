@@ -1,61 +1,60 @@
-//! Token bucket kept in one integer: the instant the bucket was last empty.
+//! Token bucket kept in one instant: when the bucket was last empty.
 //! The Redis script is `lua/token_bucket.lua`; this file is its twin for the
 //! memory backend, figure for figure.
+//!
+//! Time is counted relative to now in units of `1/per_micro` µs, where the
+//! refill interval `period / limit` is a whole number of units
+//! ([`Interval`]): no rate is rounded. The empty instant is at or before now
+//! (≤ 0) while it counts.
 
-use super::{Outcome, Refund, Slot, Step};
+use super::{ceil_micros, Instant, Interval, Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("token_bucket");
 /// Its refund script.
 pub(crate) const REFUND: &str = refund_script!("token_bucket");
 
-/// One quota's step. `capacity` tokens, one token every `interval` µs. With
-/// `req.commit`, admitted tokens are taken.
-pub(crate) fn step(
-    slot: &mut Option<Slot>,
-    req: Step,
-    (capacity, interval): (u64, u64),
-) -> Outcome {
-    let full = capacity * interval;
-    // Signed: a fresh bucket's empty instant lies `full` before now, which may
-    // precede the epoch under a fake clock.
-    let now_i = req.now as i128;
-    let floor = now_i - full as i128;
-    let empty_at = match slot {
-        Some(Slot::Int(t)) => (*t as i128).max(floor),
-        _ => floor,
+/// One quota's step. `capacity` tokens, one token every exact interval.
+/// With `req.commit`, admitted tokens are taken.
+pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Interval)) -> Outcome {
+    let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
+    let full = i128::from(capacity) * interval;
+    let empty = match slot {
+        Some(Slot::At(t)) => t.rel(req.now, per).max(-full),
+        _ => -full,
     };
-    let tokens = ((now_i - empty_at).max(0) / interval as i128) as u64;
-    let after = empty_at + (req.cost * interval) as i128;
+    // Negative when the empty instant lies ahead (the clock stepped back):
+    // no tokens, as the script's reply reads it.
+    let tokens = (-empty).div_euclid(interval);
+    let cost = i128::from(req.cost);
+    let after = empty + cost * interval;
+    let us = |units: i128| ceil_micros(units, per);
     // The next token comes when the time since the empty instant reaches a
-    // whole interval; none while the bucket is full.
-    let next = |empty: i128, left: u64| {
-        if left < capacity {
-            interval - ((now_i - empty) % interval as i128) as u64
+    // whole interval; none while the bucket is full. Euclid's remainder:
+    // Lua's `%`.
+    let next = |empty: i128, left: i128| {
+        if left < i128::from(capacity) {
+            us(interval - (-empty).rem_euclid(interval))
         } else {
             0
         }
     };
-    if req.commit && tokens >= req.cost {
-        let reset = (after + full as i128 - now_i) as u64;
-        *slot = Some(Slot::Int(after as i64));
+    if req.commit && tokens >= cost {
+        let reset = us(after + full);
+        *slot = Some(Slot::At(Instant::at(req.now, after, per)));
         return Outcome::allowed(
-            tokens - req.cost,
+            (tokens - cost) as u64,
             reset,
             reset,
-            next(after, tokens - req.cost),
+            next(after, tokens - cost),
         );
     }
-    let retry = if tokens < req.cost {
-        (after - now_i).max(0) as u64
-    } else {
-        0
-    };
+    let retry = if tokens < cost { us(after) } else { 0 };
     Outcome::current(
-        tokens,
-        (empty_at + full as i128 - now_i).max(0) as u64,
+        tokens.max(0) as u64,
+        us(empty + full),
         retry,
-        next(empty_at, tokens),
+        next(empty, tokens),
     )
 }
 
@@ -64,18 +63,18 @@ pub(crate) fn step(
 pub(crate) fn refund(
     slot: &mut Option<Slot>,
     r: Refund,
-    (capacity, interval): (u64, u64),
+    (capacity, iv): (u64, Interval),
 ) -> Option<u64> {
-    let Some(Slot::Int(empty_at)) = slot else {
+    let Some(Slot::At(t)) = slot else {
         return None;
     };
-    let full = i128::from(capacity * interval);
-    let empty_at = i128::from(*empty_at) - i128::from(r.cost * interval);
-    let now = i128::from(r.now);
-    if empty_at <= now - full {
+    let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
+    let full = i128::from(capacity) * interval;
+    let empty = t.rel(r.now, per) - i128::from(r.cost) * interval;
+    if empty <= -full {
         *slot = None;
         return None;
     }
-    *slot = Some(Slot::Int(empty_at as i64));
-    Some((empty_at + full - now) as u64)
+    *slot = Some(Slot::At(Instant::at(r.now, empty, per)));
+    Some(ceil_micros(empty + full, per))
 }
