@@ -52,6 +52,28 @@ pub struct ClaimRequest {
     pub fingerprint: Fingerprint,
 }
 
+impl ClaimRequest {
+    /// A claim of `keys` by the lease token `token` for a request of
+    /// `fingerprint`, with the lease's, the fence key's and the record's TTL.
+    pub fn new(
+        keys: RecordKeys,
+        token: String,
+        ttl: Duration,
+        fence_ttl: Duration,
+        record_ttl: Duration,
+        fingerprint: Fingerprint,
+    ) -> Self {
+        ClaimRequest {
+            keys,
+            token,
+            ttl,
+            fence_ttl,
+            record_ttl,
+            fingerprint,
+        }
+    }
+}
+
 impl fmt::Debug for ClaimRequest {
     // The token is a bearer secret for the lease: never in logs.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -98,7 +120,10 @@ pub trait IdempotencyBackend: LockBackend {
     fn claim<'a>(&'a self, request: &'a ClaimRequest) -> BoxFuture<'a, Result<ClaimReply>>;
 
     /// Stores `response` while the lease is `token`'s and the record
-    /// carries `fence`, then deletes the lease. `true` when stored.
+    /// carries `fence`, then deletes the lease. `true` when stored —
+    /// also when sent again after it stored (the record is done with
+    /// `fence`, which only this claim was given), so a retry after a lost
+    /// reply tells the truth.
     fn complete<'a>(
         &'a self,
         keys: &'a RecordKeys,

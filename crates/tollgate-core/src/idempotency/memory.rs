@@ -119,6 +119,15 @@ impl IdempotencyBackend for MemoryBackend {
                 }
                 state.held.remove(&keys.lease.lock);
             }
+            // A replay of a complete that succeeded (see idem_complete.lua):
+            // the record is done with this claim's fence.
+            let replayed = !lease_ok
+                && state.records.get(&keys.record).is_some_and(|r| {
+                    r.expires_at > now && r.fence == fence.get() && r.done.is_some()
+                });
+            if replayed {
+                return futures_util::future::ready(Ok(true)).boxed();
+            }
             lease_ok && record_ok
         };
         if stored {
