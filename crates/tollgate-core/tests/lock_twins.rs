@@ -81,7 +81,7 @@ async fn sequence(redis: RedisBackend, what: &str) {
         let keyspace = Keyspace::new(prefix(), "twins").unwrap();
         let (mut fences_m, mut fences_r) = (HashMap::new(), HashMap::new());
         let mut seen = HashMap::new();
-        for step in 0..300 {
+        for step in 0..steps(300) {
             let name = ["x", "y"][rand(2) as usize];
             let token = tokens[rand(4) as usize];
             // Counting permits is for semaphores only.
@@ -124,4 +124,13 @@ async fn lock_and_permit_scripts_match_their_twins_standalone() {
 async fn lock_and_permit_scripts_match_their_twins_cluster() {
     let redis = RedisBackend::from_connection(cluster().connection().await);
     sequence(redis, "cluster").await;
+}
+
+/// Steps per sequence: `default`, or `TOLLGATE_DIFF_STEPS` for a long run
+/// (e.g. `TOLLGATE_DIFF_STEPS=1000000`).
+fn steps(default: u64) -> u64 {
+    std::env::var("TOLLGATE_DIFF_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

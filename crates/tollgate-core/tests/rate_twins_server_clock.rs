@@ -161,7 +161,7 @@ async fn every_script_matches_its_twin_on_the_server_clock() {
             let b = limiter(twins, alg, &quotas, &p);
             let capacity = quotas.iter().map(Quota::burst).min().unwrap();
             let (mut agreed, mut refused) = (0, 0);
-            for step in 0..150 {
+            for step in 0..steps(150) {
                 // Mostly quick succession (bursts), sometimes a lull.
                 let pause = if rand(8) == 0 { rand(120) } else { rand(6) };
                 tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -202,10 +202,19 @@ async fn every_script_matches_its_twin_on_the_server_clock() {
                 agreed += 1;
             }
             assert!(
-                agreed >= 100,
+                agreed >= steps(150) * 2 / 3,
                 "{alg:?}: only {agreed} agreements ({refused} refused)"
             );
             assert!(refused > 0, "{alg:?}: no cost past the capacity was tried");
         }
     }
+}
+
+/// Steps per sequence: `default`, or `TOLLGATE_DIFF_STEPS` for a long run
+/// (e.g. `TOLLGATE_DIFF_STEPS=1000000`).
+fn steps(default: u64) -> u64 {
+    std::env::var("TOLLGATE_DIFF_STEPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
