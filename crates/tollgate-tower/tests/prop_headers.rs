@@ -98,6 +98,35 @@ fn quota(spec: QuotaSpec, algorithm: Algorithm) -> Quota {
     }
 }
 
+/// A limiter of `specs`' quotas; a quota the builder refuses (its rules
+/// are its own: a log's size, a counter's or a bucket's exactness) gives
+/// way to a smaller burst, then none, then a simpler quota of the same
+/// seed, so that every case builds.
+fn limiter(algorithm: Algorithm, name: &str, specs: &[QuotaSpec]) -> RateLimiter {
+    let builds = |q: Quota| {
+        RateLimiter::builder(MemoryBackend::new(), algorithm)
+            .quota(q)
+            .build()
+            .is_ok()
+    };
+    let mut b = RateLimiter::builder(MemoryBackend::new(), algorithm).name(name);
+    for s in specs {
+        let small = s.burst.map(|b| b % 100);
+        let candidates = [
+            quota(*s, algorithm),
+            quota(QuotaSpec { burst: small, ..*s }, algorithm),
+            quota(QuotaSpec { burst: None, ..*s }, algorithm),
+            Quota::per_second(1 + s.limit_frac % 100),
+        ];
+        let q = candidates
+            .into_iter()
+            .find(|q| builds(*q))
+            .expect("per_second builds");
+        b = b.quota(q);
+    }
+    b.build().unwrap()
+}
+
 /// A valid policy name, rich in what structured fields escape.
 fn policy_name() -> impl Strategy<Value = String> {
     prop::collection::vec(
@@ -318,11 +347,7 @@ proptest! {
         unit in prop::option::of(prop_oneof![Just("requests".to_owned()), "\\PC{0,8}", ".{0,8}"]),
         source in 0u8..4,
     ) {
-        let mut builder = RateLimiter::builder(MemoryBackend::new(), algorithm).name(&name);
-        for s in &specs {
-            builder = builder.quota(quota(*s, algorithm));
-        }
-        let limiter = builder.build().unwrap();
+        let limiter = limiter(algorithm, &name, &specs);
         let mut d: Decision = runtime().block_on(limiter.check("k")).unwrap();
         prop_assert_eq!(d.quotas.len(), specs.len());
         for (q, &(remaining, next_us, reset_us, allowed)) in d.quotas.iter_mut().zip(&figures) {
