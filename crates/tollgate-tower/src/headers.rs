@@ -41,7 +41,8 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// Whole seconds in `d`, rounded **up**.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    // Saturating: the longest wait rounds to u64::MAX, never wraps to 0.
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// `Retry-After` seconds for a wait of `d`: rounded up, and never 0 (a zero
@@ -55,6 +56,8 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 /// assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
 /// assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
 /// assert_eq!(retry_after_secs(Duration::ZERO), 1);
+/// // The longest wait saturates instead of wrapping round to "retry now".
+/// assert_eq!(retry_after_secs(Duration::new(u64::MAX, 1)), u64::MAX);
 /// ```
 pub fn retry_after_secs(d: Duration) -> u64 {
     ceil_secs(d).max(1)
