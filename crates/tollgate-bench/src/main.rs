@@ -10,7 +10,8 @@
 //!
 //! Subcommands run one item each (`latency`, `throughput`, `cpu`, `memory`,
 //! `http`, `micro`, `flood`, `locks`, `peers`, `idempotency`) or all of them (`all`); `serve` is the
-//! HTTP server that `http` starts once per variant.
+//! HTTP server that `http` starts once per variant. `soak` (issue #16) is not a benchmark: a bounded
+//! chaos run against Redis servers it starts itself, which exits non-zero on a violation.
 #![forbid(unsafe_code)]
 
 mod common;
@@ -24,6 +25,7 @@ mod micro;
 mod ops;
 mod peers;
 mod redisinfo;
+mod soak;
 mod stats;
 mod throughput;
 
@@ -88,6 +90,9 @@ enum Cmd {
         #[command(flatten)]
         peers: peers::PeerOpts,
     },
+    /// Chaos run (issue #16): limits, locks and permits while Redis is
+    /// paused, killed, restarted and failed over; exits 2 on a violation.
+    Soak(soak::SoakOpts),
     /// Serves the HTTP benchmark's app (started by `http`).
     Serve(http::ServeOpts),
     /// Drives one variant of the HTTP app in process, for a profiler
@@ -223,6 +228,14 @@ fn main() {
         Cmd::Locks(o) => one(runtime().block_on(locks::run(o))),
         Cmd::Idempotency(o) => one(runtime().block_on(idempotency::run(o))),
         Cmd::Peers { opts, peers } => one(runtime().block_on(peers::run(opts, peers))),
+        Cmd::Soak(o) => match soak::run(o) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                eprintln!("tollgate-bench: soak: violations or a stuck workload (see the report)");
+                std::process::exit(2);
+            }
+            Err(e) => Err(e),
+        },
         Cmd::Serve(o) => http::serve(o),
         Cmd::Stack { variant, requests } => {
             runtime().block_on(micro::drive_stack(*variant, *requests))
