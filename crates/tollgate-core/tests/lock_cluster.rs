@@ -28,15 +28,19 @@ async fn release_on_another_node_wakes_waiters() {
         let seeds = c.seeds();
         let prefix = prefix.clone();
         async move {
-            Locker::builder(RedisBackend::connect_cluster(seeds).await.unwrap())
+            let watched = lock_common::Watched::new(std::sync::Arc::new(
+                RedisBackend::connect_cluster(seeds).await.unwrap(),
+            ));
+            let locker = Locker::builder(watched.clone())
                 .prefix(prefix)
                 .poll_interval(poll)
                 .build()
-                .unwrap()
+                .unwrap();
+            (locker, watched)
         }
     };
-    let holder = build(Duration::from_millis(500)).await;
-    let waiter = build(Duration::from_secs(10)).await;
+    let (holder, _) = build(Duration::from_millis(500)).await;
+    let (waiter, watched) = build(Duration::from_secs(10)).await;
     // A name whose slot is not on the first seed.
     let name = (0..)
         .map(|i| format!("n{i}"))
@@ -59,5 +63,5 @@ async fn release_on_another_node_wakes_waiters() {
             (Instant::now(), l.fence())
         }
     });
-    lock_common::release_wakes_waiter(lease, wait).await;
+    lock_common::release_wakes_waiter(lease, &watched, wait).await;
 }

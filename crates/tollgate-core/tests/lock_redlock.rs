@@ -346,8 +346,18 @@ async fn majority_paused_is_loss_before_ttl() {
 async fn redlock_waiter_wakes_on_release() {
     let servers = servers(3);
     let a = builder(&servers).await.build().unwrap();
-    let b = builder(&servers)
-        .await
+    // The waiter's instances, watched together.
+    let mut instances: Vec<lock_common::Watched> = Vec::new();
+    for s in &servers {
+        let backend: Arc<dyn LockBackend> =
+            Arc::new(RedisBackend::connect(&s.url()).await.unwrap());
+        instances.push(match instances.first() {
+            Some(w) => w.also(backend),
+            None => lock_common::Watched::new(backend),
+        });
+    }
+    let watched = instances[0].clone();
+    let b = Locker::redlock_builder(instances)
         .poll_interval(Duration::from_secs(10))
         .build()
         .unwrap();
@@ -359,7 +369,7 @@ async fn redlock_waiter_wakes_on_release() {
             .unwrap();
         (Instant::now(), l.fence())
     });
-    lock_common::release_wakes_waiter(lease, waiter).await;
+    lock_common::release_wakes_waiter(lease, &watched, waiter).await;
 }
 
 /// Any mix of backends works as instances (`Arc<dyn LockBackend>`).

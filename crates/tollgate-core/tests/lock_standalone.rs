@@ -136,7 +136,14 @@ async fn no_renewal_after_release() {
         .await
         .unwrap();
     drop(lease);
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The drop's release has run once the key is gone (a renewing watchdog
+    // would keep it).
+    tollgate_testkit::eventually(
+        Duration::from_secs(5),
+        "the dropped lease's key is gone",
+        || async { (server.cli(&["EXISTS", &locker.keys_for("r").lock]) == "0").then_some(()) },
+    )
+    .await;
     let at_drop = commandstat(&server, "pexpire");
     tokio::time::sleep(ttl * 4).await;
     assert_eq!(
@@ -147,8 +154,17 @@ async fn no_renewal_after_release() {
     assert_eq!(server.cli(&["EXISTS", &locker.keys_for("r").lock]), "0");
 }
 
-fn numpat(server: &RedisServer) -> u64 {
-    server.cli(&["PUBSUB", "NUMPAT"]).parse().unwrap()
+/// Clients with a pattern subscription (`PUBSUB NUMPAT` counts distinct
+/// patterns since Redis 7: one however many clients subscribe to it).
+fn numpat(server: &RedisServer) -> usize {
+    server
+        .cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.starts_with("psub=") && f != "psub=0")
+        })
+        .count()
 }
 
 /// Waiters of one locker share one subscription, and it ends with the locker.
@@ -156,7 +172,10 @@ fn numpat(server: &RedisServer) -> u64 {
 async fn one_subscription_per_locker() {
     let server = RedisServer::start().unwrap();
     let holder = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
-    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let watched = lock_common::Watched::new(std::sync::Arc::new(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+    ));
+    let locker = Locker::new(watched.clone());
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
     let mut held = Vec::new();
     for i in 0..8 {
@@ -170,10 +189,15 @@ async fn one_subscription_per_locker() {
             locker.acquire(format!("n{}", i % 8), &opts).await.map(drop)
         }));
     }
+    // Every waiter has been refused, so waits (a waiter registers before it
+    // first tries); the subscription comes up.
+    watched.refused(32).await;
     let deadline = Instant::now() + Duration::from_secs(5);
     while numpat(&server) == 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A bounded negative check: subscriptions started with the first would
+    // be up well within 200 ms of it.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         numpat(&server),
@@ -204,7 +228,9 @@ async fn waiting_without_pubsub_polls() {
         .prefix("nopubsub")
         .build()
         .unwrap();
-    let b = Locker::builder(RedisBackend::from_connection(conn))
+    let watched =
+        lock_common::Watched::new(std::sync::Arc::new(RedisBackend::from_connection(conn)));
+    let b = Locker::builder(watched.clone())
         .prefix("nopubsub")
         .build()
         .unwrap();
@@ -214,7 +240,9 @@ async fn waiting_without_pubsub_polls() {
             .await
             .map(|l| l.fence())
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Refused once, it waits (and can only poll: no notification comes).
+    watched.refused(1).await;
+    assert!(!waiter.is_finished(), "acquired while held");
     let fence = lease.fence();
     assert!(lease.release().await.unwrap());
     let next = waiter.await.unwrap().unwrap();
@@ -257,6 +285,7 @@ async fn slow_acquire_is_refused() {
         .unwrap_err();
     resumer.join().unwrap();
     assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    // Released, or at the latest expired (its TTL is 100 ms): not left held.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(server.cli(&["EXISTS", &locker.keys_for("slow").lock]), "0");
     let lease = locker

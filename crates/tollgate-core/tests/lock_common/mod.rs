@@ -211,11 +211,19 @@ pub(crate) async fn run_contended<L: Acquirer>(lockers: &[L], tasks: usize, tota
 }
 
 /// Releases `lease` once its waiter (`wait`, which reports when it got the
-/// lock and the lease's fence) has had time to block: the waiter gets the
-/// lock only after the release, within 2 s of it (long before its fallback
-/// poll), with a higher fence.
-pub(crate) async fn release_wakes_waiter(lease: Lease, wait: JoinHandle<(Instant, FencingToken)>) {
-    tokio::time::sleep(Duration::from_millis(300)).await;
+/// lock and the lease's fence, over `watched`) has been refused once, so it
+/// waits: the waiter gets the lock only after the release, within 2 s of it
+/// (long before its fallback poll), with a higher fence.
+pub(crate) async fn release_wakes_waiter(
+    lease: Lease,
+    watched: &Watched,
+    wait: JoinHandle<(Instant, FencingToken)>,
+) {
+    watched.refused(1).await;
+    assert!(
+        !wait.is_finished(),
+        "the waiter got the lock while it was held"
+    );
     let fence = lease.fence();
     let released = Instant::now();
     assert!(lease.release().await.unwrap());
@@ -237,9 +245,8 @@ pub(crate) async fn release_wakes_waiter(lease: Lease, wait: JoinHandle<(Instant
 pub(crate) async fn waiter_wakes_on_release<F: Fixture>(f: &F) {
     let prefix = prefix("wake");
     let holder = f.builder().await.prefix(&prefix).build().unwrap();
-    let waiter = f
-        .builder()
-        .await
+    let watched = Watched::new(f.backend().await);
+    let waiter = Locker::builder(watched.clone())
         .prefix(&prefix)
         .poll_interval(Duration::from_secs(10))
         .build()
@@ -254,7 +261,7 @@ pub(crate) async fn waiter_wakes_on_release<F: Fixture>(f: &F) {
             (Instant::now(), lease.fence())
         }
     });
-    release_wakes_waiter(lease, wait).await;
+    release_wakes_waiter(lease, &watched, wait).await;
     f.assert_no_immortal_keys();
 }
 
@@ -557,6 +564,109 @@ impl LockBackend for Delayed {
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
         self.inner.release_events(channel_prefix)
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        self.inner.lock_kind()
+    }
+}
+
+/// A backend that forwards to another and counts the acquires it answered
+/// "held by someone else": a test waits for a waiter's refused attempt (the
+/// waiter has then looked, found the name taken, and waits) instead of
+/// sleeping and hoping it got that far. Clones share the count, so one count
+/// can watch every instance of a Redlock.
+#[derive(Debug, Clone)]
+pub(crate) struct Watched {
+    inner: Arc<dyn LockBackend>,
+    refused: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Watched {
+    pub(crate) fn new(inner: Arc<dyn LockBackend>) -> Self {
+        Watched {
+            inner,
+            refused: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    /// Another backend counted with this one.
+    pub(crate) fn also(&self, inner: Arc<dyn LockBackend>) -> Self {
+        Watched {
+            inner,
+            refused: self.refused.clone(),
+        }
+    }
+
+    /// Acquires refused so far.
+    pub(crate) fn refusals(&self) -> u64 {
+        *self.refused.borrow()
+    }
+
+    /// Waits (up to 10 s) until at least `n` acquires were refused.
+    pub(crate) async fn refused(&self, n: u64) {
+        let mut rx = self.refused.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&c| c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{} acquires refused, not {n}", self.refusals()))
+            .unwrap();
+    }
+}
+
+impl LockBackend for Watched {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, tollgate_core::Result<AcquireReply>> {
+        async move {
+            let reply = self.inner.acquire_lock(request).await;
+            if let Ok(AcquireReply::Held { .. }) = reply {
+                self.refused.send_modify(|c| *c += 1);
+            }
+            reply
+        }
+        .boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.release_lock(keys, token)
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.extend_lock(keys, token, ttl)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.raise_fence(keys, token, fence, fence_ttl)
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
+        self.inner.release_events(channel_prefix)
+    }
+
+    fn permits_in_use<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+    ) -> BoxFuture<'a, tollgate_core::Result<u32>> {
+        self.inner.permits_in_use(keys)
     }
 
     fn lock_kind(&self) -> &'static str {

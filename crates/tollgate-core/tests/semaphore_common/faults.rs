@@ -3,13 +3,14 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tollgate_core::{LockOptions, RedisBackend, Semaphore};
 use tollgate_testkit::RedisServer;
 
 use super::{busy_after, prefix};
-use crate::lock_common::assert_all_keys_expire;
+use crate::lock_common::{assert_all_keys_expire, Watched};
 
 /// The child's role (`count` or `hold`); unset: not a child.
 const ROLE: &str = "TOLLGATE_SEM_CHILD";
@@ -204,13 +205,14 @@ pub(crate) async fn paused_server_is_unavailable_not_a_hang() {
     let build = |fair: bool| {
         let url = server.url();
         async move {
-            let b = Semaphore::builder(RedisBackend::connect(&url).await.unwrap(), 1)
+            let watched = Watched::new(Arc::new(RedisBackend::connect(&url).await.unwrap()));
+            let b = Semaphore::builder(watched.clone(), 1)
                 .timeout(Duration::from_millis(300))
                 .poll_interval(Duration::from_millis(200));
-            if fair { b.fair() } else { b }.build().unwrap()
+            (if fair { b.fair() } else { b }.build().unwrap(), watched)
         }
     };
-    let (plain, fair) = (build(false).await, build(true).await);
+    let ((plain, plain_watched), (fair, fair_watched)) = (build(false).await, build(true).await);
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
     let held_p = plain.try_acquire("p", &opts).await.unwrap();
     let held_f = fair.try_acquire("f", &opts).await.unwrap();
@@ -218,7 +220,9 @@ pub(crate) async fn paused_server_is_unavailable_not_a_hang() {
         let (s, opts) = (s.clone(), opts.clone().wait(Duration::from_secs(2)));
         tokio::spawn(async move { s.acquire(name, &opts).await })
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both were refused (so wait) before the pause.
+    plain_watched.refused(1).await;
+    fair_watched.refused(1).await;
     assert!(waiters.iter().all(|w| !w.is_finished()));
 
     server.pause();

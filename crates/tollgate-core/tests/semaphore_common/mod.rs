@@ -16,7 +16,9 @@ use futures_util::future::{BoxFuture, FutureExt};
 use tollgate_core::lock::{AcquireReply, AcquireRequest};
 use tollgate_core::{Error, LockOptions, Semaphore, SemaphoreBuilder};
 
-pub(crate) use crate::lock_common::{prefix, Acquirer, Cluster, Fixture, Memory, Standalone};
+pub(crate) use crate::lock_common::{
+    prefix, Acquirer, Cluster, Fixture, Memory, Standalone, Watched,
+};
 
 /// What the semaphore scenarios need beyond the lock suite's [`Fixture`]:
 /// a look at the raw keys, where the backend allows it.
@@ -286,7 +288,11 @@ pub(crate) async fn try_acquire_and_release<F: SemFixture>(f: &F) {
 pub(crate) async fn weighted<F: SemFixture>(f: &F) {
     let prefix = prefix("weighted");
     let a = sem(f, &prefix, 10).await;
-    let b = sem(f, &prefix, 10).await;
+    let watched = Watched::new(f.backend().await);
+    let b = Semaphore::builder(watched.clone(), 10)
+        .prefix(&prefix)
+        .build()
+        .unwrap();
     let opts = LockOptions::new().ttl(Duration::from_secs(30));
     let big = a.try_acquire_weighted("w", 8, &opts).await.unwrap();
     assert_eq!(b.in_use("w").await.unwrap(), 8);
@@ -320,13 +326,16 @@ pub(crate) async fn weighted<F: SemFixture>(f: &F) {
         assert!(matches!(r, Err(Error::InvalidConfig(_))), "{r:?}");
     }
 
-    // All or nothing while waiting: 2 free permits do not serve a 3.
+    // All or nothing while waiting: 2 free permits do not serve a 3. The
+    // waiter is refused with none free, so waits; the release (of b's own
+    // permits) wakes it at once, and 300 ms bound that negative check.
+    let before = watched.refusals();
     let waiter = tokio::spawn({
         let b = b.clone();
         let opts = opts.clone().wait(Duration::from_secs(10));
         async move { b.acquire_weighted("w", 3, &opts).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    watched.refused(before + 1).await;
     assert!(small.release().await.unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "3 permits granted with 2 free");
@@ -381,7 +390,8 @@ pub(crate) async fn waiter_wakes_on_release<F: SemFixture>(f: &F, fair: bool) {
     let prefix = prefix(if fair { "wake-fair" } else { "wake" });
     let fairly = |b: SemaphoreBuilder| if fair { b.fair() } else { b };
     let holder = fairly(builder(f, &prefix, 2).await).build().unwrap();
-    let waiter = fairly(builder(f, &prefix, 2).await)
+    let watched = Watched::new(f.backend().await);
+    let waiter = fairly(Semaphore::builder(watched.clone(), 2).prefix(&prefix))
         .poll_interval(Duration::from_secs(60))
         .build()
         .unwrap();
@@ -392,7 +402,8 @@ pub(crate) async fn waiter_wakes_on_release<F: SemFixture>(f: &F, fair: bool) {
         let opts = opts.clone().wait(Duration::from_secs(50));
         async move { waiter.acquire("w", &opts).await }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Refused once, it waits.
+    watched.refused(1).await;
     assert!(!wait.is_finished(), "took a permit while none was free");
     let fence = p2.fence();
     assert!(p2.release().await.unwrap());
