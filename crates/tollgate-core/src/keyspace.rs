@@ -276,6 +276,18 @@ impl Keyspace {
                 + 8
                 + suffix.map_or(0, str::len),
         );
+        self.write(kind, subject, suffix, &mut key);
+        key
+    }
+
+    /// [`key_of`](Self::key_of) appended to `key`: a caller that keeps a
+    /// buffer builds a key per check without an allocation (issue #15).
+    pub(crate) fn write_key_of(&self, kind: &str, subject: &Subject, key: &mut String) {
+        debug_assert!(!kind.contains([':', '{', '}']), "{kind}");
+        self.write(Some(kind), subject, None, key);
+    }
+
+    fn write(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>, key: &mut String) {
         key.push_str(&self.prefix);
         key.push(':');
         key.push_str(&self.policy);
@@ -290,7 +302,6 @@ impl Keyspace {
             key.push(':');
             key.push_str(s);
         }
-        key
     }
 }
 

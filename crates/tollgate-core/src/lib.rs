@@ -34,6 +34,6 @@ pub use lock::{
 };
 pub use rate::{
     Algorithm, Charge, Decision, DecisionSource, FailurePolicy, PendingCheck, Quota, QuotaDecision,
-    RateLimiter, RateLimiterBuilder,
+    QuotaDecisions, RateLimiter, RateLimiterBuilder,
 };
 pub use rate::{Plan, PlanTable, PlanTableBuilder, Plans};

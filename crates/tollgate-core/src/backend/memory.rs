@@ -12,7 +12,7 @@ use super::{RateBackend, RateReply, RateRequest, RefundRequest};
 use crate::clock::{Clock, SystemClock};
 use crate::error::Result;
 use crate::lock::memory::MemoryLocks;
-use crate::rate::{Quota, Refund, Slot};
+use crate::rate::{Algorithm, Outcome, Quota, Refund, Slot, Step};
 
 const SHARDS: usize = 16;
 
@@ -53,6 +53,17 @@ struct Shard {
     map: HashMap<String, Entry>,
     ops: u64,
     next_sweep: u64,
+}
+
+impl Shard {
+    /// Counts a check, sweeping expired entries as the map grows.
+    fn tick(&mut self, now: u64) {
+        self.ops += 1;
+        if self.ops >= self.next_sweep {
+            self.map.retain(|_, e| e.expires_at > now);
+            self.next_sweep = self.ops + (self.map.len() as u64).max(1024);
+        }
+    }
 }
 
 struct Entry {
@@ -140,13 +151,11 @@ impl MemoryBackend {
             return RateReply::new(true, Vec::new());
         };
         let mut shard = lock(self.shard_for(first));
-        shard.ops += 1;
-        if shard.ops >= shard.next_sweep {
-            shard.map.retain(|_, e| e.expires_at > now);
-            shard.next_sweep = shard.ops + (shard.map.len() as u64).max(1024);
-        }
+        shard.tick(now);
         if let ([key], [q]) = (&req.keys[..], &req.quotas[..]) {
-            return Self::check_one(&mut shard, key, q, req, now);
+            let (allowed, outcome) =
+                Self::check_one(&mut shard, key, q, req.algorithm, req.cost, now);
+            return RateReply::new(allowed, vec![outcome]).at(now);
         }
         // Each key's live entry is taken out whole, keeping its owned key so
         // that putting it back allocates nothing.
@@ -258,25 +267,68 @@ impl MemoryBackend {
         true
     }
 
+    /// A single-quota check of `key`, whose hash tag is `tag`, without a
+    /// [`RateRequest`]: what [`check_now`](Self::check_now) decides for
+    /// one key and one quota, for a limiter that knows its backend is this
+    /// one (no key vector, no reply vector: issue #15). Returns whether it
+    /// was admitted, the outcome, and the time it was decided at.
+    pub(crate) fn check_single(
+        &self,
+        alg: Algorithm,
+        key: &str,
+        tag: &str,
+        q: &Quota,
+        cost: u64,
+        now: Option<u64>,
+    ) -> (bool, Outcome, u64) {
+        let now = now.unwrap_or_else(|| self.inner.clock.now_micros());
+        // The shard shard_for(key) picks, from the tag the caller knows.
+        let shard = &self.inner.shards[shard_index(self.inner.seed, tag.as_bytes())];
+        debug_assert!(std::ptr::eq(shard, self.shard_for(key)), "{key}");
+        let mut shard = lock(shard);
+        shard.tick(now);
+        let (allowed, outcome) = Self::check_one(&mut shard, key, q, alg, cost, now);
+        (allowed, outcome, now)
+    }
+
     /// [`check_now`](Self::check_now) for one quota (the common case): the
     /// same steps on the entry in place (one lookup, no vectors).
     fn check_one(
         shard: &mut Shard,
         key: &str,
         q: &Quota,
-        req: &RateRequest,
+        alg: Algorithm,
+        cost: u64,
         now: u64,
-    ) -> RateReply {
-        let alg = req.algorithm;
-        let cost = req.cost;
+    ) -> (bool, Outcome) {
+        let params = alg.params(q);
+        let peek = Step {
+            now,
+            cost,
+            commit: false,
+        };
+        let commit = Step {
+            commit: true,
+            ..peek
+        };
+        // A peek, then the commit when it admits (as check_now steps every
+        // quota); one committing step where that is the same.
+        let step = |slot: &mut Option<Slot>| {
+            if alg.commit_decides() {
+                let outcome = alg.step_with(slot, commit, params);
+                return (outcome.retry_after_micros == 0, outcome);
+            }
+            let outcome = alg.step_with(slot, peek, params);
+            if outcome.retry_after_micros == 0 {
+                (true, alg.step_with(slot, commit, params))
+            } else {
+                (false, outcome)
+            }
+        };
         if let Some(entry) = shard.map.get_mut(key) {
             let expired = entry.expires_at <= now;
             let mut slot = (!expired).then(|| std::mem::replace(&mut entry.slot, Slot::Marker));
-            let mut outcome = alg.step(&mut slot, now, cost, q, false);
-            let allowed = outcome.retry_after_micros == 0;
-            if allowed {
-                outcome = alg.step(&mut slot, now, cost, q, true);
-            }
+            let (allowed, outcome) = step(&mut slot);
             // As in check_now: an admitted write sets a fresh TTL, a denial
             // keeps the old one; an empty log or a lapsed entry is dropped.
             let expires_at = if allowed {
@@ -295,13 +347,11 @@ impl MemoryBackend {
                     shard.map.remove(key);
                 }
             }
-            return RateReply::new(allowed, vec![outcome]).at(now);
+            return (allowed, outcome);
         }
         let mut slot = None;
-        let mut outcome = alg.step(&mut slot, now, cost, q, false);
-        let allowed = outcome.retry_after_micros == 0;
+        let (allowed, outcome) = step(&mut slot);
         if allowed {
-            outcome = alg.step(&mut slot, now, cost, q, true);
             if let Some(slot) = slot {
                 if !matches!(&slot, Slot::Log(l) if l.is_empty()) {
                     let expires_at = now + outcome.ttl_micros.max(1);
@@ -309,7 +359,7 @@ impl MemoryBackend {
                 }
             }
         }
-        RateReply::new(allowed, vec![outcome]).at(now)
+        (allowed, outcome)
     }
 }
 
@@ -318,11 +368,21 @@ impl MemoryBackend {
 /// it needs no resistance to crafted keys.
 fn shard_index(seed: u64, tag: &[u8]) -> usize {
     let mut h = seed;
-    for chunk in tag.chunks(8) {
-        let mut word = [0u8; 8];
-        word[..chunk.len()].copy_from_slice(chunk);
-        h = (h ^ u64::from_le_bytes(word)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut mix = |word: u64| {
+        h = (h ^ word).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         h ^= h >> 29;
+    };
+    // Whole words read directly (a copy of unknown length is a memcpy
+    // call); the tail zero-padded, as before.
+    let words = tag.chunks_exact(8);
+    let tail = words.remainder();
+    for word in words {
+        mix(u64::from_le_bytes(word.try_into().expect("8 bytes")));
+    }
+    if !tail.is_empty() {
+        let mut word = [0u8; 8];
+        word[..tail.len()].copy_from_slice(tail);
+        mix(u64::from_le_bytes(word));
     }
     (h >> 32) as usize % SHARDS
 }

@@ -32,7 +32,13 @@ macro_rules! constructor {
 impl RateLimiter {
     /// A builder for a limiter running `algorithm` on `backend`.
     pub fn builder(backend: impl RateBackend, algorithm: Algorithm) -> RateLimiterBuilder {
+        // An in-process backend is known by its type, so that a check can
+        // skip the request and reply vectors (issue #15).
+        let memory = (&backend as &dyn std::any::Any)
+            .downcast_ref::<MemoryBackend>()
+            .cloned();
         RateLimiterBuilder {
+            memory,
             backend: Arc::new(backend),
             algorithm,
             quotas: Vec::new(),
@@ -67,6 +73,8 @@ impl RateLimiter {
 #[must_use]
 pub struct RateLimiterBuilder {
     backend: Arc<dyn RateBackend>,
+    /// The backend again when it is a [`MemoryBackend`].
+    memory: Option<MemoryBackend>,
     algorithm: Algorithm,
     quotas: Vec<Quota>,
     prefix: String,
@@ -206,6 +214,7 @@ impl RateLimiterBuilder {
         Ok(RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
+                memory: self.memory,
                 algorithm: self.algorithm,
                 quotas: self.quotas.into(),
                 keyspace,

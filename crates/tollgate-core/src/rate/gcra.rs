@@ -6,7 +6,7 @@
 //! emission interval `period / limit` is a whole number of units
 //! ([`Interval`]): no rate is rounded.
 
-use super::{ceil_micros, Instant, Interval, Outcome, Refund, Slot, Step};
+use super::{ceil_micros, div_euclid, rem_euclid, Instant, Interval, Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("gcra");
@@ -26,13 +26,13 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, iv): (u64, Interv
     let us = |units: i128| ceil_micros(units, per);
     // Whole intervals of room; negative (a TAT past the limit after the
     // clock stepped back) reads as none, as the script's reply does.
-    let units = |room: i128| room.div_euclid(interval).max(0) as u64;
+    let units = |room: i128| div_euclid(room, interval).max(0) as u64;
     // One more unit is made available when limit_at - tat reaches the next
     // whole interval (time moves limit_at; the TAT stays); none when full.
     // Euclid's remainder: Lua's `%` for a negative room.
     let next = |t: i128| {
         if t > 0 {
-            us(interval - (limit_at - t).rem_euclid(interval))
+            us(interval - rem_euclid(limit_at - t, interval))
         } else {
             0
         }

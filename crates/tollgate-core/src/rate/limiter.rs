@@ -2,6 +2,7 @@
 //! a failure policy, a bounded timeout, a circuit breaker ([`Breaker`]) and a
 //! deny cache ([`DenyCache`]).
 
+use std::cell::Cell;
 use std::fmt;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use super::breaker::Breaker;
 use super::deny_cache::DenyCache;
 use super::refund::next_id;
 use super::{Algorithm, Charge, Decision, DecisionSource, Outcome, Quota};
-use crate::backend::{RateBackend, RateReply, RateRequest};
+use crate::backend::{MemoryBackend, RateBackend, RateReply, RateRequest};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
@@ -68,6 +69,9 @@ pub struct RateLimiter {
 
 pub(super) struct Inner {
     pub(super) backend: Arc<dyn RateBackend>,
+    /// The backend again when it is a [`MemoryBackend`]: a single-quota
+    /// check then goes straight to it (no request, key or reply vectors).
+    pub(super) memory: Option<MemoryBackend>,
     pub(super) algorithm: Algorithm,
     pub(super) quotas: Arc<[Quota]>,
     pub(super) keyspace: Keyspace,
@@ -216,6 +220,9 @@ impl RateLimiter {
                 return Ok(Err(Error::CostExceedsCapacity { cost, capacity }));
             }
         }
+        if let (Some(memory), [q]) = (&inner.memory, &inner.quotas[..]) {
+            return Ok(self.check_in_process(memory, q, subject, cost));
+        }
         let keys = self.keys_for(subject);
         // Only the deny cache needs the local time (as of before the request
         // is sent); skip the clock read without one.
@@ -246,6 +253,62 @@ impl RateLimiter {
             Some(outcome) => Ok(self.conclude(subject, sent_at, &request, outcome)),
             None => Err(Prepared { request, sent_at }),
         }
+    }
+
+    /// [`start`](Self::start) on a [`MemoryBackend`] with one quota: the
+    /// same steps in the same order (deny cache, breaker, the backend's
+    /// twin, [`decided`](Self::decided)), with the key written into a
+    /// reused buffer and the backend asked directly, so a check allocates
+    /// nothing of its own (issue #15).
+    fn check_in_process(
+        &self,
+        memory: &MemoryBackend,
+        q: &Quota,
+        subject: &Subject,
+        cost: u64,
+    ) -> Result<Decision> {
+        let key = take_key(&self.inner, subject);
+        let decision = self.decide_in_process(memory, q, subject, cost, &key);
+        return_key(key);
+        decision
+    }
+
+    /// [`check_in_process`](Self::check_in_process) once the key is made.
+    fn decide_in_process(
+        &self,
+        memory: &MemoryBackend,
+        q: &Quota,
+        subject: &Subject,
+        cost: u64,
+        key: &str,
+    ) -> Result<Decision> {
+        let inner = &self.inner;
+        let sent_at = if inner.deny_cache.is_some() {
+            self.local_now()
+        } else {
+            0
+        };
+        if let Some(cache) = &inner.deny_cache {
+            if let Some(d) = cache.get(key, cost, sent_at) {
+                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
+                return Ok(d);
+            }
+        }
+        if !inner.breaker.admits() {
+            return self.on_failure(subject, cost, Error::CircuitOpen);
+        }
+        let now = inner.clock.as_ref().map(|c| c.now_micros());
+        let nonce = next_id();
+        let (allowed, outcome, at) =
+            memory.check_single(inner.algorithm, key, subject.as_encoded(), q, cost, now);
+        inner.breaker.success();
+        Ok(self.decided(
+            subject,
+            sent_at,
+            key,
+            (cost, nonce),
+            (allowed, std::slice::from_ref(&outcome), at),
+        ))
     }
 
     /// The round trip, bounded by the timeout.
@@ -289,32 +352,54 @@ impl RateLimiter {
             }
             Err(e) => return self.on_error(subject, request.cost, e),
         };
+        Ok(self.decided(
+            subject,
+            sent_at,
+            &request.keys[0],
+            (request.cost, request.nonce),
+            (reply.allowed, &reply.outcomes, reply.now_micros),
+        ))
+    }
+
+    /// The decision from the backend's answer, one outcome per quota: the
+    /// charge of an admission, the deny cache entry of a denial (under the
+    /// first key). `(cost, id)` of the request; `(allowed, outcomes, at)`
+    /// of the answer.
+    fn decided(
+        &self,
+        subject: &Subject,
+        sent_at: u64,
+        first_key: &str,
+        (cost, id): (u64, u64),
+        (allowed, outcomes, at): (bool, &[Outcome], u64),
+    ) -> Decision {
+        let inner = &self.inner;
         let mut d = Decision::from_outcomes(
             inner.algorithm,
             &inner.quotas,
-            &reply.outcomes,
-            reply.allowed,
+            outcomes,
+            allowed,
             DecisionSource::Backend,
         );
-        if reply.allowed && request.cost > 0 {
+        if allowed && cost > 0 {
             d.charge = Some(Charge {
-                cost: request.cost,
-                at_micros: reply.now_micros,
-                id: request.nonce,
+                cost,
+                at_micros: at,
+                id,
                 span_micros: inner.algorithm.refund_span(&d),
                 local: false,
             });
         }
-        if reply.allowed {
+        if allowed {
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
             // Middleware reports decisions at info; the plain API at debug.
             tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
             if let Some(cache) = &inner.deny_cache {
-                cache.insert(&request.keys[0], request.cost, sent_at, &d);
+                cache.insert(first_key, cost, sent_at, &d);
             }
         }
-        Ok(d)
+        d
     }
 
     /// A failed round trip. Only an outage (unreachable, overloaded, or
@@ -400,6 +485,31 @@ impl RateLimiter {
             None => monotonic_micros(),
         }
     }
+}
+
+thread_local! {
+    /// This thread's key buffer: a check builds its key in it, without an
+    /// allocation (issue #15).
+    static KEY: Cell<String> = const { Cell::new(String::new()) };
+}
+
+/// The single key of `subject` under `inner`'s keyspace (`keys_for(subject)[0]`
+/// for one quota), in this thread's buffer, taken out while the check runs
+/// (give it back with [`return_key`]). A nested check on the same thread
+/// (a fallback limiter, a clock that checks) finds it taken and makes one
+/// of its own.
+fn take_key(inner: &Inner, subject: &Subject) -> String {
+    let mut key = KEY.try_with(Cell::take).unwrap_or_default();
+    key.clear();
+    inner
+        .keyspace
+        .write_key_of(inner.algorithm.short_name(), subject, &mut key);
+    key
+}
+
+fn return_key(key: String) {
+    // A thread being torn down keeps no buffer.
+    let _ = KEY.try_with(|k| k.set(key));
 }
 
 /// A check that needs a round trip: see [`RateLimiter::try_check_now`].

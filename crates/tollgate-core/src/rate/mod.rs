@@ -50,6 +50,7 @@ pub(crate) mod gcra;
 mod limiter;
 pub mod plans;
 mod quota;
+mod quota_decisions;
 mod refund;
 pub(crate) mod sliding_window_counter;
 pub(crate) mod sliding_window_log;
@@ -59,6 +60,7 @@ pub use builder::RateLimiterBuilder;
 pub use limiter::{FailurePolicy, PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
 pub use plans::{Plan, PlanTable, PlanTableBuilder, Plans};
 pub use quota::Quota;
+pub use quota_decisions::QuotaDecisions;
 pub use refund::Charge;
 pub(crate) use refund::Refund;
 pub use sliding_window_log::MAX_LOG_LIMIT;
@@ -108,9 +110,27 @@ impl Algorithm {
         }
     }
 
+    /// Whether one committing [`step`](Self::step) decides exactly as a
+    /// peek followed, when the peek admits, by a committing step: true of
+    /// the algorithms whose step commits exactly when its peek would report
+    /// no wait (`retry_after` 0 ⟺ the cost fits), and otherwise reports
+    /// the peek's figures. A single-quota check then steps once (issue #15).
+    /// The sliding windows keep the peek.
+    pub(crate) fn commit_decides(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::FixedWindow
+        )
+    }
+
     /// The most one request may cost under `q`.
     pub fn capacity(&self, q: &Quota) -> u64 {
-        self.params(q).0
+        // `params(q).0`, without reducing the interval (a gcd per call).
+        if self.uses_burst() {
+            q.burst()
+        } else {
+            q.limit()
+        }
     }
 
     /// The in-memory twin of the script, for one quota.
@@ -122,9 +142,19 @@ impl Algorithm {
         q: &Quota,
         commit: bool,
     ) -> Outcome {
-        let req = Step { now, cost, commit };
+        self.step_with(slot, Step { now, cost, commit }, self.params(q))
+    }
+
+    /// [`step`](Self::step) with the quota's [`params`](Self::params)
+    /// already made: a check that steps one quota twice (a peek, then the
+    /// commit) reduces its interval once.
+    pub(crate) fn step_with(
+        &self,
+        slot: &mut Option<Slot>,
+        req: Step,
+        (a, b): (u64, Interval),
+    ) -> Outcome {
         // The windows' periods are whole µs (`per_micro` is 1).
-        let (a, b) = self.params(q);
         match self {
             Algorithm::FixedWindow => fixed_window::step(slot, req, (a, b.ticks)),
             Algorithm::SlidingWindowLog => sliding_window_log::step(slot, req, (a, b.ticks)),
@@ -228,8 +258,8 @@ impl Instant {
     pub(crate) fn at(now: u64, rel: i128, per: u64) -> Instant {
         let per = i128::from(per);
         Instant {
-            micros: (i128::from(now) + rel.div_euclid(per)) as i64,
-            frac: rel.rem_euclid(per) as u64,
+            micros: (i128::from(now) + div_euclid(rel, per)) as i64,
+            frac: rem_euclid(rel, per) as u64,
         }
     }
 
@@ -244,8 +274,29 @@ impl Instant {
 pub(crate) fn ceil_micros(units: i128, per: u64) -> u64 {
     let per = i128::from(per);
     // Floor division plus one unless exact: ceil for negatives too.
-    let q = units.div_euclid(per) + i128::from(units.rem_euclid(per) != 0);
+    let q = div_euclid(units, per) + i128::from(rem_euclid(units, per) != 0);
     q.max(0) as u64
+}
+
+/// `a.div_euclid(b)`, in 64 bits when both fit (the usual case): the same
+/// quotient, without the 128-bit division routine, which dominated a memory
+/// check's arithmetic (issue #15). Panics as `i128::div_euclid` does.
+#[inline]
+pub(crate) fn div_euclid(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        // i64::MIN / -1 overflows in 64 bits (not in 128): left to i128.
+        (Ok(a), Ok(b)) if b != -1 => i128::from(a.div_euclid(b)),
+        _ => a.div_euclid(b),
+    }
+}
+
+/// `a.rem_euclid(b)`, in 64 bits when both fit (see [`div_euclid`]).
+#[inline]
+pub(crate) fn rem_euclid(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) if b != -1 => i128::from(a.rem_euclid(b)),
+        _ => a.rem_euclid(b),
+    }
 }
 
 /// One request as an algorithm's in-memory step sees it: `cost` units at
@@ -404,8 +455,9 @@ pub struct Decision {
     pub reset_after: Duration,
     /// When denied, how long to wait before retrying: never zero, rounded up.
     pub retry_after: Option<Duration>,
-    /// Every quota, in configuration order.
-    pub quotas: Vec<QuotaDecision>,
+    /// Every quota, in configuration order (a slice; one quota is held
+    /// without an allocation).
+    pub quotas: QuotaDecisions,
     /// Where the decision came from (the backend, a failure policy, a cache).
     pub source: DecisionSource,
     /// What an admitted check took, for [`RateLimiter::refund`]; `None` when
@@ -422,7 +474,8 @@ impl Decision {
         allowed: bool,
         source: DecisionSource,
     ) -> Self {
-        let per: Vec<QuotaDecision> = quotas
+        // Collected inline for one quota: no allocation per decision.
+        let per: QuotaDecisions = quotas
             .iter()
             .zip(outcomes)
             .map(|(q, o)| QuotaDecision {
@@ -470,3 +523,6 @@ impl Decision {
         !self.allowed
     }
 }
+
+#[cfg(test)]
+mod step_tests;

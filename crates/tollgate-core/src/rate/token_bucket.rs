@@ -7,7 +7,7 @@
 //! ([`Interval`]): no rate is rounded. The empty instant is at or before now
 //! (≤ 0) while it counts.
 
-use super::{ceil_micros, Instant, Interval, Outcome, Refund, Slot, Step};
+use super::{ceil_micros, div_euclid, rem_euclid, Instant, Interval, Outcome, Refund, Slot, Step};
 
 /// The Lua script, after the shared prelude.
 pub(crate) const SCRIPT: &str = rate_script!("token_bucket");
@@ -25,7 +25,7 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Int
     };
     // Negative when the empty instant lies ahead (the clock stepped back):
     // no tokens, as the script's reply reads it.
-    let tokens = (-empty).div_euclid(interval);
+    let tokens = div_euclid(-empty, interval);
     let cost = i128::from(req.cost);
     let after = empty + cost * interval;
     let us = |units: i128| ceil_micros(units, per);
@@ -34,7 +34,7 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Int
     // Lua's `%`.
     let next = |empty: i128, left: i128| {
         if left < i128::from(capacity) {
-            us(interval - (-empty).rem_euclid(interval))
+            us(interval - rem_euclid(-empty, interval))
         } else {
             0
         }
