@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use axum::extract::{FromRef, Path, State};
 use axum::routing::{get, post};
 use axum::Router;
+use futures::future::{BoxFuture, FutureExt};
 use http::request::Parts;
 use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
@@ -20,9 +21,10 @@ use tollgate_axum::{
     HeldLock, LockResource, RateLimitPolicy, RateLimitStatus, RateLimited, Rejection,
     RejectionReason,
 };
+use tollgate_core::lock::{AcquireReply, AcquireRequest, LockKeys, ReleaseEvents};
 use tollgate_core::{
-    Algorithm, FailurePolicy, LockOptions, Locker, MemoryBackend, Quota, RateLimiter, RedisBackend,
-    Subject,
+    Algorithm, FailurePolicy, FencingToken, LockBackend, LockOptions, Locker, MemoryBackend, Quota,
+    RateLimiter, RedisBackend, Subject,
 };
 use tollgate_testkit::http::loopback::{post as post_, send};
 use tollgate_testkit::http::retry_after;
@@ -268,6 +270,91 @@ fn memory_limiter() -> RateLimiter {
     RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2)).unwrap()
 }
 
+/// A lock backend that forwards to another and counts the acquires it
+/// answered "held": a test waits for a waiter's refused attempt (it then
+/// waits for the lock) instead of sleeping and hoping it got that far.
+#[derive(Debug, Clone)]
+struct Watched {
+    inner: Arc<dyn LockBackend>,
+    refused: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Watched {
+    fn new(inner: impl LockBackend) -> Self {
+        Watched {
+            inner: Arc::new(inner),
+            refused: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    /// Waits (up to 10 s) until at least `n` acquires were refused.
+    async fn refused(&self, n: u64) {
+        let mut rx = self.refused.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&c| c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{} acquires refused, not {n}", self.refusals()))
+            .unwrap();
+    }
+
+    fn refusals(&self) -> u64 {
+        *self.refused.borrow()
+    }
+}
+
+impl LockBackend for Watched {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, tollgate_core::Result<AcquireReply>> {
+        async move {
+            let reply = self.inner.acquire_lock(request).await;
+            if let Ok(AcquireReply::Held { .. }) = reply {
+                self.refused.send_modify(|c| *c += 1);
+            }
+            reply
+        }
+        .boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.release_lock(keys, token)
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.extend_lock(keys, token, ttl)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.raise_fence(keys, token, fence, fence_ttl)
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
+        self.inner.release_events(channel_prefix)
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        self.inner.lock_kind()
+    }
+}
+
 // ------------------------------------------------------------------ checks
 
 /// Concurrent requests on one resource run one at a time, and every holder
@@ -300,7 +387,8 @@ async fn concurrent_requests_are_serialized(locker: Locker) {
 }
 
 /// A held resource is answered 409 with `Retry-After` and a text body.
-async fn busy_is_409(locker: Locker) {
+async fn busy_is_409(watched: Watched) {
+    let locker = Locker::new(watched.clone());
     let srv = serve(locker.clone(), memory_limiter()).await;
     let held = locker
         .try_acquire(
@@ -319,12 +407,15 @@ async fn busy_is_409(locker: Locker) {
         // The same words as a LockLayer's 409 (one rejection model).
         format!("resource is busy; retry in {ra} s\n")
     );
-    // A waiting resource gets it as soon as the holder releases.
+    // A waiting resource gets it as soon as the holder releases: released
+    // once the waiter was refused, so it waits.
+    let refused = watched.refusals();
     let waiter = tokio::spawn({
         let addr = srv.addr;
         async move { post_(addr, "/wait/busy/0").await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    watched.refused(refused + 1).await;
+    assert!(!waiter.is_finished(), "answered while the lock was held");
     let fence = held.fence().get();
     assert!(held.release().await.unwrap());
     let r = waiter.await.unwrap();
@@ -378,7 +469,8 @@ async fn disconnect_releases_lock(locker: Locker) {
 
 /// A client that goes away while its request waits for the lock takes
 /// nothing: when the holder releases, the lock is free.
-async fn disconnect_while_waiting_takes_nothing(locker: Locker) {
+async fn disconnect_while_waiting_takes_nothing(watched: Watched) {
+    let locker = Locker::new(watched.clone());
     let srv = serve(locker.clone(), memory_limiter()).await;
     let name = Subject::compound(["job", "queued"]);
     let held = locker
@@ -390,8 +482,12 @@ async fn disconnect_while_waiting_takes_nothing(locker: Locker) {
         .write_all(b"POST /wait/queued/0 HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The request waits for the lock once it was refused.
+    watched.refused(1).await;
     drop(stream);
+    // Bounded negative checks: the server sees the disconnect well within
+    // 200 ms, and a waiter that was not cancelled would have the lock within
+    // 300 ms of the release (it is woken at once).
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(held.release().await.unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -469,7 +565,7 @@ async fn memory_concurrent_requests_are_serialized() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_busy_is_409() {
-    busy_is_409(memory_locker()).await;
+    busy_is_409(Watched::new(MemoryBackend::new())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,7 +590,7 @@ async fn memory_misconfiguration_is_500() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_disconnect_while_waiting_takes_nothing() {
-    disconnect_while_waiting_takes_nothing(memory_locker()).await;
+    disconnect_while_waiting_takes_nothing(Watched::new(MemoryBackend::new())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -517,7 +613,10 @@ async fn redis_concurrent_requests_are_serialized() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_busy_is_409() {
     let server = RedisServer::start().unwrap();
-    busy_is_409(redis_locker(&server).await).await;
+    busy_is_409(Watched::new(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -547,7 +646,10 @@ async fn redis_misconfiguration_is_500() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_disconnect_while_waiting_takes_nothing() {
     let server = RedisServer::start().unwrap();
-    disconnect_while_waiting_takes_nothing(redis_locker(&server).await).await;
+    disconnect_while_waiting_takes_nothing(Watched::new(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+    ))
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -562,9 +664,10 @@ async fn cluster_locks_serialize_and_release() {
     let backend = RedisBackend::connect_cluster(cluster.seeds())
         .await
         .unwrap();
-    let locker = Locker::new(backend);
+    let watched = Watched::new(backend);
+    let locker = Locker::new(watched.clone());
     concurrent_requests_are_serialized(locker.clone()).await;
-    busy_is_409(locker.clone()).await;
+    busy_is_409(watched).await;
     disconnect_releases_lock(locker).await;
 }
 
