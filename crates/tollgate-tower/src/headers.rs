@@ -314,23 +314,45 @@ impl RateLimitHeaders {
         if decision.source == DecisionSource::FailOpen {
             return None;
         }
-        let mut value = Vec::with_capacity(self.items.iter().map(|i| i.len() + 40).sum());
-        let mut digits = itoa::Buffer::new();
-        for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
-            if i > 0 {
-                value.extend_from_slice(b", ");
-            }
-            value.extend_from_slice(item.as_bytes());
-            value.extend_from_slice(b";r=");
-            value.extend_from_slice(digits.format(sf_integer(q.remaining)).as_bytes());
-            value.extend_from_slice(b";t=");
-            value.extend_from_slice(
-                digits
-                    .format(sf_integer(ceil_secs(q.next_after)))
-                    .as_bytes(),
-            );
+        // Written into this thread's buffer, then copied once into a buffer
+        // of exactly its length: one allocation per request (a `Vec` made
+        // into `Bytes` with room to spare costs a second one).
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
+        let write = |value: &mut Vec<u8>| {
+            let mut digits = itoa::Buffer::new();
+            for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
+                if i > 0 {
+                    value.extend_from_slice(b", ");
+                }
+                value.extend_from_slice(item.as_bytes());
+                value.extend_from_slice(b";r=");
+                value.extend_from_slice(digits.format(sf_integer(q.remaining)).as_bytes());
+                value.extend_from_slice(b";t=");
+                value.extend_from_slice(
+                    digits
+                        .format(sf_integer(ceil_secs(q.next_after)))
+                        .as_bytes(),
+                );
+            }
+        };
+        let reused = BUF.try_with(|cell| {
+            let mut buf = cell.try_borrow_mut().ok()?;
+            buf.clear();
+            write(&mut buf);
+            Some(Bytes::copy_from_slice(&buf))
+        });
+        let value = match reused {
+            Ok(Some(bytes)) => bytes,
+            // The thread is exiting, or a nested call holds the buffer.
+            _ => {
+                let mut value = Vec::new();
+                write(&mut value);
+                Bytes::from(value)
+            }
+        };
+        HeaderValue::from_maybe_shared(value).ok()
     }
 }
 
