@@ -12,6 +12,8 @@
 //! failover as long as the new master's clock is not behind the last fence
 //! handed out — here all nodes share one host clock.
 
+mod lock_common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -171,7 +173,11 @@ async fn fences_increase_and_waiters_wake_through_a_killed_master() {
     let backend = RedisBackend::connect_cluster(cluster.seeds())
         .await
         .unwrap();
-    let locker = Locker::builder(backend).timeout(TIMEOUT).build().unwrap();
+    let watched = lock_common::Watched::new(Arc::new(backend));
+    let locker = Locker::builder(watched.clone())
+        .timeout(TIMEOUT)
+        .build()
+        .unwrap();
     let name = unique("job");
     let key = locker.keys_for(name.as_str()).lock;
     let victim = cluster.master_for_key(&key);
@@ -193,7 +199,8 @@ async fn fences_increase_and_waiters_wake_through_a_killed_master() {
             .wait(Duration::from_secs(40));
         tokio::spawn(async move { locker.acquire(name.as_str(), &wait).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Refused while the holder holds it, it waits through the failover.
+    watched.refused(1).await;
     assert!(!waiter.is_finished(), "the waiter waits for the holder");
 
     let cluster = Arc::new(Mutex::new(cluster));

@@ -2,6 +2,8 @@
 //! whether the old master is demoted politely or simply stops answering.
 #![cfg(feature = "sentinel")]
 
+mod lock_common;
+
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
@@ -207,7 +209,10 @@ async fn locks_and_limits_follow_three_sentinels_through_a_killed_master() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let urls: Vec<String> = sentinels.iter().map(RedisServer::url).collect();
-    let locker = Locker::builder(RedisBackend::sentinel(&urls, "main").unwrap())
+    let watched = lock_common::Watched::new(std::sync::Arc::new(
+        RedisBackend::sentinel(&urls, "main").unwrap(),
+    ));
+    let locker = Locker::builder(watched.clone())
         .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
@@ -227,7 +232,8 @@ async fn locks_and_limits_follow_three_sentinels_through_a_killed_master() {
             .wait(Duration::from_secs(40));
         tokio::spawn(async move { locker.acquire("job", &wait).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Refused while the holder holds it, it waits through the failover.
+    watched.refused(1).await;
     assert!(!waiter.is_finished(), "the waiter waits for the holder");
 
     master.stop();

@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tollgate_core::lock::{AcquireReply, AcquireRequest, LockKeys, DEFAULT_POLL_INTERVAL};
 use tollgate_core::{Error, Lease, LockOptions, Locker, Semaphore};
 
-use super::{busy_after, eventually, prefix, Acquirer, Fixture, SemFixture};
+use super::{busy_after, eventually, prefix, Acquirer, Fixture, SemFixture, Watched};
 
 /// A fair semaphore of 1 or a fair [`Locker`]: the same queue.
 pub(crate) trait FairAcquirer: Acquirer + Sized {
@@ -275,11 +275,20 @@ pub(crate) async fn mixed_ticket_ttls_keep_arrival_order<F: SemFixture>(f: &F) {
     .with_ticket("e".repeat(32), Duration::from_millis(300));
     f.backend().await.acquire_lock(&dead).await.unwrap();
     queued(f, &keys, 2).await;
-    // Its ticket is gone; the first waiter's (21 s) is not.
+    // Its ticket is gone (300 ms, waited out); the first waiter's (21 s) is
+    // not.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let fast = Duration::from_millis(50); // tickets live 1.1 s
-    let second = waiter(Semaphore::build(f, &prefix, fast).await, "second");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let watched = Watched::new(f.backend().await);
+    let fast_sem = Semaphore::builder(watched.clone(), 1)
+        .prefix(&prefix)
+        .poll_interval(fast)
+        .fair()
+        .build()
+        .unwrap();
+    let second = waiter(fast_sem, "second");
+    // Released only once the second is queued (refused with a ticket).
+    watched.refused(1).await;
     assert!(lease.release().await.unwrap());
     first.await.unwrap();
     second.await.unwrap();
