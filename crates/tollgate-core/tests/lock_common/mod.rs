@@ -5,7 +5,7 @@
 
 pub(crate) mod replay;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,12 +39,110 @@ pub(crate) struct Memory(pub(crate) MemoryBackend);
 
 impl Fixture for Memory {
     async fn backend(&self) -> Arc<dyn LockBackend> {
-        Arc::new(self.0.clone())
+        Arc::new(Queues(self.0.clone()))
     }
     async fn delete_key(&self, key: &str) {
         assert!(self.0.break_lock(key), "no live lock under {key}");
     }
     fn assert_no_immortal_keys(&self) {}
+}
+
+/// The memory backend's fair queues as its callers saw them (it has no look
+/// inside, where Redis has ZCARD): queue key → the tickets refused and not
+/// yet admitted or withdrawn. A ticket that expires unrefreshed stays
+/// counted.
+fn memory_queues() -> std::sync::MutexGuard<'static, HashMap<String, HashSet<String>>> {
+    static Q: std::sync::OnceLock<Mutex<HashMap<String, HashSet<String>>>> =
+        std::sync::OnceLock::new();
+    Q.get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// How many tickets `queue` holds on the memory backend (see [`Queues`]).
+pub(crate) fn memory_queue_len(queue: &str) -> u64 {
+    memory_queues().get(queue).map_or(0, |q| q.len() as u64)
+}
+
+/// The memory backend, recording its fair queues ([`memory_queue_len`]).
+#[derive(Debug)]
+struct Queues(MemoryBackend);
+
+impl LockBackend for Queues {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, tollgate_core::Result<AcquireReply>> {
+        async move {
+            let reply = self.0.acquire_lock(request).await;
+            if let (Some((ticket, _)), Ok(r)) = (&request.ticket, &reply) {
+                let mut queues = memory_queues();
+                let queue = queues.entry(request.keys.queue()).or_default();
+                match r {
+                    AcquireReply::Held { .. } => {
+                        queue.insert(ticket.clone());
+                    }
+                    _ => {
+                        queue.remove(ticket);
+                    }
+                }
+            }
+            reply
+        }
+        .boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        async move {
+            let released = self.0.release_lock(keys, token).await;
+            if let Some(queue) = memory_queues().get_mut(&keys.queue()) {
+                queue.remove(token);
+            }
+            released
+        }
+        .boxed()
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.0.extend_lock(keys, token, ttl)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.0.raise_fence(keys, token, fence, fence_ttl)
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
+        self.0.release_events(channel_prefix)
+    }
+
+    fn permits_in_use<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+    ) -> BoxFuture<'a, tollgate_core::Result<u32>> {
+        self.0.permits_in_use(keys)
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        self.0.lock_kind()
+    }
 }
 
 pub(crate) struct Standalone(pub(crate) &'static RedisServer);

@@ -10,6 +10,7 @@ use tollgate_core::lock::{AcquireReply, AcquireRequest, LockKeys, DEFAULT_POLL_I
 use tollgate_core::{Error, Lease, LockOptions, Locker, Semaphore};
 
 use super::{busy_after, eventually, prefix, Acquirer, Fixture, SemFixture, Watched};
+use crate::lock_common::memory_queue_len;
 
 /// A fair semaphore of 1 or a fair [`Locker`]: the same queue.
 pub(crate) trait FairAcquirer: Acquirer + Sized {
@@ -52,16 +53,17 @@ impl FairAcquirer for Locker {
 }
 
 /// Waits until `n` waiters are queued on `keys`: by the queue's ZCARD on
-/// Redis; on memory (no look inside) by a pause long enough for a first
-/// attempt.
+/// Redis; on memory (no look inside) by the tickets its callers saw queued
+/// and not yet admitted or withdrawn.
 async fn queued<F: SemFixture>(f: &F, keys: &LockKeys, n: u64) {
     let queue = keys.queue();
-    if f.zcard(&queue).await.is_none() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        return;
-    }
+    let memory = f.zcard(&queue).await.is_none();
     eventually(&format!("{n} queued on {queue}"), || async {
-        f.zcard(&queue).await == Some(n)
+        if memory {
+            memory_queue_len(&queue) == n
+        } else {
+            f.zcard(&queue).await == Some(n)
+        }
     })
     .await;
 }
