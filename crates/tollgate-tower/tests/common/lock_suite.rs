@@ -2,7 +2,7 @@
 //! Cluster). No assertion depends on timing: tests wait for events (a
 //! handler entered, a response arrived) with generous bounds.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +40,8 @@ pub struct Probe {
     pub events: Arc<Mutex<Vec<String>>>,
     pub entered: mpsc::UnboundedSender<String>,
     pub gate: Arc<Semaphore>,
+    /// Handlers started and not yet finished or dropped.
+    pub running: Arc<AtomicUsize>,
 }
 
 pub struct ProbeRx {
@@ -55,6 +57,7 @@ impl ProbeRx {
                 events: Arc::default(),
                 entered: tx,
                 gate: Arc::new(Semaphore::new(0)),
+                running: Arc::default(),
             },
             entered: rx,
         }
@@ -72,6 +75,20 @@ impl ProbeRx {
     pub fn events(&self) -> Vec<String> {
         self.probe.events.lock().unwrap().clone()
     }
+
+    /// Handlers running now (a dropped one no longer counts).
+    pub fn running(&self) -> usize {
+        self.probe.running.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts a handler out of `running` however it ends (finished or dropped).
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -85,6 +102,8 @@ async fn work(
     headers: HeaderMap,
 ) -> String {
     let id = header(&headers, "x-id").unwrap_or("?").to_owned();
+    p.running.fetch_add(1, Ordering::SeqCst);
+    let _running = Running(Arc::clone(&p.running));
     p.events.lock().unwrap().push(format!("start {id}"));
     let _ = p.entered.send(id.clone());
     if headers.contains_key("x-hold") {
@@ -276,9 +295,10 @@ pub async fn lost_lease_cancels_the_handler(env: LockEnv) {
         a.body,
         "lock lost while handling the request; the request was cancelled\n"
     );
-    // The handler was dropped: opening its gate cannot make it finish.
+    // The handler was dropped (not left running): opening its gate cannot
+    // make it finish.
+    assert_eq!(p.running(), 0, "the handler was not dropped");
     p.probe.gate.add_permits(10);
-    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(p.events(), ["start a"]);
 }
 
