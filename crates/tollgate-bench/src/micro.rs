@@ -40,6 +40,10 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         "`getrandom::fill` of 8 bytes (the sliding log draws a nonce per check)",
         "`tokio::time::timeout` around a ready future (tollgate bounds every round trip)",
         "`Subject::from(IpAddr)` + key string (per check)",
+        "tollgate `try_check_now`, memory backend, GCRA (deny cache on; what the middleware \
+         calls: the subject borrowed, no future)",
+        "`SystemTime::now` + `Instant::now` (the two clock reads of a memory check with the deny \
+         cache on)",
     ];
     let k = names.len();
     let mut ns = vec![Vec::new(); k];
@@ -85,10 +89,26 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
                         std::hint::black_box(r.ok());
                     }
                 }
-                _ => {
+                5 => {
                     for _ in 0..n {
                         let s = Subject::from(std::hint::black_box(ip));
                         std::hint::black_box(tg_nocache.keys_for(&s));
+                    }
+                }
+                6 => {
+                    for _ in 0..n {
+                        match tg_default.try_check_now(&subject, 1) {
+                            Ok(decided) => {
+                                std::hint::black_box(decided?);
+                            }
+                            Err(_) => return Err("the memory backend answers in process".into()),
+                        }
+                    }
+                }
+                _ => {
+                    for _ in 0..n {
+                        std::hint::black_box(std::time::SystemTime::now());
+                        std::hint::black_box(Instant::now());
                     }
                 }
             }
@@ -103,7 +123,8 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     section.line(format!(
         "{n} calls per row per round, one subject (an IPv4 address), quota {RATE}/s with a \
          burst of {RATE} (never denied), {} rounds interleaved; ns per call, median of \
-         rounds (min–max). Run on the bench's current-thread runtime.\n",
+         rounds (min–max). Run on the bench's current-thread runtime. The ratio to governor \
+         is taken per round (both measured in that round), median and range of rounds.\n",
         opts.rounds
     ));
     let mut rows = Vec::new();
@@ -112,7 +133,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         rows.push(vec![
             names[c].to_owned(),
             format!("**{:.0}** ({lo:.0}–{hi:.0})", median(&ns[c])),
-            format!("{:.2}×", median(&ns[c]) / median(&ns[2])),
+            crate::stats::ratio_cell(&crate::stats::ratios(&ns[c], &ns[2])),
         ]);
     }
     section.table(&["operation", "ns per call", "÷ governor check"], &rows);
@@ -128,6 +149,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             "ns per request",
             "over no limiter",
             "requests/s ÷ tower_governor",
+            "added ns ÷ tower_governor's (per round)",
         ],
         &stack,
     );
@@ -162,6 +184,9 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
     .await?;
     let base = median(&ns[0]);
     let gov = median(&ns[k - 1]);
+    // What each layer adds to a request, per round: its time less the
+    // same round's "no limiter".
+    let added = |c: usize| -> Vec<f64> { ns[c].iter().zip(&ns[0]).map(|(x, b)| x - b).collect() };
     Ok((0..k)
         .map(|c| {
             let (lo, hi) = crate::stats::range(&ns[c]);
@@ -171,6 +196,11 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
                 format!("**{m:.0}** ({lo:.0}–{hi:.0})"),
                 format!("{:+.0} ns", m - base),
                 format!("{:.2}×", gov / m),
+                if c == 0 {
+                    "—".to_owned()
+                } else {
+                    crate::stats::ratio_cell(&crate::stats::ratios(&added(c), &added(k - 1)))
+                },
             ]
         })
         .collect())
