@@ -19,7 +19,7 @@
 //!   is keyed (by the layers here and by `tollgate-axum`'s extractors), and
 //!   the built-in keys (global, peer IP, client IP behind trusted proxies,
 //!   header, request extension, route, path parameters, compounds).
-//! - [`rejection`]: [`Rejection`](rejection::Rejection), the one model of a
+//! - [`rejection`]: [`Rejection`], the one model of a
 //!   refused request, and the table from reason to HTTP status and gRPC
 //!   code; a custom responder can replace the default responses.
 //! - [`hold`]: the service and future shared by the lock and concurrency
@@ -69,7 +69,7 @@
 //!
 //! - `axum`: [`key::PeerIp`] and [`key::ClientIp`] read axum's
 //!   `ConnectInfo<SocketAddr>`, [`key::RouteKey`] and [`key::PathParam`]
-//!   read `MatchedPath`, and [`Rejection`](rejection::Rejection) is axum's
+//!   read `MatchedPath`, and [`Rejection`] is axum's
 //!   `IntoResponse`. Off by default, so tonic-only users do not build axum;
 //!   the `tollgate` facade turns it on with its own `axum` feature.
 //! - `grpc`: the key extractors read tonic's `TcpConnectInfo`. gRPC-shaped

@@ -2,7 +2,7 @@
 //! every instance that shares the backend.
 //!
 //! tower's own `ConcurrencyLimit` counts one process (one service clone,
-//! even). This one holds a permit of a [`Semaphore`](tollgate_core::Semaphore)
+//! even). This one holds a permit of a [`Semaphore`]
 //! for each request — on Redis (standalone, Sentinel, Cluster) or in memory
 //! — so "2 in flight per API key" holds for the whole fleet. For each
 //! request, in the response future:

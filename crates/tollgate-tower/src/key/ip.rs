@@ -144,7 +144,7 @@ fn check_prefix(family: &str, prefix: u8, max: u8) {
 /// IPv6 addresses grouped by their /64 (configurable).
 ///
 /// Use it when clients connect directly. Behind a load balancer or reverse
-/// proxy every request comes from the proxy: use [`ClientIp`] there.
+/// proxy every request comes from the proxy: use [`ClientIp`](super::ClientIp) there.
 ///
 /// A request without a recorded peer address is answered 500 (the server
 /// is not set up to record it).

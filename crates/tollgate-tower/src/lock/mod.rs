@@ -5,7 +5,7 @@
 //! 1. the [key extractor](crate::key) names the resource (or says "not
 //!    locked": the request passes straight through; or refuses it);
 //! 2. the lock for that resource is acquired — without waiting by default,
-//!    or up to a [wait bound](LockLayer::wait);
+//!    or up to the wait bound of the layer's [`LockOptions`](tollgate_core::LockOptions::wait);
 //! 3. held: the lease's [`FencingToken`] goes into the request extensions
 //!    (the handler passes it to the resource, which refuses lower tokens),
 //!    with a [`LeaseLost`] future the handler may watch itself, and the

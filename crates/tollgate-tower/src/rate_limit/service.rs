@@ -243,7 +243,7 @@ fn source_label(source: DecisionSource) -> &'static str {
     }
 }
 
-/// The rate-limiting service made by [`RateLimitLayer`].
+/// The rate-limiting service made by [`RateLimitLayer`](super::RateLimitLayer).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
