@@ -5,6 +5,10 @@ for i = 1, n - 1 do
   local key = KEYS[i + 1]
   local interval, per = interval_of(ARGV[5 + 2 * i])
   local tat = stored_instant(key, per)
+  -- Each quota's own span (after the quotas' parameters): past it, the
+  -- quota may have refilled what the charge took, so nothing is given.
+  local span = ARGV[5 + 2 * (n - 1) + i]
+  if span and at + span <= now then tat = nil end
   if tat then
     tat = tat - cost * interval
     if tat <= 0 then

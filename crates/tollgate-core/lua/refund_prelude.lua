@@ -6,6 +6,8 @@
 -- ARGV[4]: the instant the check decided at (µs).
 -- ARGV[5]: how long after it a refund can still matter (µs): the longest
 -- quota's span. ARGV[4+2i], ARGV[5+2i]: quota i's parameters, as the check's.
+-- Then, for a token bucket or GCRA, each quota's own span (µs), in order.
+-- Then, for a token bucket or GCRA, each quota's own span (µs), in order.
 -- Returns 1 when given back, 0 when already given back or too late to matter.
 local at = ARGV[4] + 0
 local left = at + ARGV[5] - now

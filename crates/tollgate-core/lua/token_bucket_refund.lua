@@ -6,6 +6,10 @@ for i = 1, n - 1 do
   local interval, per = interval_of(ARGV[5 + 2 * i])
   local full = ARGV[4 + 2 * i] * interval
   local empty = stored_instant(key, per)
+  -- Each quota's own span (after the quotas' parameters): past it, the
+  -- quota may have refilled what the charge took, so nothing is given.
+  local span = ARGV[5 + 2 * (n - 1) + i]
+  if span and at + span <= now then empty = nil end
   if empty then
     empty = empty - cost * interval
     if empty <= -full then

@@ -246,7 +246,16 @@ impl MemoryBackend {
             cost: req.cost,
             at: req.at_micros,
         };
-        for (key, q) in req.keys.iter().zip(req.quotas.iter()) {
+        for (i, (key, q)) in req.keys.iter().zip(req.quotas.iter()).enumerate() {
+            // A quota whose own span has passed may have refilled: nothing.
+            let span = req
+                .quota_spans_micros
+                .get(i)
+                .copied()
+                .unwrap_or(req.span_micros);
+            if req.at_micros.saturating_add(span) <= now {
+                continue;
+            }
             let Some(entry) = shard.map.get_mut(key).filter(|e| e.expires_at > now) else {
                 continue;
             };

@@ -68,8 +68,14 @@ pub struct RefundRequest {
     pub id: u64,
     /// When the check was decided (µs, the backend's clock).
     pub at_micros: u64,
-    /// How long after `at_micros` a refund can still change anything (µs).
+    /// How long after `at_micros` a refund can still change anything (µs):
+    /// the longest of the quotas' spans.
     pub span_micros: u64,
+    /// Per quota, how long after `at_micros` its refund may still give
+    /// (µs); empty when every quota's span is `span_micros` (the windows).
+    /// A token bucket's or GCRA's quota stops one its own time after the
+    /// check, however long the others' run.
+    pub quota_spans_micros: Vec<u64>,
 }
 
 /// A backend's answer to a [`RateRequest`].

@@ -487,6 +487,9 @@ impl RateBackend for RedisBackend {
                         let (a, b) = req.algorithm.params(q);
                         cmd.arg(a).arg(b);
                     }
+                    for span in &req.quota_spans_micros {
+                        cmd.arg(*span);
+                    }
                 })
                 .await?;
             match value {

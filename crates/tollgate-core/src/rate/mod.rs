@@ -190,6 +190,28 @@ impl Algorithm {
     /// bucket: until it would be full again — the charge's tokens may have
     /// come back by refill after that, and a bucket cannot tell, so a later
     /// refund gives nothing rather than tokens it already regained.
+    /// Per quota, how long after the check a refund of `cost` may still
+    /// give back to it (µs), given the charge's `span` (its
+    /// [`refund_span`](Self::refund_span)); empty for the windows, whose
+    /// span is one for all. A bucket quota is full again no sooner than its
+    /// strictest sibling (`span`) nor than the cost's own refill
+    /// (`cost × period / limit`): the later of the two is still safe, and
+    /// lets a slow quota (100 an hour beside 10 a second) take its refund
+    /// long after the fast one has refilled.
+    pub(crate) fn quota_refund_spans(&self, quotas: &[Quota], cost: u64, span: u64) -> Vec<u64> {
+        match self {
+            Algorithm::TokenBucket | Algorithm::Gcra => quotas
+                .iter()
+                .map(|q| {
+                    let refill = u128::from(cost) * u128::from(q.period_micros())
+                        / u128::from(q.limit().max(1));
+                    span.max(u64::try_from(refill).unwrap_or(u64::MAX))
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub(crate) fn refund_span(&self, d: &Decision) -> u64 {
         let micros = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
         let windows = d.quotas.iter().map(|q| q.quota.period_micros());

@@ -150,6 +150,19 @@ impl RateLimiter {
             id: charge.id,
             at_micros: charge.at_micros,
             span_micros: charge.span_micros,
+            quota_spans_micros: inner.algorithm.quota_refund_spans(
+                &inner.quotas,
+                charge.cost,
+                charge.span_micros,
+            ),
+        };
+        let request = RefundRequest {
+            span_micros: request
+                .quota_spans_micros
+                .iter()
+                .copied()
+                .fold(request.span_micros, u64::max),
+            ..request
         };
         let done = match inner.backend.refund_rate_now(&request) {
             Some(done) => done,
