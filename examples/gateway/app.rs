@@ -38,8 +38,11 @@
 //!   by all instances on the same backend): after 3 failures every login —
 //!   the right password too — gets 429 with `Retry-After` until the window
 //!   lets one more; successful logins consume nothing; concurrent failed
-//!   attempts never get past the bound. While the backend is unreachable,
-//!   503.
+//!   attempts never get past the bound. Every attempt holds one of the 3
+//!   while its password is checked (that is what keeps the bound under
+//!   concurrency) and a success gives it back before it is answered, so a
+//!   login that arrives while others are being checked may see them as
+//!   taken. While the backend is unreachable, 503; a body over 2 MB is 413.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

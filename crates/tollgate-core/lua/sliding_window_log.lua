@@ -4,7 +4,8 @@
 -- KEYS[i]: one key per quota, all sharing one hash tag.
 -- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost (both read by
 -- rate_prelude.lua, which the loader prepends: `now`, `cost`, `n` = #KEYS).
--- ARGV[3]: a random nonce from the client, making members unique.
+-- ARGV[3]: the check's id from the client (a per-process random base plus a
+-- counter), making members unique; a refund removes the members it prefixes.
 -- ARGV[2+2i], ARGV[3+2i]: limit and period (µs) of quota i.
 -- Returns {allowed, now, then per quota: remaining, reset_after_us, retry_after_us,
 -- next_us (until more quota is made available: draft-10's `t`; 0 when full)}:

@@ -62,3 +62,23 @@ async fn each_bucket_quota_takes_its_refund_while_it_is_owed() {
         }
     }
 }
+
+/// While the circuit breaker skips a dead Redis, a refund is skipped too
+/// (the charge stays) instead of waiting out the timeout each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_is_skipped_while_the_circuit_is_open() {
+    let mut server = tollgate_testkit::RedisServer::start().unwrap();
+    let backend = tollgate_core::RedisBackend::from_connection(server.connection_manager().await);
+    let l = tollgate_core::RateLimiter::builder(backend, Algorithm::SlidingWindowLog)
+        .quota(Quota::per_minute(3))
+        .failure_policy(tollgate_core::FailurePolicy::Deny)
+        .circuit_breaker(1, Duration::from_secs(600))
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let charge = l.check("s").await.unwrap().charge.unwrap();
+    server.stop();
+    assert!(l.check("s").await.is_err(), "the outage opens the circuit");
+    let e = l.refund("s", &charge).await.unwrap_err();
+    assert!(matches!(e, tollgate_core::Error::CircuitOpen), "{e}");
+}

@@ -72,14 +72,32 @@ impl RedisCluster {
         self.wait_promoted(&replicas)
     }
 
-    /// Promotes replica `replica` with `CLUSTER FAILOVER FORCE` (its master
-    /// becomes a replica if it is running) and waits until it is a master
-    /// and every running node reports `cluster_state:ok`.
+    /// Promotes replica `replica` with `CLUSTER FAILOVER FORCE` and waits
+    /// until it is a master, its old master (if running) has stepped down to
+    /// a replica — so it takes no more writes — and every running node
+    /// reports `cluster_state:ok`.
     pub fn force_failover(&self, replica: usize) -> Result<()> {
         let node = &self.nodes[replica];
+        let old_master = resp::command(node.port(), &["INFO", "replication"], PROBE)
+            .ok()
+            .and_then(|info| resp::info_field(&info, "master_port")?.parse::<u16>().ok())
+            .and_then(|port| self.nodes.iter().position(|n| n.port() == port));
         resp::command(node.port(), &["CLUSTER", "FAILOVER", "FORCE"], PROBE)
             .map_err(|e| TestkitError::Startup(format!("CLUSTER FAILOVER FORCE: {e}")))?;
-        self.wait_promoted(&[replica]).map(|_| ())
+        self.wait_promoted(&[replica])?;
+        let Some(old) = old_master.filter(|&i| live(&self.nodes[i])) else {
+            return Ok(());
+        };
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        while is_master(&self.nodes[old]) {
+            if Instant::now() >= deadline {
+                return Err(TestkitError::Startup(format!(
+                    "node {old} still a master {FAILOVER_TIMEOUT:?} after its replica's promotion"
+                )));
+            }
+            sleep(POLL);
+        }
+        Ok(())
     }
 
     fn wait_promoted(&self, candidates: &[usize]) -> Result<usize> {

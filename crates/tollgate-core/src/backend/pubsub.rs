@@ -15,15 +15,26 @@ pub(crate) struct PubSubNodes {
     seeds: Vec<Client>,
     /// Which node the next subscription tries.
     next: AtomicUsize,
+    /// Whether a cluster's current topology may be followed (the cluster's
+    /// seeds); `false` for a client given explicitly, whose address (a
+    /// proxy, a NAT address) is kept.
+    follow: bool,
 }
 
 impl PubSubNodes {
-    pub(crate) fn new(seeds: Vec<Client>) -> Self {
+    /// `seeds`, tried in turn; with `follow`, a cluster's live nodes first.
+    pub(crate) fn new(seeds: Vec<Client>, follow: bool) -> Self {
         debug_assert!(!seeds.is_empty());
         PubSubNodes {
             seeds,
             next: AtomicUsize::new(0),
+            follow,
         }
+    }
+
+    /// Whether subscriptions may follow a cluster's topology.
+    pub(crate) fn follows_topology(&self) -> bool {
+        self.follow
     }
 
     fn turn(&self) -> usize {

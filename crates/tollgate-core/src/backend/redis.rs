@@ -280,7 +280,7 @@ impl RedisBackend {
             .map_err(redis_error)?;
         ensure_supported(&mut conn).await?;
         let mut backend = Self::with_conn(Conn::Cluster(conn), "cluster");
-        backend.pubsub = Some(Arc::new(PubSubNodes::new(pubsub)));
+        backend.pubsub = Some(Arc::new(PubSubNodes::new(pubsub, true)));
         Ok(backend)
     }
 
@@ -346,9 +346,12 @@ impl RedisBackend {
         ensure_supported(&mut conn).await
     }
 
-    /// The client used for the one pub/sub subscription per `Locker`.
+    /// The client used for the one pub/sub subscription per `Locker`, as
+    /// given: its address is kept even on a cluster (e.g. a proxy or NAT
+    /// address), where [`connect_cluster`](Self::connect_cluster)'s own
+    /// subscriptions follow the topology.
     pub fn with_pubsub(mut self, client: redis::Client) -> Self {
-        self.pubsub = Some(Arc::new(PubSubNodes::new(vec![client])));
+        self.pubsub = Some(Arc::new(PubSubNodes::new(vec![client], false)));
         self
     }
 

@@ -179,7 +179,11 @@ impl LockBackend for RedisBackend {
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
         let nodes = std::sync::Arc::clone(self.pubsub_nodes()?);
-        let cluster = self.cluster_connection();
+        // A client given with `with_pubsub` is used as given.
+        let cluster = nodes
+            .follows_topology()
+            .then(|| self.cluster_connection())
+            .flatten();
         let pattern = format!("{}*", glob_escape(channel_prefix));
         Some(
             async move {

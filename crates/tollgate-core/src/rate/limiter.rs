@@ -587,7 +587,7 @@ fn deny_oversized(cost: u64, mut d: Decision) -> Decision {
 
 /// Whether an error means the backend is unreachable or overloaded (what the
 /// circuit breaker is for), as opposed to an error about one request's data.
-fn is_outage(e: &Error) -> bool {
+pub(super) fn is_outage(e: &Error) -> bool {
     match e {
         Error::Timeout(_) | Error::CircuitOpen => true,
         Error::Backend(b) => b.is_outage(),

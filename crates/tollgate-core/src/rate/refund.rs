@@ -94,8 +94,11 @@ impl RateLimiter {
     /// than the longest quota's span (a window's period, two for the
     /// counter, a bucket's refill from empty), or of cost 0.
     ///
-    /// Errors: a backend failure or the limiter's timeout (the failure policy
-    /// does not apply: nothing is decided). Retrying is safe.
+    /// Errors: a backend failure, the limiter's timeout, or
+    /// [`Error::CircuitOpen`] while the circuit breaker skips a failing
+    /// backend (refunds feed the breaker like checks). The failure policy
+    /// does not apply: nothing is decided, and the charge stays. Retrying is
+    /// safe.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -166,9 +169,21 @@ impl RateLimiter {
         };
         let done = match inner.backend.refund_rate_now(&request) {
             Some(done) => done,
-            None => tokio::time::timeout(inner.timeout, inner.backend.refund_rate(&request))
-                .await
-                .unwrap_or(Err(Error::Timeout(inner.timeout))),
+            // While the circuit is open the backend is skipped, as for a
+            // check: the charge stays, and nobody waits a timeout for it.
+            None if !inner.breaker.admits() => Err(Error::CircuitOpen),
+            None => {
+                let done = tokio::time::timeout(inner.timeout, inner.backend.refund_rate(&request))
+                    .await
+                    .unwrap_or(Err(Error::Timeout(inner.timeout)));
+                match &done {
+                    Err(e) if super::limiter::is_outage(e) => {
+                        inner.breaker.failure(monotonic_micros())
+                    }
+                    _ => inner.breaker.success(),
+                }
+                done
+            }
         };
         match &done {
             Ok(true) => {

@@ -434,7 +434,11 @@ impl<K, C> RateLimitLayer<K, C> {
     /// ([`RateLimiter::refund`]: at most once, bounded by the limiter's
     /// timeout) before it is returned, so a client's next request already
     /// sees the quota back. Its `RateLimit` header reports the check, made
-    /// before the refund. A refund that fails leaves the charge in place.
+    /// before the refund. A refund that fails (or is skipped while the
+    /// limiter's circuit breaker is open) leaves the charge in place. A
+    /// handler may refund through the [`Decision`](tollgate_core::Decision)'s
+    /// charge itself; refunds are at most once per charge, so the layer's
+    /// then gives nothing more.
     /// See [`count_unfinished`](Self::count_unfinished) for requests that
     /// end without a response.
     ///
@@ -485,7 +489,9 @@ impl<K, C> RateLimitLayer<K, C> {
     /// gave up) or the inner service returned an error. Default: it counts,
     /// so that hanging up cannot dodge a limit on failures; `false` gives
     /// its charge back (before the error is returned; in a task of its own
-    /// when the future was dropped).
+    /// on the current Tokio runtime when the future was dropped — lost if
+    /// the runtime is shutting down). A future dropped while the check
+    /// itself is in flight has no receipt yet: what that check took stays.
     /// Applies with or without [`count_if`](Self::count_if).
     pub fn count_unfinished(mut self, on: bool) -> Self {
         self.options.counting.unfinished = on;
