@@ -5,6 +5,7 @@
 //! configured. Every scenario runs on memory, a standalone Redis and a
 //! 3-master cluster; time comes from a `ManualClock`.
 
+#[macro_use]
 mod common;
 
 use std::convert::Infallible;
@@ -277,22 +278,6 @@ async fn counting_on_headers(backend: Backend) {
         assert_eq!(send(&svc, with(code)).await.status, StatusCode::OK);
     }
     assert_eq!(left(&limiter, "global").await, 2);
-}
-
-macro_rules! on_every_backend {
-    ($($backend:ident),+; $scenarios:tt) => {
-        $(on_every_backend!(@one $backend $scenarios);)+
-    };
-    (@one $backend:ident [$($scenario:ident),+ $(,)?]) => {
-        mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $scenario() {
-                    crate::$scenario(crate::common::$backend().await).await;
-                }
-            )+
-        }
-    };
 }
 
 on_every_backend!(memory, redis, cluster; [

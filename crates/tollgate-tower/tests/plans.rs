@@ -4,6 +4,7 @@
 //! applies from the next decision on. Every scenario runs on memory, a
 //! standalone Redis and a 3-master cluster; time comes from a `ManualClock`.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -303,23 +304,6 @@ pub async fn concurrent_requests_get_each_plan_exactly(backend: Backend) {
         }
     }
     assert_eq!((free, pro), (5, 12));
-}
-
-/// One `#[tokio::test]` per scenario and backend.
-macro_rules! on_every_backend {
-    ($($backend:ident),+; $scenarios:tt) => {
-        $(on_every_backend!(@one $backend $scenarios);)+
-    };
-    (@one $backend:ident [$($scenario:ident),+ $(,)?]) => {
-        mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $scenario() {
-                    crate::$scenario(crate::common::$backend().await).await;
-                }
-            )+
-        }
-    };
 }
 
 on_every_backend!(memory, redis, cluster; [

@@ -1,6 +1,26 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+/// One `#[tokio::test]` per scenario and backend: `on_every_backend!(memory,
+/// redis, cluster; [scenario, ...])` runs `crate::scenario(common::<backend>()
+/// .await)` (a test file uses it with `#[macro_use] mod common;`).
+#[allow(unused_macros)]
+macro_rules! on_every_backend {
+    ($($backend:ident),+; $scenarios:tt) => {
+        $(on_every_backend!(@one $backend $scenarios);)+
+    };
+    (@one $backend:ident [$($scenario:ident),+ $(,)?]) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    crate::$scenario(crate::common::$backend().await).await;
+                }
+            )+
+        }
+    };
+}
+
 pub mod grpc;
 pub mod idempotency;
 pub mod lock_suite;
