@@ -1,14 +1,7 @@
--- Prologue shared by the five rate-limit scripts; the loader prepends it to
--- each (Redis scripts cannot include one another).
--- ARGV[1]: now in µs, or '' to use the server's TIME. ARGV[2]: cost.
-local now = ARGV[1] ~= '' and tonumber(ARGV[1]) -- '' (the default) skips a strtod
-if not now then
-  local t = redis.call('TIME')
-  now = t[1] * 1000000 + t[2] -- string to number by arithmetic: cheaper than tonumber
-end
--- Arithmetic coerces a string with one strtod; tonumber() runs two.
-local cost = ARGV[2] + 0
-local n = #KEYS
+-- Helpers shared by the five rate-limit scripts and the batch script; the
+-- loader puts them after the locals `now`, `cost` and `n` (rate_args.lua, or
+-- the batch's own), which they read as upvalues (Redis scripts cannot include
+-- one another).
 -- Stored state is read through redis.pcall: a key someone else wrote with
 -- another type (WRONGTYPE) or a value no script writes is read as absent and
 -- overwritten, like an expired key. A script error instead would leave the

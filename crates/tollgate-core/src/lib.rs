@@ -3,7 +3,8 @@
 //!
 //! - [`RateLimiter`] runs one of five algorithms ([`Algorithm`]) over a
 //!   [`RateBackend`]: one atomic Lua script and one round trip per decision on
-//!   Redis, the same semantics in memory.
+//!   Redis (checks waiting together share one call: [`Coalescing`]), the same
+//!   semantics in memory.
 //! - [`Quota`] says how much per how long; [`Decision`] is the answer.
 //! - [`Locker`] hands out fenced [`Lease`]s over a [`LockBackend`] (Redis or
 //!   memory), with renewal, loss detection and pub/sub hand-off;
@@ -24,7 +25,7 @@ pub mod rate;
 
 #[cfg(feature = "sentinel")]
 pub use backend::SentinelConnection;
-pub use backend::{MemoryBackend, RateBackend, RedisBackend};
+pub use backend::{Coalescing, MemoryBackend, RateBackend, RedisBackend};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{BackendError, Error, Result};
 pub use keyspace::{Keyspace, Subject};

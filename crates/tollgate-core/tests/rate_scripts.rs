@@ -1,5 +1,5 @@
 //! The five rate scripts called directly (EVALSHA over a raw connection, the
-//! text the crate loads: the prelude, then the script), with every cost from
+//! text the crate loads: the arguments, the prelude, then the script), with every cost from
 //! 0 to capacity + 2 and several quotas, bypassing the client's own cost
 //! check (issue #16, defect 6: the sliding log did arithmetic on nil and the
 //! sliding counter divided by zero for a cost above the limit). Every reply is
@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redis::{Connection, Value};
 use tollgate_testkit::RedisServer;
 
-const PRELUDE: &str = include_str!("../lua/rate_prelude.lua");
+const PRELUDE: &str = concat!(
+    include_str!("../lua/rate_args.lua"),
+    include_str!("../lua/rate_prelude.lua")
+);
 
 /// The algorithms' scripts, and whether their quota figures are (burst,
 /// interval per unit) rather than (limit, period).

@@ -14,6 +14,7 @@ use futures_util::future::BoxFuture;
 use crate::error::Result;
 use crate::rate::{Algorithm, Outcome, Quota};
 
+pub(crate) mod coalesce;
 pub(crate) mod memory;
 pub(crate) mod pubsub;
 pub(crate) mod redis;
@@ -21,6 +22,7 @@ pub(crate) mod redis;
 pub(crate) mod sentinel;
 pub(crate) mod version;
 
+pub use self::coalesce::Coalescing;
 pub use self::memory::MemoryBackend;
 pub use self::redis::RedisBackend;
 #[cfg(feature = "sentinel")]

@@ -10,7 +10,8 @@
 //! | [`Algorithm::Gcra`] | theoretical arrival time | the same admissions as the token bucket, phrased as a schedule; one integer per key |
 //!
 //! Every algorithm is one atomic Lua script (one `EVALSHA` round trip per
-//! decision), timed by the Redis server unless a client [`Clock`](crate::Clock)
+//! decision; under load, several decisions per call of a batch script made
+//! of the same code, see [`Coalescing`](crate::Coalescing)), timed by the Redis server unless a client [`Clock`](crate::Clock)
 //! is configured, and every key it writes has a TTL. A denied request consumes
 //! nothing. Several quotas on one subject are checked together, all or nothing.
 
@@ -18,29 +19,60 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::Duration;
 
-/// An algorithm's script: the shared prelude, then `lua/<name>.lua`. Every
-/// script is sent whole (one `EVALSHA` each), so each carries the prelude;
-/// this is the one place that says so.
+/// An algorithm's script: its arguments (`lua/rate_args.lua`), the shared
+/// prelude, then `lua/<name>.lua`. Every script is sent whole (one `EVALSHA`
+/// each), so each carries the prelude; this is the one place that says so.
 macro_rules! rate_script {
     ($name:literal) => {
         concat!(
+            include_str!("../../lua/rate_args.lua"),
             include_str!("../../lua/rate_prelude.lua"),
             include_str!(concat!("../../lua/", $name, ".lua"))
         )
     };
 }
 
-/// An algorithm's refund script: the shared prelude, the refund prelude,
-/// then `lua/<name>_refund.lua`.
+/// An algorithm's refund script: the arguments, the shared prelude, the
+/// refund prelude, then `lua/<name>_refund.lua`.
 macro_rules! refund_script {
     ($name:literal) => {
         concat!(
+            include_str!("../../lua/rate_args.lua"),
             include_str!("../../lua/rate_prelude.lua"),
             include_str!("../../lua/refund_prelude.lua"),
             include_str!(concat!("../../lua/", $name, "_refund.lua"))
         )
     };
 }
+
+/// An algorithm's script as a function of the batch script: the body of
+/// `lua/<name>.lua`, unchanged, taking `KEYS` and `ARGV` as arguments.
+macro_rules! batch_function {
+    ($name:literal) => {
+        concat!(
+            "local function ",
+            $name,
+            "(KEYS, ARGV)\n",
+            include_str!(concat!("../../lua/", $name, ".lua")),
+            "\nend\n"
+        )
+    };
+}
+
+/// The batch script (`lua/rate_batch.lua`): many checks, any algorithms,
+/// one call. Its five functions are the single scripts' own bodies, so a
+/// coalesced decision runs the very code a single call does.
+pub(crate) const BATCH_SCRIPT: &str = concat!(
+    "local now, cost, n\n",
+    include_str!("../../lua/rate_prelude.lua"),
+    batch_function!("fixed_window"),
+    batch_function!("sliding_window_log"),
+    batch_function!("sliding_window_counter"),
+    batch_function!("token_bucket"),
+    batch_function!("gcra"),
+    "local decide = {fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra}\n",
+    include_str!("../../lua/rate_batch.lua"),
+);
 
 pub(crate) mod breaker;
 pub(crate) mod builder;

@@ -1,0 +1,42 @@
+-- Decides several rate-limit checks in one call (issue #15: coalescing).
+-- The loader puts before it `local now, cost, n`, rate_prelude.lua, and each
+-- algorithm's own script wrapped as `local function <alg>(KEYS, ARGV) ... end`
+-- — the same code a single call runs, so no algorithm has a second copy —
+-- and the table `decide` of those five functions.
+-- ARGV[1]: the number of checks. Then per check, in order: its algorithm
+-- (1 fixed window, 2 sliding log, 3 sliding counter, 4 token bucket,
+-- 5 GCRA), its number of keys k, its number of arguments m, then its own
+-- ARGV as a single call takes it (m values: now or '', cost, nonce, the
+-- quotas' parameters). KEYS: every check's keys, in order. All keys hash to
+-- one slot (the same hash tag on a cluster).
+-- Returns one reply per check, in order: the single call's reply, or the
+-- error it raised as a string — one check's error fails that check only.
+-- Checks run in order: a later check of a key sees what an earlier one took.
+local out, a, k, clock = {}, 2, 0, nil
+for d = 1, ARGV[1] + 0 do
+  local nk, m = ARGV[a + 1] + 0, ARGV[a + 2] + 0
+  local keys, args = {}, {}
+  for i = 1, nk do keys[i] = KEYS[k + i] end
+  for i = 1, m do args[i] = ARGV[a + 2 + i] end
+  -- As rate_args.lua, with one TIME for the whole batch.
+  now = args[1] ~= '' and tonumber(args[1])
+  if not now then
+    if not clock then
+      local t = redis.call('TIME')
+      clock = t[1] * 1000000 + t[2]
+    end
+    now = clock
+  end
+  cost, n = args[2] + 0, nk
+  local ok, reply = pcall(decide[ARGV[a] + 0], keys, args)
+  if ok then
+    out[d] = reply
+  elseif type(reply) == 'table' then
+    -- Redis 7 raises a command's error as {err = '...'}.
+    out[d] = tostring(reply.err)
+  else
+    out[d] = tostring(reply)
+  end
+  a, k = a + 3 + m, k + nk
+end
+return out
