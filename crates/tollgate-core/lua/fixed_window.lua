@@ -23,8 +23,7 @@ if n == 1 then
     return {0, now, limit - count, reset, reset, reset}
   end
   -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  redis.call('SET', KEYS[1], string.format('%d:%d', w, count + cost), 'PX',
-    string.format('%d', math.ceil(reset / 1000)))
+  store(KEYS[1], string.format('%d:%d', w, count + cost), string.format('%d', math.ceil(reset / 1000)))
   return {1, now, limit - count - cost, reset, 0, reset}
 end
 local w, count, limit, reset, ok = {}, {}, {}, {}, true
@@ -47,7 +46,7 @@ for i = 1, n do
   local j = 4 * i - 1
   out[j + 3] = reset[i]
   if ok then
-    redis.call('SET', KEYS[i], string.format('%d:%d', w[i], count[i] + cost), 'PX', string.format('%d', math.ceil(reset[i] / 1000)))
+    store(KEYS[i], string.format('%d:%d', w[i], count[i] + cost), string.format('%d', math.ceil(reset[i] / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, reset[i], 0
   else
     local retry = 0

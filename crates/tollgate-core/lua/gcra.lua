@@ -29,7 +29,7 @@ if n == 1 then
   local px = math.ceil(ceil_us(nt, per) / 1000)
   if px < 1 then px = 1 end
   -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  redis.call('SET', KEYS[1], instant(nt, per), 'PX', string.format('%d', px))
+  store(KEYS[1], instant(nt, per), string.format('%d', px))
   local room = limit_at - nt
   return {1, now, math.floor(room / interval), ceil_us(nt, per), 0,
     nt > 0 and ceil_us(interval - room % interval, per) or 0}
@@ -50,7 +50,7 @@ for i = 1, n do
   if ok then
     local px = math.ceil(ceil_us(nt[i], p) / 1000)
     if px < 1 then px = 1 end
-    redis.call('SET', KEYS[i], instant(nt[i], p), 'PX', string.format('%d', px))
+    store(KEYS[i], instant(nt[i], p), string.format('%d', px))
     local room = limit_at[i] - nt[i]
     out[j], out[j + 1], out[j + 2] = math.floor(room / iv), ceil_us(nt[i], p), 0
     out[j + 3] = nt[i] > 0 and ceil_us(iv - room % iv, p) or 0

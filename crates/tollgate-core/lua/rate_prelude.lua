@@ -6,10 +6,29 @@
 -- another type (WRONGTYPE) or a value no script writes is read as absent and
 -- overwritten, like an expired key. A script error instead would leave the
 -- value in place and fail every later check of that subject.
+-- In a batch (rate_batch.lua) the strings stored under the batch's keys,
+-- read by one MGET up front and kept current by `store` (key -> value, or
+-- false for none: MGET reads a key of another type as none too), and the
+-- writes waiting for the end of the batch (key -> PX). nil in a single call.
+local batch_view, batch_writes
 -- The string under `key`, or nil (absent, or of another type).
 local function stored_string(key)
+  if batch_view then
+    local v = batch_view[key]
+    if v ~= nil then return v or nil end
+  end
   local v = redis.pcall('GET', key)
   if type(v) == 'string' then return v end
+end
+-- SET key value PX px (px: whole ms, as a string). In a batch the write
+-- waits for the end of the batch — the last one per key is what a sequence
+-- of single calls would leave, and the checks after it read it meanwhile.
+local function store(key, value, px)
+  if batch_view then
+    batch_view[key], batch_writes[key] = value, px
+  else
+    redis.call('SET', key, value, 'PX', px)
+  end
 end
 -- A quota's time argument: whole µs ('100000'), or an exact fraction of
 -- them, '<ticks>/<per>' (a bucket's emission interval period/limit, reduced:
@@ -27,8 +46,8 @@ end
 -- (0 < frac < per) when the instant falls between two microseconds: only
 -- whole µs are ever absolute, so no figure nears 2^53.
 local function stored_instant(key, per)
-  local v = redis.pcall('GET', key)
-  if type(v) ~= 'string' then return end
+  local v = stored_string(key)
+  if not v then return end
   local us, frac = tonumber(v), 0
   if not us then
     local colon = string.find(v, ':', 1, true)

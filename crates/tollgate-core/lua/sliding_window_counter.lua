@@ -50,8 +50,7 @@ if n == 1 then
     if cur > 0 then reset = 2 * p - e elseif prev > 0 then reset = p - e end
     return {0, now, math.max(limit - est, 0), reset, retry, next_us(prev, cur, e, p)}
   end
-  redis.call('SET', KEYS[1], string.format('%d:%d:%d', w, prev, cur + cost), 'PX',
-    string.format('%d', math.ceil((2 * p - e) / 1000)))
+  store(KEYS[1], string.format('%d:%d:%d', w, prev, cur + cost), string.format('%d', math.ceil((2 * p - e) / 1000)))
   return {1, now, limit - est - cost, 2 * p - e, 0, next_us(prev, cur + cost, e, p)}
 end
 local w, e, prev, cur, est, limit, period, ok = {}, {}, {}, {}, {}, {}, {}, true
@@ -78,8 +77,7 @@ for i = 1, n do
   local j = 4 * i - 1
   local p = period[i]
   if ok then
-    redis.call('SET', KEYS[i], string.format('%d:%d:%d', w[i], prev[i], cur[i] + cost), 'PX',
-      string.format('%d', math.ceil((2 * p - e[i]) / 1000)))
+    store(KEYS[i], string.format('%d:%d:%d', w[i], prev[i], cur[i] + cost), string.format('%d', math.ceil((2 * p - e[i]) / 1000)))
     out[j], out[j + 1], out[j + 2] = limit[i] - est[i] - cost, 2 * p - e[i], 0
     out[j + 3] = next_us(prev[i], cur[i] + cost, e[i], p)
   else

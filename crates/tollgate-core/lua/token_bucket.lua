@@ -29,7 +29,7 @@ if n == 1 then
   local px = math.ceil(ceil_us(after + full, per) / 1000)
   if px < 1 then px = 1 end
   -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  redis.call('SET', KEYS[1], instant(after, per), 'PX', string.format('%d', px))
+  store(KEYS[1], instant(after, per), string.format('%d', px))
   -- The next token comes when the elapsed time reaches a whole interval.
   return {1, now, tokens - cost, ceil_us(after + full, per), 0,
     tokens - cost < capacity and ceil_us(interval - (-after) % interval, per) or 0}
@@ -55,7 +55,7 @@ for i = 1, n do
     -- At least 1 ms: a cost of 0 on a full bucket leaves nothing to wait for.
     local px = math.ceil(ceil_us(after + full[i], p) / 1000)
     if px < 1 then px = 1 end
-    redis.call('SET', KEYS[i], instant(after, p), 'PX', string.format('%d', px))
+    store(KEYS[i], instant(after, p), string.format('%d', px))
     out[j], out[j + 1], out[j + 2] = tokens[i] - cost, ceil_us(after + full[i], p), 0
     out[j + 3] = tokens[i] - cost < capacity and ceil_us(iv - (-after) % iv, p) or 0
   else

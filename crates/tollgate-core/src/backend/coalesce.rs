@@ -5,8 +5,9 @@
 //! [`Coalescing::max_calls_in_flight`] calls are out (so a lone check costs
 //! what it did), and otherwise waits in a queue. When a call comes back, the
 //! queue goes out as the next call — up to [`Coalescing::max_batch`] checks,
-//! in arrival order, all of one hash tag on a cluster. Batches therefore grow
-//! with the load and stay empty without it.
+//! in arrival order, all of one hash tag on a cluster; fewer than
+//! `MIN_SCRIPT_BATCH` go as single calls sent together. Batches therefore
+//! grow with the load and stay empty without it.
 //!
 //! A batch is sent by a task of its own, so a caller that gives up (its
 //! timeout, a dropped future) takes nothing down with it; the task stops
@@ -40,11 +41,14 @@ pub struct Coalescing {
 }
 
 impl Default for Coalescing {
-    /// Batches of up to 64 checks, at most 2 calls in flight per backend.
+    /// Batches of up to 64 checks, at most 16 calls in flight per backend:
+    /// up to 16 checks in flight cost what they did (measured: 16 single
+    /// calls pipelined on one connection cost Redis less per check than
+    /// batches of a few), and beyond that checks share calls.
     fn default() -> Self {
         Coalescing {
             max_batch: 64,
-            max_calls: 2,
+            max_calls: 16,
         }
     }
 }
@@ -90,6 +94,13 @@ impl Coalescing {
         self.max_calls
     }
 }
+
+/// The fewest checks worth a call of the batch script: fewer go as single
+/// calls, sent together. The batch script's own work (reading its
+/// arguments, a table per check, an MGET, a nested reply) costs Redis more
+/// than pipelined single calls save until a batch carries about this many
+/// (BENCHMARKS.md, item 2c).
+const MIN_SCRIPT_BATCH: usize = 8;
 
 /// A check waiting for a batch.
 struct Waiting {
@@ -277,9 +288,11 @@ async fn send(backend: &RedisBackend, batch: Vec<Waiting>) {
         batch.into_iter().map(|w| (w.request, w.reply)).unzip();
     let answers = {
         let call = pin!(async {
-            if let [one] = requests.as_slice() {
-                // One check: the single script (no batch tables to build).
-                vec![backend.check_one(one).await]
+            if requests.len() < MIN_SCRIPT_BATCH {
+                // Few checks: single calls, sent together (pipelined by the
+                // connection); the batch script costs Redis more per check
+                // than that until it carries enough checks.
+                join_all(requests.iter().map(|r| backend.check_one(r))).await
             } else {
                 match backend.check_batch(&requests).await {
                     Ok(answers) => answers,
