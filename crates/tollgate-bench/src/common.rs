@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use tollgate_core::{Algorithm, Quota, RateLimiter, RedisBackend, Subject};
+use tollgate_core::{Algorithm, Coalescing, Quota, RateLimiter, RedisBackend, Subject};
 
 /// Errors of the harness (never of tollgate's own API under test: those are
 /// counted, not propagated, where a benchmark expects them).
@@ -98,23 +98,37 @@ pub(crate) fn subjects(n: usize) -> Vec<Subject> {
 }
 
 /// A limiter on Redis over `conn`, without a deny cache (every check is a
-/// round trip), named so that runs never share keys with each other.
+/// round trip) and without coalescing (issue #15: one script call per check,
+/// so that a row measures the script's own cost per decision), named so that
+/// runs never share keys with each other.
 pub(crate) fn redis_limiter(
     conn: &MultiplexedConnection,
     algorithm: Algorithm,
     quota: Quota,
     name: &str,
 ) -> BenchResult<RateLimiter> {
-    Ok(
-        RateLimiter::builder(RedisBackend::from_connection(conn.clone()), algorithm)
-            .quota(quota)
-            .prefix("tgbench")
-            .name(name)
-            .deny_cache(0)
-            .timeout(Duration::from_secs(5))
-            .failure_policy(tollgate_core::FailurePolicy::Deny)
-            .build()?,
-    )
+    redis_limiter_with(conn, algorithm, quota, name, Coalescing::off())
+}
+
+/// [`redis_limiter`] with the given coalescing (`Coalescing::default()` is
+/// what `RedisBackend` does unless told otherwise). The limiter has a backend
+/// of its own, hence its own queue of checks, over the shared connection.
+pub(crate) fn redis_limiter_with(
+    conn: &MultiplexedConnection,
+    algorithm: Algorithm,
+    quota: Quota,
+    name: &str,
+    coalescing: Coalescing,
+) -> BenchResult<RateLimiter> {
+    let backend = RedisBackend::from_connection(conn.clone()).with_coalescing(coalescing);
+    Ok(RateLimiter::builder(backend, algorithm)
+        .quota(quota)
+        .prefix("tgbench")
+        .name(name)
+        .deny_cache(0)
+        .timeout(Duration::from_secs(5))
+        .failure_policy(tollgate_core::FailurePolicy::Deny)
+        .build()?)
 }
 
 /// A Lua script run by raw `EVALSHA`, outside tollgate.
@@ -158,11 +172,12 @@ pub(crate) fn noop() -> RawScript {
     RawScript::new("no-op", include_str!("../lua/noop.lua"))
 }
 
-/// tollgate's script for an algorithm as tollgate sends it: the shared
-/// prelude, then the algorithm's file.
+/// tollgate's script for an algorithm as tollgate sends it (a single call):
+/// the arguments, the shared prelude, then the algorithm's file.
 macro_rules! core_lua {
     ($file:literal) => {
         concat!(
+            include_str!("../../tollgate-core/lua/rate_args.lua"),
             include_str!("../../tollgate-core/lua/rate_prelude.lua"),
             include_str!(concat!("../../tollgate-core/lua/", $file))
         )
@@ -217,7 +232,8 @@ pub(crate) async fn verify_core_script(
     Ok(())
 }
 
-/// The arguments tollgate sends for one quota and cost 1, server time.
+/// The arguments tollgate sends for one quota and cost 1, server time (the
+/// nonce only to the sliding log, the one script that reads it).
 pub(crate) fn core_args(algorithm: Algorithm, quota: &Quota, nonce: u64) -> Vec<String> {
     let (a, b) = if algorithm.uses_burst() {
         (quota.burst(), quota.interval_micros())
@@ -227,7 +243,11 @@ pub(crate) fn core_args(algorithm: Algorithm, quota: &Quota, nonce: u64) -> Vec<
     vec![
         String::new(),
         "1".to_owned(),
-        format!("{nonce:016x}"),
+        if algorithm == Algorithm::SlidingWindowLog {
+            format!("{nonce:016x}")
+        } else {
+            String::new()
+        },
         a.to_string(),
         b.to_string(),
     ]

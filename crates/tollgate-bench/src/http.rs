@@ -1,5 +1,6 @@
 //! Item 4: an axum hello-world under `wrk` over loopback — no limiter,
-//! tollgate in memory, tollgate on Redis, and tower_governor — each served by
+//! tollgate in memory, tollgate on Redis (coalesced, the default, and one
+//! call per check as a diagnostic), and tower_governor — each served by
 //! a child process of this binary (`serve --variant …`), rounds interleaved.
 
 use std::io::{BufRead, BufReader};
@@ -9,7 +10,9 @@ use std::sync::Arc;
 
 use axum::routing::get;
 use axum::Router;
-use tollgate_core::{Algorithm, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend};
+use tollgate_core::{
+    Algorithm, Coalescing, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend,
+};
 use tollgate_tower::key::PeerIp;
 use tollgate_tower::RateLimitLayer;
 use tower_governor::governor::GovernorConfigBuilder;
@@ -25,8 +28,12 @@ pub(crate) enum Variant {
     None,
     /// tollgate's `RateLimitLayer` (GCRA, peer IP) on the memory backend.
     TollgateMemory,
-    /// tollgate's `RateLimitLayer` (GCRA, peer IP) on Redis.
+    /// tollgate's `RateLimitLayer` (GCRA, peer IP) on Redis, as
+    /// `RedisBackend` comes: checks coalesced (issue #15).
     TollgateRedis,
+    /// As `tollgate-redis` with `Coalescing::off()`: one script call per
+    /// check (diagnostic).
+    TollgateRedisSingle,
     /// As `tollgate-memory` with the `RateLimit` headers off (diagnostic).
     TollgateMemoryNoHeaders,
     /// tower_governor's `GovernorLayer` (GCRA, peer IP).
@@ -38,7 +45,12 @@ impl Variant {
         match self {
             Variant::None => "no limiter",
             Variant::TollgateMemory => "tollgate `RateLimitLayer`, memory backend",
-            Variant::TollgateRedis => "tollgate `RateLimitLayer`, Redis backend",
+            Variant::TollgateRedis => {
+                "tollgate `RateLimitLayer`, Redis backend (coalesced, the default)"
+            }
+            Variant::TollgateRedisSingle => {
+                "(diagnostic) tollgate `RateLimitLayer`, Redis backend, `Coalescing::off()`"
+            }
             Variant::TollgateMemoryNoHeaders => {
                 "(diagnostic) tollgate `RateLimitLayer`, memory backend, `.headers(false)`"
             }
@@ -46,11 +58,17 @@ impl Variant {
         }
     }
 
+    /// Whether the variant needs Redis (`stack` does not offer those).
+    pub(crate) fn on_redis(self) -> bool {
+        matches!(self, Variant::TollgateRedis | Variant::TollgateRedisSingle)
+    }
+
     fn arg(self) -> &'static str {
         match self {
             Variant::None => "none",
             Variant::TollgateMemory => "tollgate-memory",
             Variant::TollgateRedis => "tollgate-redis",
+            Variant::TollgateRedisSingle => "tollgate-redis-single",
             Variant::TollgateMemoryNoHeaders => "tollgate-memory-no-headers",
             Variant::Governor => "governor",
         }
@@ -63,7 +81,7 @@ pub(crate) struct ServeOpts {
     /// What runs in front of the handler.
     #[arg(long, value_enum)]
     pub(crate) variant: Variant,
-    /// The Redis of the `tollgate-redis` variant.
+    /// The Redis of the `tollgate-redis*` variants.
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
     pub(crate) redis_url: String,
     /// The loopback port to listen on (0: any free port; the chosen one is printed).
@@ -98,22 +116,25 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
                 .build()?;
             router.layer(tollgate_layer(limiter).headers(opts.variant == Variant::TollgateMemory))
         }
-        Variant::TollgateRedis => {
+        Variant::TollgateRedis | Variant::TollgateRedisSingle => {
             let conn = redis::Client::open(opts.redis_url.as_str())?
                 .get_multiplexed_async_connection()
                 .await?;
+            let mut backend = RedisBackend::from_connection(conn);
+            if opts.variant == Variant::TollgateRedisSingle {
+                backend = backend.with_coalescing(Coalescing::off());
+            }
             // Deny on failure (503s are counted), so a slow Redis can never
             // look fast by failing open; a 5 s bound instead of the default
             // 100 ms, so that CPU starvation on a shared machine is measured
             // as slowness, not as failures.
-            let limiter =
-                RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::Gcra)
-                    .quota(quota)
-                    .prefix("tgbench")
-                    .name("http")
-                    .failure_policy(FailurePolicy::Deny)
-                    .timeout(std::time::Duration::from_secs(5))
-                    .build()?;
+            let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+                .quota(quota)
+                .prefix("tgbench")
+                .name("http")
+                .failure_policy(FailurePolicy::Deny)
+                .timeout(std::time::Duration::from_secs(5))
+                .build()?;
             router.layer(tollgate_layer(limiter))
         }
         Variant::Governor => {
@@ -245,6 +266,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         Variant::TollgateRedis,
         Variant::Governor,
         Variant::TollgateMemoryNoHeaders,
+        Variant::TollgateRedisSingle,
     ];
     let servers: Vec<Server> = variants
         .iter()
@@ -281,7 +303,9 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
          the same machine as wrk and Redis. Every limiter: GCRA, keyed by peer IP, \
          {RATE}/s with a burst of {RATE} (nobody is denied; non-2xx responses are \
          counted). tollgate with its defaults (draft-10 `RateLimit` headers on, deny \
-         cache on), except on Redis: failing closed, with a 5 s timeout per check. Ratios are per round.\n",
+         cache on), except on Redis: failing closed, with a 5 s timeout per check; the Redis \
+         backend as it comes coalesces checks (issue #15), the diagnostic row turns that off \
+         (`Coalescing::off()`: one script call per check). Ratios are per round.\n",
         http.connections,
         opts.rounds,
         http.workers
@@ -327,6 +351,14 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         "≥ 0.75×",
         format!("{r:.2}×"),
         r >= 0.75,
+    ));
+    let r = median(&ratio(redis, none));
+    section.targets.push(Target::check(
+        "4",
+        "HTTP requests/s, tollgate Redis (coalesced) ÷ no limiter (issue #15)",
+        "≥ 0.6×",
+        format!("{r:.2}×"),
+        r >= 0.6,
     ));
     let r = median(&ratio(memory, governor));
     section.targets.push(Target::check(

@@ -8,12 +8,13 @@
 //! interleaved in rounds and tables show the median of rounds, because the
 //! machines this runs on are shared and absolute numbers drift.
 //!
-//! Subcommands run one item each (`latency`, `throughput`, `cpu`, `memory`,
+//! Subcommands run one item each (`latency`, `throughput`, `cpu`, `coalesce`, `memory`,
 //! `http`, `micro`, `flood`, `locks`, `peers`, `idempotency`) or all of them (`all`); `serve` is the
 //! HTTP server that `http` starts once per variant. `soak` (issue #16) is not a benchmark: a bounded
 //! chaos run against Redis servers it starts itself, which exits non-zero on a violation.
 #![forbid(unsafe_code)]
 
+mod coalesce;
 mod common;
 mod flood;
 mod http;
@@ -53,7 +54,7 @@ enum Cmd {
         peers: peers::PeerOpts,
         #[command(flatten)]
         http: http::HttpOpts,
-        /// Items to skip (comma-separated: latency,throughput,cpu,memory,http,micro,flood,locks,peers,idempotency).
+        /// Items to skip (comma-separated: latency,throughput,cpu,coalesce,memory,http,micro,flood,locks,peers,idempotency).
         #[arg(long, value_delimiter = ',')]
         skip: Vec<String>,
         /// Also write the Markdown report to this file.
@@ -66,6 +67,9 @@ enum Cmd {
     Throughput(Opts),
     /// 2b. Redis CPU per decision (INFO commandstats), every algorithm.
     Cpu(Opts),
+    /// 2c. Coalescing (issue #15): one script call per check vs coalesced
+    /// checks, at 1, 16 and 256 in flight, and a lone check's latency.
+    Coalesce(Opts),
     /// 3. Redis memory per key.
     Memory(Opts),
     /// 4. HTTP under wrk: no limiter, tollgate memory/Redis, tower_governor.
@@ -99,7 +103,7 @@ enum Cmd {
     /// (`valgrind --tool=callgrind tollgate-bench stack --variant …`):
     /// instructions per request are comparable between variants and runs.
     Stack {
-        /// What runs in front of the handler (`tollgate-redis` is not offered).
+        /// What runs in front of the handler (the Redis variants are not offered).
         #[arg(long, value_enum)]
         variant: http::Variant,
         /// Requests to send.
@@ -184,6 +188,9 @@ fn all(
     if !skipped("cpu") {
         push("cpu", rt.block_on(throughput::cpu(opts)));
     }
+    if !skipped("coalesce") {
+        push("coalesce", rt.block_on(coalesce::run(opts)));
+    }
     if !skipped("memory") {
         push("memory", rt.block_on(memory::run(opts)));
     }
@@ -221,6 +228,7 @@ fn main() {
         Cmd::Latency(o) => one(runtime().block_on(latency::run(o))),
         Cmd::Throughput(o) => one(runtime().block_on(throughput::throughput(o))),
         Cmd::Cpu(o) => one(runtime().block_on(throughput::cpu(o))),
+        Cmd::Coalesce(o) => one(runtime().block_on(coalesce::run(o))),
         Cmd::Memory(o) => one(runtime().block_on(memory::run(o))),
         Cmd::Http { opts, http } => one(http::run(opts, http)),
         Cmd::Micro(o) => one(runtime().block_on(micro::run(o))),

@@ -246,8 +246,8 @@ pub(crate) async fn time_routers(
 
 /// The `stack` command: `requests` requests through one variant's router.
 pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) -> BenchResult<()> {
-    if variant == crate::http::Variant::TollgateRedis {
-        return Err("`stack` runs in process only; use `http` for the Redis variant".into());
+    if variant.on_redis() {
+        return Err("`stack` runs in process only; use `http` for the Redis variants".into());
     }
     let mut router = in_process_router(variant).await?;
     let t0 = Instant::now();
@@ -262,7 +262,7 @@ pub(crate) async fn drive_stack(variant: crate::http::Variant, requests: u64) ->
     Ok(())
 }
 
-/// The HTTP item's app for `variant` (not the Redis one), ready for
+/// The HTTP item's app for `variant` (not a Redis one), ready for
 /// `Router::call`.
 async fn in_process_router(variant: crate::http::Variant) -> BenchResult<axum::Router> {
     let serve = crate::http::ServeOpts {

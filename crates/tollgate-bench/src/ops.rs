@@ -3,9 +3,9 @@
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use std::time::{Duration, Instant};
-use tollgate_core::{Algorithm, DecisionSource, RateLimiter, Subject};
+use tollgate_core::{Algorithm, Coalescing, DecisionSource, RateLimiter, Subject};
 
-use crate::common::{redis_limiter, workload_quota, BenchResult, RawScript};
+use crate::common::{redis_limiter, redis_limiter_with, workload_quota, BenchResult, RawScript};
 
 /// One contender: a name and what it does per call.
 #[derive(Debug, Clone)]
@@ -34,8 +34,8 @@ pub(crate) enum Op {
 
 impl Op {
     /// A tollgate check of `algorithm` at the workload quota over
-    /// `subjects`, with its own policy name `{tag}-{algorithm}` (so runs do
-    /// not share state).
+    /// `subjects`, one script call per check (`Coalescing::off()`), with its
+    /// own policy name `{tag}-{algorithm}` (so runs do not share state).
     pub(crate) fn workload_check(
         conn: &MultiplexedConnection,
         algorithm: Algorithm,
@@ -48,6 +48,28 @@ impl Op {
                 algorithm,
                 workload_quota(),
                 &format!("{tag}-{}", algorithm.short_name()),
+            )?,
+            subjects,
+        })
+    }
+
+    /// As [`workload_check`](Self::workload_check), on a backend that
+    /// coalesces (issue #15, `Coalescing::default()`: what `RedisBackend`
+    /// does unless told otherwise): checks that arrive while calls are in
+    /// flight go out together as one call of the batch script.
+    pub(crate) fn coalesced_workload_check(
+        conn: &MultiplexedConnection,
+        algorithm: Algorithm,
+        tag: &str,
+        subjects: Vec<Subject>,
+    ) -> BenchResult<Op> {
+        Ok(Op::Check {
+            limiter: redis_limiter_with(
+                conn,
+                algorithm,
+                workload_quota(),
+                &format!("{tag}-{}", algorithm.short_name()),
+                Coalescing::default(),
             )?,
             subjects,
         })

@@ -1,6 +1,7 @@
 //! Item 7: peers on the same Redis and workload — rate-limiter-flexible
 //! (node, ioredis) and the Python `limits` package (redis-py) — against
-//! tollgate, at equal concurrency.
+//! tollgate (one script call per check, and coalesced: issue #15), at equal
+//! concurrency.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -37,6 +38,9 @@ pub(crate) struct PeerOpts {
 
 const LIMIT: u64 = 1000;
 
+/// The rate-limiter-flexible row.
+const RLF: &str = "rate-limiter-flexible `RateLimiterRedis.consume` (node, ioredis)";
+
 enum Runner {
     Tollgate(Op),
     Process(Vec<String>, Vec<(String, PathBuf)>),
@@ -46,6 +50,8 @@ struct Peer {
     name: String,
     /// Which tollgate algorithm is its like-for-like (for the ratio column).
     like: Algorithm,
+    /// A tollgate row whose backend coalesces checks (issue #15).
+    coalesced: bool,
     concurrency: usize,
     runner: Runner,
 }
@@ -128,10 +134,27 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
         Algorithm::SlidingWindowLog,
     ] {
         peers.push(Peer {
-            name: format!("tollgate {alg}"),
+            name: format!("tollgate {alg}, single call"),
             like: alg,
+            coalesced: false,
             concurrency: c,
             runner: Runner::Tollgate(Op::workload_check(&conn, alg, "peer", subj.clone())?),
+        });
+    }
+    // Coalesced (issue #15): GCRA, and the fixed window that
+    // rate-limiter-flexible and limits' `FixedWindowRateLimiter` are like.
+    for alg in [Algorithm::Gcra, Algorithm::FixedWindow] {
+        peers.push(Peer {
+            name: format!("tollgate {alg}, coalesced"),
+            like: alg,
+            coalesced: true,
+            concurrency: c,
+            runner: Runner::Tollgate(Op::coalesced_workload_check(
+                &conn,
+                alg,
+                "peer-coal",
+                subj.clone(),
+            )?),
         });
     }
     let common = |script: &str| -> Vec<String> {
@@ -152,8 +175,9 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
         .map(|p| ("NODE_PATH".to_owned(), p.clone()))
         .collect();
     peers.push(Peer {
-        name: "rate-limiter-flexible `RateLimiterRedis.consume` (node, ioredis)".into(),
+        name: RLF.into(),
         like: Algorithm::FixedWindow,
+        coalesced: false,
         concurrency: c,
         runner: Runner::Process(node, node_env),
     });
@@ -172,6 +196,7 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
         peers.push(Peer {
             name: format!("limits `{label}` (Python, limits.aio + redis-py asyncio)"),
             like,
+            coalesced: false,
             concurrency: c,
             runner: Runner::Process(py, vec![]),
         });
@@ -184,6 +209,7 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
     peers.push(Peer {
         name: "limits `FixedWindowRateLimiter` (Python, sync redis-py)".into(),
         like: Algorithm::FixedWindow,
+        coalesced: false,
         concurrency: 1,
         runner: Runner::Process(py, vec![]),
     });
@@ -255,17 +281,27 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
          *client CPU*: the client process's own CPU time during the run ÷ decisions \
          (tollgate: its thread; node: `process.cpuUsage()`; Python: `time.process_time()`). \
          *tollgate ÷ it*: the like-for-like tollgate algorithm's rate ÷ this contender's, and \
-         tollgate GCRA's rate ÷ this contender's, per round (median, min–max).\n",
+         tollgate GCRA's rate ÷ this contender's, per round (median, min–max), both with one \
+         script call per check (*single call*: `Coalescing::off()`, tollgate's cost before \
+         issue #15); *coalesced ÷ it*: the like-for-like coalesced tollgate row's rate ÷ this \
+         contender's (*coalesced*: the `RedisBackend` default since issue #15, checks that \
+         arrive while calls are in flight go out as one call of a batch script; rows for GCRA \
+         and the fixed window).\n",
         opts.rounds
     ));
     let gcra = 0;
     let ratio_vs = |t: usize, i: usize| ratios(&rates[t], &rates[i]);
     let mut rows = Vec::new();
     for i in 0..k {
-        let like = peers
-            .iter()
-            .position(|p| matches!(p.runner, Runner::Tollgate(_)) && p.like == peers[i].like)
-            .expect("every algorithm compared has a tollgate contender");
+        let tollgate = |coalesced: bool| {
+            peers.iter().position(|p| {
+                matches!(p.runner, Runner::Tollgate(_))
+                    && p.coalesced == coalesced
+                    && p.like == peers[i].like
+            })
+        };
+        let like = tollgate(false).expect("every algorithm compared has a tollgate contender");
+        let like_coalesced = tollgate(true);
         let is_peer = matches!(peers[i].runner, Runner::Process(..));
         rows.push(vec![
             peers[i].name.clone(),
@@ -284,6 +320,14 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
                 ratio_cell(&ratio_vs(gcra, i))
             } else {
                 "—".into()
+            },
+            match like_coalesced {
+                Some(t) if is_peer => format!(
+                    "{} (tollgate {})",
+                    ratio_cell(&ratio_vs(t, i)),
+                    peers[t].like
+                ),
+                _ => "—".into(),
             },
             format!("{:.2}", median(&script_us[i])),
             format!("{:.2}", median(&cpu_us[i])),
@@ -311,6 +355,20 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
                 format!("{r:.2}×"),
                 r >= 2.0,
             ));
+            if let (Some(t), true) = (like_coalesced, peers[i].name == RLF) {
+                let r = median(&ratio_vs(t, i));
+                section.targets.push(Target::check(
+                    "7",
+                    format!(
+                        "decisions/s, tollgate coalesced ÷ rate-limiter-flexible, {c} in flight \
+                         (tollgate {}, like for like)",
+                        peers[t].like
+                    ),
+                    "≥ 2×",
+                    format!("{r:.2}×"),
+                    r >= 2.0,
+                ));
+            }
         }
     }
     section.table(
@@ -320,6 +378,7 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
             "decisions/s",
             "like-for-like tollgate ÷ it",
             "tollgate GCRA ÷ it",
+            "like-for-like tollgate coalesced ÷ it",
             "script µs/decision",
             "Redis process CPU µs/decision",
             "client CPU µs/decision",
