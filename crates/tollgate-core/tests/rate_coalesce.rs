@@ -416,6 +416,13 @@ async fn a_cluster_batches_per_hash_tag() {
     assert_eq!(admitted, [20, 20, 20]);
     let calls: u64 = cluster.nodes().iter().map(script_calls).sum();
     assert!(calls < 150, "150 checks took {calls} script calls");
+    // Many subjects at once: a turn carries checks of many tags, each tag
+    // its own call (a batch, or single calls for a few), all sent together;
+    // every subject still admits exactly its limit.
+    let many: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let admitted = burst_while_frozen(node, &limiter, &many, 40 * 25).await;
+    assert_eq!(admitted, vec![20; 40]);
 }
 
 /// A timeout applies the failure policy to every check of the batch it

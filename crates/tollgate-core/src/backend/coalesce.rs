@@ -5,9 +5,9 @@
 //! [`Coalescing::max_calls_in_flight`] calls are out (so a lone check costs
 //! what it did), and otherwise waits in a queue. When a call comes back, the
 //! queue goes out as the next call — up to [`Coalescing::max_batch`] checks,
-//! in arrival order, all of one hash tag on a cluster; fewer than
-//! `MIN_SCRIPT_BATCH` go as single calls sent together. Batches therefore
-//! grow with the load and stay empty without it.
+//! in arrival order (on a cluster, one call per hash tag among them, sent
+//! together); fewer than `MIN_SCRIPT_BATCH` go as single calls sent
+//! together. Batches therefore grow with the load and stay empty without it.
 //!
 //! A batch is sent by a task of its own, so a caller that gives up (its
 //! timeout, a dropped future) takes nothing down with it; the task stops
@@ -118,8 +118,8 @@ struct State {
 /// its clones: they share the connection).
 pub(crate) struct Coalescer {
     config: Coalescing,
-    /// Whether a batch must keep to one hash tag (a cluster: a script's keys
-    /// must share a slot).
+    /// Whether a batch is split by hash tag (a cluster: a script's keys must
+    /// share a slot).
     by_tag: bool,
     state: Mutex<State>,
 }
@@ -203,26 +203,8 @@ impl Coalescer {
             state.in_flight -= 1;
             return None;
         }
-        let max = self.config.max_batch;
-        if !self.by_tag {
-            let take = state.queue.len().min(max);
-            return Some(state.queue.drain(..take).collect());
-        }
-        // The oldest check's tag, and every later check of that tag (in
-        // order); the others keep their places.
-        let first = state.queue.pop_front().expect("not empty");
-        let wanted = tag(&first.request.keys[0]).to_owned();
-        let mut batch = vec![first];
-        let mut rest = VecDeque::with_capacity(state.queue.len());
-        for w in state.queue.drain(..) {
-            if batch.len() < max && tag(&w.request.keys[0]) == wanted {
-                batch.push(w);
-            } else {
-                rest.push_back(w);
-            }
-        }
-        state.queue = rest;
-        Some(batch)
+        let take = state.queue.len().min(self.config.max_batch);
+        Some(state.queue.drain(..take).collect())
     }
 
     /// Gives a turn back and fails whatever waits (the runtime that would
@@ -281,11 +263,31 @@ async fn drive(backend: RedisBackend, mut batch: Vec<Waiting>) {
     guard.1 = true;
 }
 
-/// One call for `batch`; each check gets its own answer. The call is
-/// abandoned once every check in it has given up.
+/// Sends `batch`: on a cluster one group per hash tag (a script's keys must
+/// share a slot), elsewhere one group; the groups go out together.
 async fn send(backend: &RedisBackend, batch: Vec<Waiting>) {
+    let by_tag = backend.coalescer().is_some_and(|c| c.by_tag);
+    if !by_tag {
+        return send_group(backend, batch).await;
+    }
+    // Groups in order of first arrival, each in arrival order.
+    let mut groups: Vec<(String, Vec<Waiting>)> = Vec::new();
+    for w in batch {
+        let t = tag(&w.request.keys[0]);
+        match groups.iter_mut().find(|(g, _)| g == t) {
+            Some((_, group)) => group.push(w),
+            None => groups.push((t.to_owned(), vec![w])),
+        }
+    }
+    join_all(groups.into_iter().map(|(_, g)| send_group(backend, g))).await;
+}
+
+/// One call of the batch script for `group` (of one hash tag on a cluster),
+/// or single calls sent together for a small one; each check gets its own
+/// answer. The calls are abandoned once every check in them has given up.
+async fn send_group(backend: &RedisBackend, group: Vec<Waiting>) {
     let (requests, mut replies): (Vec<_>, Vec<_>) =
-        batch.into_iter().map(|w| (w.request, w.reply)).unzip();
+        group.into_iter().map(|w| (w.request, w.reply)).unzip();
     let answers = {
         let call = pin!(async {
             if requests.len() < MIN_SCRIPT_BATCH {
