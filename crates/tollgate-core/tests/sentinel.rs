@@ -267,3 +267,71 @@ async fn locks_and_limits_follow_three_sentinels_through_a_killed_master() {
     let key = limiter.keys_for(&Subject::new("after")).remove(0);
     assert_eq!(replica.cli(&["EXISTS", &key]), "1");
 }
+
+/// Coalescing through Sentinel (issue #15): the backend's connection follows
+/// the master Sentinel names, and checks that wait while calls are in flight
+/// share calls there as on a standalone Redis — 200 checks while the master
+/// is frozen take a handful of script calls and admit exactly the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_share_calls_through_sentinel() {
+    let master = RedisServer::start().unwrap();
+    let sentinel = RedisServer::start_sentinel(&master, "main").unwrap();
+    let limiter = RateLimiter::builder(
+        RedisBackend::sentinel(&[sentinel.url()], "main").unwrap(),
+        Algorithm::TokenBucket,
+    )
+    .quota(Quota::per_hour(50))
+    .failure_policy(FailurePolicy::Deny)
+    .timeout(Duration::from_secs(10))
+    .deny_cache(0)
+    .build()
+    .unwrap();
+    // Connects and loads the scripts (single and batch) before counting.
+    limiter.check("warm").await.unwrap();
+    let mut warm = Vec::new();
+    for _ in 0..40 {
+        let l = limiter.clone();
+        warm.push(tokio::spawn(async move { l.check("warm").await }));
+    }
+    for w in warm {
+        w.await.unwrap().unwrap();
+    }
+    master.cli(&["CONFIG", "RESETSTAT"]);
+    master.pause();
+    let started = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let (l, started) = (limiter.clone(), started.clone());
+        tasks.push(tokio::spawn(async move {
+            started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            l.check("hot").await
+        }));
+    }
+    while started.load(std::sync::atomic::Ordering::SeqCst) < 200 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Each task enters the coalescer in the poll that counted it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    master.resume();
+    let mut admitted = 0;
+    for t in tasks {
+        if t.await.unwrap().expect("decided by the master").allowed {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 50);
+    let stats = master.cli(&["INFO", "commandstats"]);
+    let calls: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert!(calls <= 20, "200 checks took {calls} script calls: {stats}");
+}
