@@ -18,6 +18,7 @@ pub(crate) mod coalesce;
 pub(crate) mod memory;
 pub(crate) mod pubsub;
 pub(crate) mod redis;
+mod redis_rate;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;
 pub(crate) mod version;

@@ -1,0 +1,281 @@
+//! Rate limits on a [`RedisBackend`]: the five algorithms' scripts, their
+//! refunds, and the batch script that decides coalesced checks (issue #15).
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+
+use super::coalesce::Entry;
+use super::redis::{lua, LuaScript};
+use super::{RateBackend, RateReply, RateRequest, RedisBackend, RefundRequest};
+use crate::error::{redis_error, Error, Result};
+use crate::rate::{Algorithm, Outcome};
+
+lua!(FIXED_WINDOW, crate::rate::fixed_window::SCRIPT);
+lua!(SLIDING_WINDOW_LOG, crate::rate::sliding_window_log::SCRIPT);
+lua!(
+    SLIDING_WINDOW_COUNTER,
+    crate::rate::sliding_window_counter::SCRIPT
+);
+lua!(TOKEN_BUCKET, crate::rate::token_bucket::SCRIPT);
+lua!(GCRA, crate::rate::gcra::SCRIPT);
+lua!(FIXED_WINDOW_REFUND, crate::rate::fixed_window::REFUND);
+lua!(
+    SLIDING_WINDOW_LOG_REFUND,
+    crate::rate::sliding_window_log::REFUND
+);
+lua!(
+    SLIDING_WINDOW_COUNTER_REFUND,
+    crate::rate::sliding_window_counter::REFUND
+);
+lua!(TOKEN_BUCKET_REFUND, crate::rate::token_bucket::REFUND);
+lua!(GCRA_REFUND, crate::rate::gcra::REFUND);
+lua!(RATE_BATCH, crate::rate::BATCH_SCRIPT);
+
+fn script_for(algorithm: Algorithm) -> &'static LuaScript {
+    match algorithm {
+        Algorithm::FixedWindow => &FIXED_WINDOW,
+        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG,
+        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER,
+        Algorithm::TokenBucket => &TOKEN_BUCKET,
+        Algorithm::Gcra => &GCRA,
+    }
+}
+
+fn refund_script_for(algorithm: Algorithm) -> &'static LuaScript {
+    match algorithm {
+        Algorithm::FixedWindow => &FIXED_WINDOW_REFUND,
+        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG_REFUND,
+        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER_REFUND,
+        Algorithm::TokenBucket => &TOKEN_BUCKET_REFUND,
+        Algorithm::Gcra => &GCRA_REFUND,
+    }
+}
+
+impl RedisBackend {
+    /// One check, one call of its algorithm's script.
+    pub(crate) async fn check_one(&self, req: &RateRequest) -> Result<RateReply> {
+        let value = self
+            .invoke(script_for(req.algorithm), |cmd| {
+                cmd.arg(req.keys.len());
+                for k in &req.keys {
+                    cmd.arg(k.as_str());
+                }
+                fill_check(cmd, req);
+            })
+            .await?;
+        parse_rate_reply(value, req.quotas.len())
+    }
+
+    /// Decides `requests` in one call of the batch script, in order (a
+    /// later check of a key sees what an earlier one took), each with its
+    /// own outcome: one check's error (a script error, a key of another
+    /// type) fails that check only. The outer error is the call's own
+    /// (connection, timeout, a server refusing scripts), shared by all.
+    ///
+    /// Every key of every request must hash to one slot on a cluster (one
+    /// hash tag: one subject). Checks are coalesced this way on their own
+    /// (see [`with_coalescing`](Self::with_coalescing)); this is for a
+    /// caller that has many checks at hand.
+    pub async fn check_rate_batch(
+        &self,
+        requests: &[RateRequest],
+    ) -> Result<Vec<Result<RateReply>>> {
+        self.check_batch(requests).await.map_err(redis_error)
+    }
+
+    /// [`check_rate_batch`](Self::check_rate_batch) with redis-rs's error.
+    pub(crate) async fn check_batch(
+        &self,
+        requests: &[RateRequest],
+    ) -> redis::RedisResult<Vec<Result<RateReply>>> {
+        let value = self
+            .invoke_raw(&RATE_BATCH, |cmd| {
+                cmd.arg(requests.iter().map(|r| r.keys.len()).sum::<usize>());
+                for r in requests {
+                    for k in &r.keys {
+                        cmd.arg(k.as_str());
+                    }
+                }
+                cmd.arg(requests.len());
+                for r in requests {
+                    cmd.arg(algorithm_id(r.algorithm))
+                        .arg(r.keys.len())
+                        .arg(3 + 2 * r.quotas.len());
+                    fill_check(cmd, r);
+                }
+            })
+            .await?;
+        let Value::Array(items) = value else {
+            return Ok(protocol_errors(
+                requests,
+                format!("a batch replied {value:?}"),
+            ));
+        };
+        if items.len() != requests.len() {
+            let got = items.len();
+            return Ok(protocol_errors(
+                requests,
+                format!("a batch of {} replied {got} answers", requests.len()),
+            ));
+        }
+        Ok(items
+            .into_iter()
+            .zip(requests)
+            .map(|(item, r)| match item {
+                Value::Array(_) => parse_rate_reply(item, r.quotas.len()),
+                Value::BulkString(bytes) => Err(script_error(&String::from_utf8_lossy(&bytes))),
+                Value::SimpleString(s) => Err(script_error(&s)),
+                other => Err(Error::Protocol(format!(
+                    "a batched check replied {other:?}"
+                ))),
+            })
+            .collect())
+    }
+}
+
+/// A check's arguments after its keys (its `ARGV`), for a single call and
+/// for its place in a batch alike.
+fn fill_check(cmd: &mut Cmd, req: &RateRequest) {
+    match req.now_micros {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    cmd.arg(req.cost);
+    // Only the sliding log reads the nonce (ARGV[3]).
+    if req.algorithm == Algorithm::SlidingWindowLog {
+        cmd.arg(format!("{:016x}", req.nonce));
+    } else {
+        cmd.arg("");
+    }
+    for q in req.quotas.iter() {
+        let (a, b) = req.algorithm.params(q);
+        cmd.arg(a).arg(b);
+    }
+}
+
+/// An algorithm's place in the batch script's `decide` table.
+fn algorithm_id(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindowLog => 2,
+        Algorithm::SlidingWindowCounter => 3,
+        Algorithm::TokenBucket => 4,
+        Algorithm::Gcra => 5,
+    }
+}
+
+fn protocol_errors(requests: &[RateRequest], what: String) -> Vec<Result<RateReply>> {
+    requests
+        .iter()
+        .map(|_| Err(Error::Protocol(what.clone())))
+        .collect()
+}
+
+/// The error one batched check raised, as the server would have replied it
+/// to a single call: a command's error keeps its code (`WRONGTYPE`, `OOM`,
+/// …: the outage classification reads it), anything else is a script error.
+fn script_error(message: &str) -> Error {
+    let message = message.trim();
+    let code = message.split(' ').next().unwrap_or_default();
+    if code.len() >= 2 && code.bytes().all(|b| b.is_ascii_uppercase()) {
+        let detail = message[code.len()..].trim_start().to_owned();
+        return redis_error(redis::make_extension_error(code.to_owned(), Some(detail)));
+    }
+    redis_error(redis::RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ResponseError),
+        "An error was signalled by the server",
+        message.to_owned(),
+    )))
+}
+
+fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
+    let Value::Array(items) = value else {
+        return Err(Error::Protocol(format!("expected an array, got {value:?}")));
+    };
+    let nums: Vec<i64> = items
+        .iter()
+        .map(|v| match v {
+            Value::Int(n) => Ok(*n),
+            other => Err(Error::Protocol(format!(
+                "expected an integer, got {other:?}"
+            ))),
+        })
+        .collect::<Result<_>>()?;
+    // {allowed, now, then four figures per quota}.
+    if nums.len() != 2 + 4 * quotas {
+        return Err(Error::Protocol(format!(
+            "expected {} integers, got {}",
+            2 + 4 * quotas,
+            nums.len()
+        )));
+    }
+    let figure = |n: i64| n.max(0) as u64;
+    let outcomes = nums[2..]
+        .chunks_exact(4)
+        .map(|c| Outcome::from_reply(figure(c[0]), figure(c[1]), figure(c[2]), figure(c[3])))
+        .collect();
+    Ok(RateReply::new(nums[0] == 1, outcomes).at(figure(nums[1])))
+}
+
+impl RateBackend for RedisBackend {
+    fn check_rate<'a>(&'a self, req: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        async move {
+            let Some(coalescer) = self.coalescer() else {
+                return self.check_one(req).await;
+            };
+            match coalescer.enter(self, req) {
+                Entry::Now(turn) => {
+                    let reply = self.check_one(req).await;
+                    drop(turn);
+                    reply
+                }
+                Entry::Queued(reply) => reply.await.unwrap_or_else(|_| {
+                    Err(redis_error(redis::RedisError::from(std::io::Error::other(
+                        "the task sending this check's batch stopped (its runtime shut down)",
+                    ))))
+                }),
+            }
+        }
+        .boxed()
+    }
+
+    fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        async move {
+            let value = self
+                .invoke(refund_script_for(req.algorithm), |cmd| {
+                    cmd.arg(1 + req.keys.len()).arg(req.marker.as_str());
+                    for k in &req.keys {
+                        cmd.arg(k.as_str());
+                    }
+                    match req.now_micros {
+                        Some(now) => cmd.arg(now),
+                        None => cmd.arg(""),
+                    };
+                    cmd.arg(req.cost)
+                        .arg(format!("{:016x}", req.id))
+                        .arg(req.at_micros)
+                        .arg(req.span_micros);
+                    for q in req.quotas.iter() {
+                        let (a, b) = req.algorithm.params(q);
+                        cmd.arg(a).arg(b);
+                    }
+                    for span in &req.quota_spans_micros {
+                        cmd.arg(*span);
+                    }
+                })
+                .await?;
+            match value {
+                Value::Int(n) => Ok(n == 1),
+                other => Err(Error::Protocol(format!(
+                    "a refund replied {other:?}, not 0 or 1"
+                ))),
+            }
+        }
+        .boxed()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
