@@ -15,19 +15,33 @@
 -- What the algorithms read with GET is read by one MGET first, and what they
 -- SET is written once per key at the end (see `store` in rate_prelude.lua):
 -- the commands, not the arithmetic, are most of a check's cost.
-local reads, a, k = {}, 2, 0
+local reads, logs, a, k = {}, {}, 2, 0
 for d = 1, ARGV[1] + 0 do
   local nk, m = ARGV[a + 1] + 0, ARGV[a + 2] + 0
   -- The sliding log (2) keeps a sorted set, read with its own commands.
-  if ARGV[a] ~= '2' then
+  if ARGV[a] == '2' then
+    for i = 1, nk do logs[KEYS[k + i]] = true end
+  else
     for i = 1, nk do reads[#reads + 1] = KEYS[k + i] end
   end
   a, k = a + 3 + m, k + nk
 end
-batch_view, batch_writes = {}, {}
-if #reads > 0 then
-  local values = redis.call('MGET', unpack(reads))
-  for i = 1, #reads do batch_view[reads[i]] = values[i] end
+-- A key both a log and a string algorithm use in this batch (only a foreign
+-- or colliding key can be: keys carry their algorithm) would see the log's
+-- writes and the deferred ones out of order: that batch reads and writes
+-- as single calls do.
+local mixed = false
+for i = 1, #reads do
+  if logs[reads[i]] then mixed = true end
+end
+if not mixed then
+  batch_view, batch_writes = {}, {}
+  -- In slices: unpack has a limit on how many values it returns.
+  for from = 1, #reads, 1000 do
+    local to = math.min(from + 999, #reads)
+    local values = redis.call('MGET', unpack(reads, from, to))
+    for i = from, to do batch_view[reads[i]] = values[i - from + 1] end
+  end
 end
 local out, clock = {}, nil
 a, k = 2, 0
@@ -59,7 +73,9 @@ for d = 1, ARGV[1] + 0 do
 end
 -- A write that fails here fails the whole call (every check gets the
 -- error): no check is answered as admitted without its write.
-for key, px in pairs(batch_writes) do
-  redis.call('SET', key, batch_view[key], 'PX', px)
+if batch_writes then
+  for key, px in pairs(batch_writes) do
+    redis.call('SET', key, batch_view[key], 'PX', px)
+  end
 end
 return out

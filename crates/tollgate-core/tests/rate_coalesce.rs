@@ -541,3 +541,247 @@ async fn foreign_values_in_a_batch_are_repaired_as_by_single_calls() {
         assert!(alone.iter().take(4).all(|f| f.0), "{alg:?}: read as absent");
     }
 }
+
+/// A key that a log check and a string algorithm's check both use in one
+/// batch (only a foreign or colliding key can be) is decided as single
+/// calls decide it, in both orders: the batch then reads and writes as they
+/// do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_shared_by_a_log_and_a_bucket_in_one_batch_is_decided_as_by_single_calls() {
+    let server = server();
+    let conn = server.connection_manager().await;
+    let single = RedisBackend::from_connection(conn.clone()).with_coalescing(Coalescing::off());
+    let batched = RedisBackend::from_connection(conn);
+    let prefix = unique_prefix();
+    let mut log = request_for(Algorithm::SlidingWindowLog, &[q(5, 60)], "k", &prefix);
+    let mut gcra = request_for(Algorithm::Gcra, &[q(5, 60)], "k", &prefix);
+    gcra.keys = log.keys.clone();
+    let key = log.keys[0].clone();
+    for r in [&mut log, &mut gcra] {
+        r.now_micros = Some(1_800_000_000_000_000);
+    }
+    for order in [
+        vec![gcra.clone(), gcra.clone(), log.clone(), gcra.clone()],
+        vec![log.clone(), gcra.clone(), gcra.clone(), log.clone()],
+    ] {
+        let mut expected = Vec::new();
+        server.cli(&["DEL", &key]);
+        for r in &order {
+            expected.push(figures(&single.check_rate(r).await.unwrap()));
+        }
+        let expected_type = server.cli(&["TYPE", &key]);
+        server.cli(&["DEL", &key]);
+        let got: Vec<Figures> = batched
+            .check_rate_batch(&order)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| figures(r.as_ref().unwrap()))
+            .collect();
+        assert_eq!(got, expected);
+        assert_eq!(server.cli(&["TYPE", &key]), expected_type);
+    }
+}
+
+/// On a cluster a frozen node holds up only its own subjects: checks of
+/// subjects on the other nodes are decided by Redis while checks of the
+/// frozen node's subject wait out their timeouts (they shared the turns
+/// before each hash tag had its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_cluster_node_holds_up_only_its_own_subjects() {
+    let cluster = cluster();
+    let backend = RedisBackend::from_connection(cluster.connection().await);
+    let prefix = unique_prefix();
+    let build = |timeout| {
+        RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+            .prefix(&prefix)
+            .quota(q(1_000_000, 60))
+            .failure_policy(FailurePolicy::Deny)
+            .timeout(timeout)
+            .circuit_breaker(u32::MAX, Duration::from_millis(1))
+            .deny_cache(0)
+            .build()
+            .unwrap()
+    };
+    // The frozen node's checks wait long; the others would give up sooner
+    // than that if they had to wait for a turn behind them.
+    let patient = build(Duration::from_secs(10));
+    let limiter = build(Duration::from_secs(1));
+    let frozen_subject = "frozen";
+    let key = limiter.keys_for(&frozen_subject.into()).remove(0);
+    let frozen = cluster.master_for_key(&key);
+    // Subjects whose keys live on the other masters.
+    let healthy: Vec<String> = (0..200)
+        .map(|i| format!("h{i}"))
+        .filter(|s| {
+            let k = limiter.keys_for(&s.as_str().into()).remove(0);
+            cluster.master_for_key(&k) != frozen
+        })
+        .take(20)
+        .collect();
+    assert_eq!(healthy.len(), 20);
+    for s in &healthy {
+        limiter.check(s.as_str()).await.unwrap();
+    }
+    let node = &cluster.nodes()[frozen];
+    node.pause();
+    // More checks of the frozen node's subject than the turns of a lane.
+    let mut stuck = Vec::new();
+    for _ in 0..40 {
+        let l = patient.clone();
+        stuck.push(tokio::spawn(async move { l.check(frozen_subject).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut healthy_tasks = Vec::new();
+    for s in healthy.iter().cycle().take(200) {
+        let (l, s) = (limiter.clone(), s.clone());
+        healthy_tasks.push(tokio::spawn(async move { l.check(s).await }));
+    }
+    let mut decided = 0;
+    for t in healthy_tasks {
+        match t.await.unwrap() {
+            Ok(d) if d.source == DecisionSource::Backend => decided += 1,
+            other => panic!("a healthy node's check: {other:?}"),
+        }
+    }
+    node.resume();
+    assert_eq!(decided, 200);
+    for t in stuck {
+        let d = t.await.unwrap().expect("decided once thawed");
+        assert!(d.allowed);
+    }
+}
+
+/// A turn passed on while a runtime shuts down comes back: a backend shared
+/// by two runtimes, one turn, checks of runtime B queued behind a frozen
+/// server when B is shut down — runtime A's checks are then decided (the
+/// turn leaked for good before, and every later check timed out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_shut_down_mid_batch_gives_its_turns_back() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::from_connection(server.connection_manager().await)
+        .with_coalescing(Coalescing::default().max_calls_in_flight(1));
+    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(q(1000, 60))
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_millis(500))
+        .circuit_breaker(u32::MAX, Duration::from_millis(1))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    limiter.check("warm").await.unwrap();
+    server.pause();
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let l = limiter.clone();
+        other.spawn(async move { l.check(format!("b{i}")).await });
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    other.shutdown_background();
+    server.resume();
+    for i in 0..5 {
+        let d = limiter.check(format!("a{i}")).await.expect("decided");
+        assert_eq!(d.source, DecisionSource::Backend);
+    }
+}
+
+/// A turn dropped where no runtime runs gives the turn back without failing
+/// the checks that wait: they are sent by the next check's turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_dropped_outside_a_runtime_fails_no_waiting_check() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::from_connection(server.connection_manager().await)
+        .with_coalescing(Coalescing::default().max_calls_in_flight(1));
+    let prefix = unique_prefix();
+    let first = request_for(Algorithm::Gcra, &[q(100, 60)], "first", &prefix);
+    warm_up(&backend).await;
+    server.pause();
+    // Takes the only turn and is dropped on a plain thread, unfinished.
+    let mut lone = Box::pin(backend.check_rate(&first));
+    assert!(futures_util::poll!(&mut lone).is_pending());
+    let mut waiting = Vec::new();
+    for i in 0..5 {
+        let (b, r) = (
+            backend.clone(),
+            request_for(Algorithm::Gcra, &[q(100, 60)], &format!("w{i}"), &prefix),
+        );
+        waiting.push(tokio::spawn(async move { b.check_rate(&r).await }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    std::thread::scope(|s| {
+        s.spawn(move || drop(lone));
+    });
+    server.resume();
+    // The next check takes the free turn and sends the waiting ones.
+    let next = request_for(Algorithm::Gcra, &[q(100, 60)], "next", &prefix);
+    backend.check_rate(&next).await.expect("decided");
+    for w in waiting {
+        let reply = w.await.unwrap().expect("decided, not failed");
+        assert!(reply.allowed);
+    }
+}
+
+/// A cluster connection inside the user's own wrapper looks like one server
+/// to the backend, so its first batches mix hash tags; the cluster refuses
+/// them (CROSSSLOT, before running anything), the backend decides them
+/// again one call per tag and splits every later batch: every check is
+/// decided, each subject admits exactly its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrapped_cluster_connection_is_split_by_tag_after_crossslot() {
+    #[derive(Clone)]
+    struct Wrapped(redis::cluster_async::ClusterConnection);
+    impl redis::aio::ConnectionLike for Wrapped {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            cmd: &'a redis::Cmd,
+        ) -> redis::RedisFuture<'a, redis::Value> {
+            self.0.req_packed_command(cmd)
+        }
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            pipeline: &'a redis::Pipeline,
+            offset: usize,
+            count: usize,
+        ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+            self.0.req_packed_commands(pipeline, offset, count)
+        }
+        fn get_db(&self) -> i64 {
+            self.0.get_db()
+        }
+    }
+    let cluster = cluster();
+    let backend = RedisBackend::from_connection(Wrapped(cluster.connection().await))
+        .with_coalescing(Coalescing::default().max_calls_in_flight(2));
+    let prefix = unique_prefix();
+    let limiter = RateLimiter::builder(backend, Algorithm::FixedWindow)
+        .prefix(&prefix)
+        .quota(q(5, 3600))
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_secs(10))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let subjects: Vec<String> = (0..40).map(|i| format!("x{i}")).collect();
+    let mut tasks = Vec::new();
+    for round in 0..10 {
+        for (i, s) in subjects.iter().enumerate() {
+            let (l, s) = (limiter.clone(), s.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = round;
+                (i, l.check(s).await)
+            }));
+        }
+    }
+    let mut admitted = vec![0; subjects.len()];
+    for t in tasks {
+        let (i, d) = t.await.unwrap();
+        if d.expect("decided, not refused").allowed {
+            admitted[i] += 1;
+        }
+    }
+    assert_eq!(admitted, vec![5; subjects.len()]);
+}

@@ -2,20 +2,28 @@
 //! out together, as one call of the batch script.
 //!
 //! No timers: a check goes out at once while fewer than
-//! [`Coalescing::max_calls_in_flight`] calls are out (so a lone check costs
-//! what it did), and otherwise waits in a queue. When a call comes back, the
-//! queue goes out as the next call — up to [`Coalescing::max_batch`] checks,
-//! in arrival order (on a cluster, one call per hash tag among them, sent
-//! together); fewer than `MIN_SCRIPT_BATCH` go as single calls sent
-//! together. Batches therefore grow with the load and stay empty without it.
+//! [`Coalescing::max_calls_in_flight`] turns are taken (so a lone check
+//! costs what it did), and otherwise waits in a queue. When a turn's call
+//! comes back, the queue goes out as the turn's next call — up to
+//! [`Coalescing::max_batch`] checks, in arrival order; a batch of fewer than
+//! `MIN_SCRIPT_BATCH` goes as single calls sent together. Batches therefore
+//! grow with the load and stay empty without it.
+//!
+//! On a cluster each hash tag has its own turns and queue (a lane): a
+//! script's keys must share a slot, and a slow or frozen node then holds up
+//! only its own subjects. Elsewhere one lane serves every check; if the
+//! server refuses a call of several tags (`CROSSSLOT`: a sharded proxy, a
+//! cluster connection in a wrapper), the batch is decided again one call per
+//! tag, and so is every batch after it.
 //!
 //! A batch is sent by a task of its own, so a caller that gives up (its
 //! timeout, a dropped future) takes nothing down with it; the task stops
 //! waiting for Redis once every check in the batch has given up, so a hung
 //! connection holds no turn for ever.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use futures_util::future::{join_all, select, Either};
@@ -30,8 +38,8 @@ use crate::error::{redis_error, Result};
 /// ```
 /// use tollgate_core::Coalescing;
 ///
-/// let c = Coalescing::default().max_batch(32).max_calls_in_flight(1);
-/// assert_eq!((c.batch_limit(), c.calls_limit()), (32, 1));
+/// let c = Coalescing::default().max_batch(32).max_calls_in_flight(4);
+/// assert_eq!((c.batch_limit(), c.calls_limit()), (32, 4));
 /// assert_eq!(Coalescing::off().batch_limit(), 1);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,10 +49,10 @@ pub struct Coalescing {
 }
 
 impl Default for Coalescing {
-    /// Batches of up to 64 checks, at most 16 calls in flight per backend:
-    /// up to 16 checks in flight cost what they did (measured: 16 single
-    /// calls pipelined on one connection cost Redis less per check than
-    /// batches of a few), and beyond that checks share calls.
+    /// Batches of up to 64 checks, 16 turns per backend (per hash tag on a
+    /// cluster): up to 16 checks in flight cost what they did (measured: 16
+    /// single calls pipelined on one connection cost Redis less per check
+    /// than batches of a few), and beyond that checks share calls.
     fn default() -> Self {
         Coalescing {
             max_batch: 64,
@@ -56,42 +64,41 @@ impl Default for Coalescing {
 impl Coalescing {
     /// One script call per check, as many in flight as there are checks.
     pub fn off() -> Self {
-        Coalescing {
-            max_batch: 1,
-            max_calls: usize::MAX,
-        }
+        Coalescing::default().max_batch(1)
     }
 
-    /// At most `n` checks per call (at least 1; 1 turns coalescing off).
+    /// At most `n` checks per batch (at least 1; 1 turns coalescing off).
     /// Larger batches cost Redis less per decision but hold its single
-    /// thread longer per call.
+    /// thread longer per call. A batch of fewer than 8 checks is sent as
+    /// single calls, together (below that the batch script costs Redis
+    /// more than it saves), unless `n` itself is smaller.
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
-        if self.max_batch == 1 {
-            self.max_calls = usize::MAX;
-        }
         self
     }
 
-    /// At most `n` calls in flight at once (at least 1): a check arriving
-    /// while `n` calls are out waits for the next batch. Fewer calls make
-    /// larger batches (less Redis CPU per decision); more calls overlap the
-    /// round trips (less waiting when Redis has CPU to spare).
+    /// At most `n` turns at once (at least 1): a check that finds `n` turns
+    /// taken waits for the next batch. A turn has one call out (or, for a
+    /// batch of fewer than 8, its single calls). Fewer turns make larger
+    /// batches (less Redis CPU per decision); more overlap the round trips.
     pub fn max_calls_in_flight(mut self, n: usize) -> Self {
-        if self.max_batch > 1 {
-            self.max_calls = n.max(1);
-        }
+        self.max_calls = n.max(1);
         self
     }
 
-    /// The largest batch.
+    /// The largest batch (1: coalescing is off).
     pub fn batch_limit(&self) -> usize {
         self.max_batch
     }
 
-    /// The most calls in flight.
+    /// The most turns at once.
     pub fn calls_limit(&self) -> usize {
         self.max_calls
+    }
+
+    /// The fewest checks sent as one call of the batch script.
+    fn script_threshold(&self) -> usize {
+        MIN_SCRIPT_BATCH.min(self.max_batch)
     }
 }
 
@@ -108,27 +115,62 @@ struct Waiting {
     reply: oneshot::Sender<Result<RateReply>>,
 }
 
+/// Turns taken and checks waiting, for one hash tag or for all.
 #[derive(Default)]
-struct State {
+struct Lane {
     in_flight: usize,
     queue: VecDeque<Waiting>,
 }
 
-/// One backend's queue of checks and count of calls in flight (shared by
-/// its clones: they share the connection).
+/// Which lane: `None` for the one lane of a non-cluster backend, else the
+/// hash tag.
+type LaneKey = Option<Box<str>>;
+
+#[derive(Default)]
+struct Lanes {
+    main: Lane,
+    by_tag: HashMap<Box<str>, Lane>,
+}
+
+impl Lanes {
+    fn get(&mut self, key: &LaneKey) -> &mut Lane {
+        match key {
+            None => &mut self.main,
+            Some(tag) => self.by_tag.entry(tag.clone()).or_default(),
+        }
+    }
+
+    /// Forgets an idle tag's lane (a cluster sees many subjects).
+    fn tidy(&mut self, key: &LaneKey) {
+        if let Some(tag) = key {
+            if self
+                .by_tag
+                .get(tag)
+                .is_some_and(|l| l.in_flight == 0 && l.queue.is_empty())
+            {
+                self.by_tag.remove(tag);
+            }
+        }
+    }
+}
+
+/// One backend's lanes (shared by its clones: they share the connection).
 pub(crate) struct Coalescer {
     config: Coalescing,
-    /// Whether a batch is split by hash tag (a cluster: a script's keys must
-    /// share a slot).
-    by_tag: bool,
-    state: Mutex<State>,
+    /// One lane per hash tag (a cluster connection).
+    per_tag: bool,
+    /// A call of several tags was refused (`CROSSSLOT`): batches are split
+    /// by tag from now on.
+    split: AtomicBool,
+    lanes: Mutex<Lanes>,
 }
 
 impl std::fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coalescer")
             .field("config", &self.config)
-            .field("by_tag", &self.by_tag)
+            .field("per_tag", &self.per_tag)
+            .field("split", &self.split.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -139,15 +181,16 @@ pub(crate) enum Entry<'a> {
     Queued(oneshot::Receiver<Result<RateReply>>),
 }
 
-/// The right to one call in flight. Dropping it passes it on: to a task
-/// that sends the queue, or back to the count.
+/// A turn taken by a check that goes out itself. Dropping it passes the
+/// turn on: to a task that sends the queue, or back to the lane.
 pub(crate) struct Turn<'a> {
     backend: &'a RedisBackend,
+    lane: LaneKey,
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        pass_on(self.backend);
+        pass_on(self.backend, self.lane.take());
     }
 }
 
@@ -164,147 +207,152 @@ fn tag(key: &str) -> &str {
     key
 }
 
+/// A request's hash tag (a request has one key per quota, all of one tag).
+fn tag_of(request: &RateRequest) -> &str {
+    request.keys.first().map_or("", |k| tag(k))
+}
+
 impl Coalescer {
-    pub(crate) fn new(config: Coalescing, by_tag: bool) -> Self {
+    pub(crate) fn new(config: Coalescing, per_tag: bool) -> Self {
         Coalescer {
             config,
-            by_tag,
-            state: Mutex::new(State::default()),
+            per_tag,
+            split: AtomicBool::new(false),
+            lanes: Mutex::new(Lanes::default()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, Lanes> {
         // Nothing panics while the lock is held; a poisoned lock still
-        // holds a consistent queue.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        // holds consistent lanes.
+        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Enters a check: a turn when fewer than the limit are in flight, else
-    /// a place in the queue.
+    /// Enters a check: a turn when its lane has one free, else a place in
+    /// the lane's queue.
     pub(crate) fn enter<'a>(&self, backend: &'a RedisBackend, request: &RateRequest) -> Entry<'a> {
-        let mut state = self.lock();
-        if state.in_flight < self.config.max_calls {
-            state.in_flight += 1;
-            return Entry::Now(Turn { backend });
+        let key: LaneKey = self.per_tag.then(|| tag_of(request).into());
+        let mut lanes = self.lock();
+        let lane = lanes.get(&key);
+        if lane.in_flight < self.config.max_calls {
+            lane.in_flight += 1;
+            if lane.queue.is_empty() {
+                return Entry::Now(Turn { backend, lane: key });
+            }
+            // Checks wait with a turn free: a turn was given back where no
+            // task could be started for them. This check's turn sends them,
+            // and it, in order.
+            let (reply, rx) = oneshot::channel();
+            lane.queue.push_back(Waiting {
+                request: request.clone(),
+                reply,
+            });
+            drop(lanes);
+            pass_on(backend, key);
+            return Entry::Queued(rx);
         }
         let (reply, rx) = oneshot::channel();
-        state.queue.push_back(Waiting {
+        lane.queue.push_back(Waiting {
             request: request.clone(),
             reply,
         });
         Entry::Queued(rx)
     }
 
-    /// The next batch for a call that ended, keeping its turn; or `None`,
-    /// giving the turn back, when nothing waits.
-    fn next_batch(&self) -> Option<Vec<Waiting>> {
-        let mut state = self.lock();
-        if state.queue.is_empty() {
-            state.in_flight -= 1;
+    /// The next batch for a turn whose call ended, keeping the turn; or
+    /// `None`, giving the turn back, when nothing waits.
+    fn next_batch(&self, key: &LaneKey) -> Option<Vec<Waiting>> {
+        let mut lanes = self.lock();
+        let lane = lanes.get(key);
+        if lane.queue.is_empty() {
+            lane.in_flight -= 1;
+            lanes.tidy(key);
             return None;
         }
-        let take = state.queue.len().min(self.config.max_batch);
-        Some(state.queue.drain(..take).collect())
+        let take = lane.queue.len().min(self.config.max_batch);
+        Some(lane.queue.drain(..take).collect())
     }
 
-    /// Gives a turn back and fails whatever waits (the runtime that would
-    /// have sent it is gone).
-    fn abandon(&self) {
-        let mut state = self.lock();
-        state.in_flight -= 1;
-        // Dropping the senders answers each waiter with an outage.
-        state.queue.clear();
+    /// Gives a turn back, with the checks it had taken first in the queue
+    /// again (no task could be started to send them); the next check to
+    /// take a turn sends them.
+    fn give_back(&self, key: &LaneKey, batch: Vec<Waiting>) {
+        let mut lanes = self.lock();
+        let lane = lanes.get(key);
+        lane.in_flight -= 1;
+        for w in batch.into_iter().rev() {
+            lane.queue.push_front(w);
+        }
+        lanes.tidy(key);
     }
 }
 
-/// Passes a turn that ended on: the queue goes out from a task of its own.
-fn pass_on(backend: &RedisBackend) {
+/// Passes a turn that ended on: the queue goes out from a task of its own,
+/// or, without a runtime to start one on, the turn goes back to the lane.
+fn pass_on(backend: &RedisBackend, lane: LaneKey) {
     let Some(coalescer) = backend.coalescer() else {
         return;
     };
-    let Some(batch) = coalescer.next_batch() else {
+    let Some(batch) = coalescer.next_batch(&lane) else {
         return;
     };
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(drive(backend.clone(), batch));
-        }
-        Err(_) => {
-            drop(batch);
-            coalescer.abandon();
-        }
-    }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        coalescer.give_back(&lane, batch);
+        return;
+    };
+    // The turn moves into the task; if the task is dropped before it runs
+    // (a runtime shutting down), dropping the turn gives it back.
+    let turn = Driving {
+        backend: backend.clone(),
+        lane,
+        done: false,
+    };
+    runtime.spawn(drive(turn, batch));
 }
 
-/// Gives the turn back if a driving task is dropped mid-batch (its runtime
-/// shut down).
-struct Driving<'a>(&'a RedisBackend, bool);
+/// A turn owned by the task that sends the queue. Dropped before its work
+/// is done (its runtime shut down), it gives the turn back.
+struct Driving {
+    backend: RedisBackend,
+    lane: LaneKey,
+    done: bool,
+}
 
-impl Drop for Driving<'_> {
+impl Drop for Driving {
     fn drop(&mut self) {
-        if !self.1 {
-            if let Some(c) = self.0.coalescer() {
-                c.abandon();
+        if !self.done {
+            if let Some(c) = self.backend.coalescer() {
+                // The batch being sent is lost with the task: its checks
+                // are answered as an outage (their replies are dropped).
+                c.give_back(&self.lane, Vec::new());
             }
         }
     }
 }
 
 /// Sends batches while checks wait, then gives the turn back.
-async fn drive(backend: RedisBackend, mut batch: Vec<Waiting>) {
-    let mut guard = Driving(&backend, false);
+async fn drive(mut turn: Driving, mut batch: Vec<Waiting>) {
     loop {
-        send(&backend, batch).await;
-        match backend.coalescer().and_then(Coalescer::next_batch) {
+        send(&turn.backend, batch).await;
+        match turn
+            .backend
+            .coalescer()
+            .and_then(|c| c.next_batch(&turn.lane))
+        {
             Some(next) => batch = next,
             None => break,
         }
     }
-    guard.1 = true;
+    turn.done = true;
 }
 
-/// Sends `batch`: on a cluster one group per hash tag (a script's keys must
-/// share a slot), elsewhere one group; the groups go out together.
+/// One call for `batch` (or its single calls); each check gets its own
+/// answer. The call is abandoned once every check in it has given up.
 async fn send(backend: &RedisBackend, batch: Vec<Waiting>) {
-    let by_tag = backend.coalescer().is_some_and(|c| c.by_tag);
-    if !by_tag {
-        return send_group(backend, batch).await;
-    }
-    // Groups in order of first arrival, each in arrival order.
-    let mut groups: Vec<(String, Vec<Waiting>)> = Vec::new();
-    for w in batch {
-        let t = tag(&w.request.keys[0]);
-        match groups.iter_mut().find(|(g, _)| g == t) {
-            Some((_, group)) => group.push(w),
-            None => groups.push((t.to_owned(), vec![w])),
-        }
-    }
-    join_all(groups.into_iter().map(|(_, g)| send_group(backend, g))).await;
-}
-
-/// One call of the batch script for `group` (of one hash tag on a cluster),
-/// or single calls sent together for a small one; each check gets its own
-/// answer. The calls are abandoned once every check in them has given up.
-async fn send_group(backend: &RedisBackend, group: Vec<Waiting>) {
     let (requests, mut replies): (Vec<_>, Vec<_>) =
-        group.into_iter().map(|w| (w.request, w.reply)).unzip();
+        batch.into_iter().map(|w| (w.request, w.reply)).unzip();
     let answers = {
-        let call = pin!(async {
-            if requests.len() < MIN_SCRIPT_BATCH {
-                // Few checks: single calls, sent together (pipelined by the
-                // connection); the batch script costs Redis more per check
-                // than that until it carries enough checks.
-                join_all(requests.iter().map(|r| backend.check_one(r))).await
-            } else {
-                match backend.check_batch(&requests).await {
-                    Ok(answers) => answers,
-                    Err(e) => requests
-                        .iter()
-                        .map(|_| Err(redis_error(e.clone())))
-                        .collect(),
-                }
-            }
-        });
+        let call = pin!(decide(backend, &requests));
         let gone = pin!(join_all(replies.iter_mut().map(|r| r.closed())));
         match select(call, gone).await {
             Either::Left((answers, _)) => answers,
@@ -315,6 +363,88 @@ async fn send_group(backend: &RedisBackend, group: Vec<Waiting>) {
         // A waiter that gave up meanwhile no longer wants it.
         let _ = reply.send(answer);
     }
+}
+
+/// Decides `requests` in order: one call of the batch script, or single
+/// calls for a few; split by hash tag once the server has refused a call of
+/// several tags.
+async fn decide(backend: &RedisBackend, requests: &[RateRequest]) -> Vec<Result<RateReply>> {
+    let Some(coalescer) = backend.coalescer() else {
+        return join_all(requests.iter().map(|r| backend.check_one(r))).await;
+    };
+    if coalescer.split.load(Ordering::Relaxed) && !one_tag(requests) {
+        return decide_by_tag(backend, coalescer, requests).await;
+    }
+    match decide_together(backend, coalescer, requests).await {
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
+                && !one_tag(requests) =>
+        {
+            // Refused before it ran: nothing was decided.
+            tracing::info!("a call of several hash tags was refused (CROSSSLOT): coalesced checks go one call per tag from now on");
+            coalescer.split.store(true, Ordering::Relaxed);
+            decide_by_tag(backend, coalescer, requests).await
+        }
+        Err(e) => requests
+            .iter()
+            .map(|_| Err(redis_error(e.clone())))
+            .collect(),
+        Ok(answers) => answers,
+    }
+}
+
+fn one_tag(requests: &[RateRequest]) -> bool {
+    let first = requests.first().map_or("", tag_of);
+    requests.iter().all(|r| tag_of(r) == first)
+}
+
+/// One call of the batch script, or single calls for fewer than the
+/// threshold; the call's own error is returned whole.
+async fn decide_together(
+    backend: &RedisBackend,
+    coalescer: &Coalescer,
+    requests: &[RateRequest],
+) -> redis::RedisResult<Vec<Result<RateReply>>> {
+    if requests.len() < coalescer.config.script_threshold() {
+        // Few checks: single calls, sent together (pipelined by the
+        // connection).
+        return Ok(join_all(requests.iter().map(|r| backend.check_one(r))).await);
+    }
+    backend.check_batch(requests).await
+}
+
+/// One call per hash tag (each in arrival order), sent together.
+async fn decide_by_tag(
+    backend: &RedisBackend,
+    coalescer: &Coalescer,
+    requests: &[RateRequest],
+) -> Vec<Result<RateReply>> {
+    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let t = tag_of(r);
+        match groups.iter_mut().find(|(g, _)| *g == t) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((t, vec![i])),
+        }
+    }
+    let decided = join_all(groups.iter().map(|(_, members)| async move {
+        let group: Vec<RateRequest> = members.iter().map(|&i| requests[i].clone()).collect();
+        match decide_together(backend, coalescer, &group).await {
+            Ok(answers) => answers,
+            Err(e) => group.iter().map(|_| Err(redis_error(e.clone()))).collect(),
+        }
+    }))
+    .await;
+    let mut answers: Vec<Option<Result<RateReply>>> = requests.iter().map(|_| None).collect();
+    for ((_, members), group) in groups.iter().zip(decided) {
+        for (&i, answer) in members.iter().zip(group) {
+            answers[i] = Some(answer);
+        }
+    }
+    answers
+        .into_iter()
+        .map(|a| a.expect("every check is in one group"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -333,10 +463,13 @@ mod tests {
     #[test]
     fn limits_stay_sane() {
         let c = Coalescing::default().max_batch(0);
-        assert_eq!((c.batch_limit(), c.calls_limit()), (1, usize::MAX));
-        let c = Coalescing::off().max_calls_in_flight(3);
-        assert_eq!(c.calls_limit(), usize::MAX);
+        assert_eq!(c.batch_limit(), 1);
+        // Off, then on again: the order of the calls does not matter.
+        let c = Coalescing::off().max_batch(32);
+        assert_eq!((c.batch_limit(), c.calls_limit()), (32, 16));
         let c = Coalescing::default().max_calls_in_flight(0);
         assert_eq!(c.calls_limit(), 1);
+        assert_eq!(Coalescing::default().max_batch(4).script_threshold(), 4);
+        assert_eq!(Coalescing::default().script_threshold(), 8);
     }
 }

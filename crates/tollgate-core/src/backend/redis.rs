@@ -321,8 +321,13 @@ impl RedisBackend {
     /// flight go out together as one call of a batch script, which decides
     /// each in turn with the algorithms' own code: Redis spends less CPU
     /// per decision under load, and a lone check goes out at once, as
-    /// before. On a cluster a batch keeps to one hash tag (a script's keys
-    /// must share a slot). [`Coalescing::off`] sends one call per check.
+    /// before. On a cluster connection each hash tag has its own turns and
+    /// queue (a script's keys must share a slot, and a frozen node holds up
+    /// only its own subjects). Any other connection is taken for one
+    /// server; if it refuses a call of several tags (`CROSSSLOT`: a sharded
+    /// proxy, a cluster connection in a wrapper), that batch is decided
+    /// again one call per tag, and later batches are split so.
+    /// [`Coalescing::off`] sends one call per check.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), tollgate_core::Error> {

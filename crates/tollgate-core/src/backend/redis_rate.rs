@@ -74,9 +74,11 @@ impl RedisBackend {
     /// (connection, timeout, a server refusing scripts), shared by all.
     ///
     /// Every key of every request must hash to one slot on a cluster (one
-    /// hash tag: one subject). Checks are coalesced this way on their own
-    /// (see [`with_coalescing`](Self::with_coalescing)); this is for a
-    /// caller that has many checks at hand.
+    /// hash tag: one subject), or the call fails with `CROSSSLOT`. Checks
+    /// are coalesced on their own (see
+    /// [`with_coalescing`](Self::with_coalescing)); this is for a caller
+    /// that has many checks at hand, and it sends them whatever the
+    /// coalescing settings (no turn, no size limit: one call).
     pub async fn check_rate_batch(
         &self,
         requests: &[RateRequest],
@@ -173,19 +175,24 @@ fn protocol_errors(requests: &[RateRequest], what: String) -> Vec<Result<RateRep
 }
 
 /// The error one batched check raised, as the server would have replied it
-/// to a single call: a command's error keeps its code (`WRONGTYPE`, `OOM`,
-/// …: the outage classification reads it), anything else is a script error.
+/// to a single call: a command's error (`WRONGTYPE …`, `READONLY …`,
+/// `OOM …`) is parsed as redis-rs parses an error reply, so it gets the
+/// same kind and code (the outage classification reads them); anything
+/// else (a Lua runtime error) is a script error.
 fn script_error(message: &str) -> Error {
-    let message = message.trim();
+    let message = message.trim().replace(['\r', '\n'], " ");
     let code = message.split(' ').next().unwrap_or_default();
     if code.len() >= 2 && code.bytes().all(|b| b.is_ascii_uppercase()) {
-        let detail = message[code.len()..].trim_start().to_owned();
-        return redis_error(redis::make_extension_error(code.to_owned(), Some(detail)));
+        match redis::parse_redis_value(format!("-{message}\r\n").as_bytes()) {
+            Ok(Value::ServerError(e)) => return redis_error(e.into()),
+            Err(e) => return redis_error(e),
+            Ok(_) => {}
+        }
     }
     redis_error(redis::RedisError::from((
         ErrorKind::Server(ServerErrorKind::ResponseError),
         "An error was signalled by the server",
-        message.to_owned(),
+        message,
     )))
 }
 
@@ -277,5 +284,42 @@ impl RateBackend for RedisBackend {
 
     fn kind(&self) -> &'static str {
         self.kind
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batched check's error is classified as the same error replied to a
+    /// single call would be (the review found READONLY, NOPERM and
+    /// MASTERDOWN read as data errors when rebuilt as extension errors).
+    #[test]
+    fn a_batched_checks_error_is_classified_as_a_single_calls() {
+        let outage = |m: &str| match script_error(m) {
+            Error::Backend(b) => b.is_outage(),
+            other => panic!("{m}: {other:?}"),
+        };
+        for m in [
+            "READONLY You can't write against a read only replica.",
+            "NOPERM this user has no permissions to run the 'zadd' command",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "BUSY Redis is busy running a script.",
+            "CLUSTERDOWN The cluster is down",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+        ] {
+            assert!(outage(m), "{m} is an outage");
+        }
+        for m in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "ERR value is not an integer or out of range",
+            "user_script:12: attempt to perform arithmetic on a nil value",
+            "",
+        ] {
+            assert!(!outage(m), "{m} is about the data");
+        }
+        let e = script_error("WRONGTYPE Operation against a key\r\nholding");
+        assert!(e.to_string().contains("WRONGTYPE"), "{e}");
     }
 }
