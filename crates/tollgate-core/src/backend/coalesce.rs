@@ -163,6 +163,10 @@ pub(crate) struct Coalescer {
     /// by tag from now on.
     split: AtomicBool,
     lanes: Mutex<Lanes>,
+    /// The runtime the backend was made on, where the connection's own task
+    /// runs: the tasks that send batches run there too, so they live as
+    /// long as the connection, whichever runtime a check came from.
+    home: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for Coalescer {
@@ -213,12 +217,24 @@ fn tag_of(request: &RateRequest) -> &str {
 }
 
 impl Coalescer {
-    pub(crate) fn new(config: Coalescing, per_tag: bool) -> Self {
+    /// The runtime its batches are sent from.
+    pub(crate) fn home(&self) -> Option<tokio::runtime::Handle> {
+        self.home.clone()
+    }
+
+    /// `home`: the runtime the backend was made on, if known (else the
+    /// current one, if any).
+    pub(crate) fn new(
+        config: Coalescing,
+        per_tag: bool,
+        home: Option<tokio::runtime::Handle>,
+    ) -> Self {
         Coalescer {
             config,
             per_tag,
             split: AtomicBool::new(false),
             lanes: Mutex::new(Lanes::default()),
+            home: home.or_else(|| tokio::runtime::Handle::try_current().ok()),
         }
     }
 
@@ -287,8 +303,9 @@ impl Coalescer {
     }
 }
 
-/// Passes a turn that ended on: the queue goes out from a task of its own,
-/// or, without a runtime to start one on, the turn goes back to the lane.
+/// Passes a turn that ended on: the queue goes out from a task of its own
+/// (on the backend's runtime, else the current one), or, without a runtime
+/// to start one on, the turn goes back to the lane.
 fn pass_on(backend: &RedisBackend, lane: LaneKey) {
     let Some(coalescer) = backend.coalescer() else {
         return;
@@ -296,7 +313,11 @@ fn pass_on(backend: &RedisBackend, lane: LaneKey) {
     let Some(batch) = coalescer.next_batch(&lane) else {
         return;
     };
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+    let runtime = coalescer
+        .home
+        .clone()
+        .or_else(|| tokio::runtime::Handle::try_current().ok());
+    let Some(runtime) = runtime else {
         coalescer.give_back(&lane, batch);
         return;
     };

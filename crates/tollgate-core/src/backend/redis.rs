@@ -176,7 +176,11 @@ impl RedisBackend {
         RedisBackend {
             conn,
             pubsub: None,
-            coalescer: Some(Arc::new(Coalescer::new(Coalescing::default(), by_tag))),
+            coalescer: Some(Arc::new(Coalescer::new(
+                Coalescing::default(),
+                by_tag,
+                None,
+            ))),
             kind,
         }
     }
@@ -339,10 +343,12 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn with_coalescing(mut self, coalescing: Coalescing) -> Self {
+        let home = self.coalescer.as_ref().and_then(|c| c.home());
         self.coalescer = (coalescing.batch_limit() > 1).then(|| {
             Arc::new(Coalescer::new(
                 coalescing,
                 matches!(self.conn, Conn::Cluster(_)),
+                home,
             ))
         });
         self
