@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
-    Algorithm, DecisionSource, Error, FailurePolicy, Lease, LockOptions, Locker, Quota,
+    Algorithm, Coalescing, DecisionSource, Error, FailurePolicy, Lease, LockOptions, Locker, Quota,
     RateLimiter, RedisBackend, Semaphore,
 };
 
@@ -33,6 +33,12 @@ const SLICE: Duration = Duration::from_secs(10);
 const SUBJECTS_PER_SLICE: u64 = 50;
 /// Each rate worker's pause between checks (about 800 checks/s in all).
 const RATE_PACING: Duration = Duration::from_millis(5);
+/// Checks a burst worker sends at once, all of one subject and limiter, on
+/// the instance that coalesces after 2 calls in flight (issue #15): they go
+/// out as batches of the batch script while the faults strike.
+const BURST: usize = 24;
+/// A burst worker's pause between bursts.
+const BURST_PACING: Duration = Duration::from_millis(50);
 /// Round-trip bound of every check, acquire, renewal and release.
 const TIMEOUT: Duration = Duration::from_millis(200);
 const LOCK_TTL: Duration = Duration::from_secs(1);
@@ -222,7 +228,8 @@ fn limiter(backend: &RedisBackend, i: usize, deny_cache: bool) -> BenchResult<Ra
 }
 
 /// Starts every task: 4 rate workers over two instances of the five
-/// limiters, 6 lock workers over three `Locker`s, 10 permit holders over two
+/// limiters (the second coalescing after 2 calls in flight), 2 burst
+/// workers on that instance, 6 lock workers over three `Locker`s, 10 permit holders over two
 /// `Semaphore`s.
 pub(crate) async fn start(
     endpoint: &Endpoint,
@@ -232,7 +239,13 @@ pub(crate) async fn start(
     let mut tasks = Vec::new();
     let mut instances = Vec::new();
     for deny_cache in [true, false] {
-        let b = backend(endpoint).await?;
+        let mut b = backend(endpoint).await?;
+        if !deny_cache {
+            // Batches form after 2 calls in flight, so the burst workers'
+            // checks (and some of the others') are decided by the batch
+            // script.
+            b = b.with_coalescing(Coalescing::default().max_calls_in_flight(2));
+        }
         instances.push(
             (0..ALGORITHMS.len())
                 .map(|i| limiter(&b, i, deny_cache))
@@ -243,6 +256,14 @@ pub(crate) async fn start(
     for w in 0..4 {
         let rng = Rng::new(seed.wrapping_mul(31).wrapping_add(w));
         tasks.push(tokio::spawn(rate_worker(
+            instances.clone(),
+            shared.clone(),
+            rng,
+        )));
+    }
+    for w in 0..2 {
+        let rng = Rng::new(seed.wrapping_mul(37).wrapping_add(w));
+        tasks.push(tokio::spawn(burst_worker(
             instances.clone(),
             shared.clone(),
             rng,
@@ -341,33 +362,74 @@ async fn rate_worker(
         let result = instance[limiter]
             .check_n(format!("s{subject}"), units)
             .await;
-        let answered = Instant::now();
-        tally.slowest_check = tally.slowest_check.max(answered - sent);
-        match result {
-            Ok(d) => {
-                let verdict = if d.allowed { "admitted" } else { "denied" };
-                tally.decision(format!("rate: {verdict} ({})", source(d.source)));
-                if d.source == DecisionSource::Backend {
-                    tally.success("rate", shared.start);
-                }
-                if d.allowed {
-                    tally.admits.push(Admit {
-                        limiter,
-                        subject,
-                        units,
-                        sent,
-                        answered,
-                    });
-                }
-                tokio::time::sleep(RATE_PACING).await;
-            }
-            Err(e) => {
-                tally.error("rate check", &e);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
+        let ok = record(&mut tally, &shared, result, (limiter, subject, units), sent);
+        let pause = if ok {
+            RATE_PACING
+        } else {
+            Duration::from_millis(20)
+        };
+        tokio::time::sleep(pause).await;
     }
     tally
+}
+
+/// Bursts of [`BURST`] checks of one unit on one subject and limiter of the
+/// coalescing instance, sent at once.
+async fn burst_worker(
+    instances: Arc<Vec<Vec<RateLimiter>>>,
+    shared: Arc<Shared>,
+    mut rng: Rng,
+) -> Tally {
+    let mut tally = Tally::default();
+    while !shared.stopped() {
+        let slice = shared.start.elapsed().as_millis() as u64 / SLICE.as_millis() as u64;
+        let subject = slice * SUBJECTS_PER_SLICE + rng.range(0, SUBJECTS_PER_SLICE);
+        let limiter = rng.below(ALGORITHMS.len());
+        let l = &instances[1][limiter];
+        let name = format!("s{subject}");
+        let sent = Instant::now();
+        let results = futures::future::join_all((0..BURST).map(|_| l.check_n(&name, 1))).await;
+        for result in results {
+            record(&mut tally, &shared, result, (limiter, subject, 1), sent);
+        }
+        tokio::time::sleep(BURST_PACING).await;
+    }
+    tally
+}
+
+/// Tallies one check's result; whether it was decided.
+fn record(
+    tally: &mut Tally,
+    shared: &Shared,
+    result: Result<tollgate_core::Decision, Error>,
+    (limiter, subject, units): (usize, u64, u64),
+    sent: Instant,
+) -> bool {
+    let answered = Instant::now();
+    tally.slowest_check = tally.slowest_check.max(answered - sent);
+    match result {
+        Ok(d) => {
+            let verdict = if d.allowed { "admitted" } else { "denied" };
+            tally.decision(format!("rate: {verdict} ({})", source(d.source)));
+            if d.source == DecisionSource::Backend {
+                tally.success("rate", shared.start);
+            }
+            if d.allowed {
+                tally.admits.push(Admit {
+                    limiter,
+                    subject,
+                    units,
+                    sent,
+                    answered,
+                });
+            }
+            true
+        }
+        Err(e) => {
+            tally.error("rate check", &e);
+            false
+        }
+    }
 }
 
 /// A lock or a semaphore: one loop serves both.
