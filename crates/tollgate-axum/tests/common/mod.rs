@@ -1,0 +1,351 @@
+//! The app `http.rs` and `http_rate.rs` serve on a loopback port: lock
+//! resources, handlers, routes, the running server, and a lock backend that
+//! counts refused acquires ([`Watched`]).
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{FromRef, Path, State};
+use axum::routing::{get, post};
+use axum::Router;
+use futures::future::{BoxFuture, FutureExt};
+use http::request::Parts;
+use tollgate_axum::{HeldLock, LockResource, RateLimitPolicy, RateLimitStatus, RateLimited};
+use tollgate_core::lock::{AcquireReply, AcquireRequest, LockKeys, ReleaseEvents};
+use tollgate_core::{
+    Algorithm, FencingToken, LockBackend, LockOptions, Locker, MemoryBackend, Quota, RateLimiter,
+    Subject,
+};
+use tollgate_tower::key::{KeyError, PathParam};
+use tollgate_tower::RateLimitLayer;
+
+// ---------------------------------------------------------------- resources
+
+/// `job:{id}`: the lock of the job the path names.
+type JobKey = (Subject, PathParam);
+
+fn job_key() -> JobKey {
+    (Subject::new("job"), PathParam::new("id"))
+}
+
+/// Waits up to 10 s for the lock.
+struct Waiting;
+
+impl<S: Send + Sync> LockResource<S> for Waiting {
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new()
+            .ttl(Duration::from_secs(5))
+            .wait(Duration::from_secs(10))
+    }
+}
+
+/// Never waits: busy → 409. A 30 s TTL, so a test that gets the lock back
+/// quickly proves it was released, not expired.
+struct NoWait;
+
+impl<S: Send + Sync> LockResource<S> for NoWait {
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new().ttl(Duration::from_secs(30))
+    }
+}
+
+/// A short lease that is not renewed: lost after 300 ms.
+struct Short;
+
+impl<S: Send + Sync> LockResource<S> for Short {
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new()
+            .ttl(Duration::from_millis(300))
+            .renew(false)
+    }
+}
+
+/// A TTL the drift allowance leaves nothing of: a configuration error.
+struct BadOptions;
+
+impl<S: Send + Sync> LockResource<S> for BadOptions {
+    type Key = JobKey;
+    fn key(_: &S) -> JobKey {
+        job_key()
+    }
+    fn options(_: &S) -> LockOptions {
+        LockOptions::new().ttl(Duration::from_millis(1))
+    }
+}
+
+// -------------------------------------------------------------------- app
+
+#[derive(Default)]
+pub(crate) struct Probe {
+    pub(crate) active: AtomicUsize,
+    pub(crate) max_active: AtomicUsize,
+    /// Fences in the order the handlers ran.
+    pub(crate) fences: Mutex<Vec<u64>>,
+}
+
+#[derive(Clone, FromRef)]
+struct AppState {
+    locker: Locker,
+    probe: Arc<Probe>,
+    limiter: RateLimiter,
+}
+
+fn ms(params: &HashMap<String, String>) -> u64 {
+    params.get("ms").and_then(|m| m.parse().ok()).unwrap_or(0)
+}
+
+async fn guarded<R>(
+    lock: HeldLock<R>,
+    Path(params): Path<HashMap<String, String>>,
+    State(probe): State<Arc<Probe>>,
+) -> String {
+    let now = probe.active.fetch_add(1, Ordering::SeqCst) + 1;
+    probe.max_active.fetch_max(now, Ordering::SeqCst);
+    probe.fences.lock().unwrap().push(lock.fence().get());
+    tokio::time::sleep(Duration::from_millis(ms(&params))).await;
+    probe.active.fetch_sub(1, Ordering::SeqCst);
+    lock.fence().to_string()
+}
+
+/// Works until the lease is lost, then says so.
+async fn until_lost(lock: HeldLock<Short>) -> String {
+    tokio::select! {
+        _ = lock.lost() => format!("lost {}", lock.is_held()),
+        _ = tokio::time::sleep(Duration::from_secs(5)) => "not lost".to_owned(),
+    }
+}
+
+async fn panics(_lock: HeldLock<NoWait>) -> &'static str {
+    panic!("handler panics while holding the lock (expected by the test)");
+}
+
+async fn release_early(lock: HeldLock<NoWait>) -> String {
+    let fence = lock.fence();
+    let was_ours = lock.release().await.unwrap();
+    format!("{fence} {was_ours}")
+}
+
+/// Limited per `x-user` header, 2 per minute.
+struct PerUser;
+
+/// The `x-user` header, or 400.
+fn user(parts: &Parts) -> Result<Option<Subject>, KeyError> {
+    parts
+        .headers
+        .get("x-user")
+        .map(|v| Some(Subject::new(v.as_bytes())))
+        .ok_or_else(|| KeyError::bad_request("missing x-user header"))
+}
+
+type UserKey = fn(&Parts) -> Result<Option<Subject>, KeyError>;
+
+impl RateLimitPolicy<AppState> for PerUser {
+    type Key = UserKey;
+    fn limiter(state: &AppState) -> RateLimiter {
+        state.limiter.clone()
+    }
+    fn key(_: &AppState) -> UserKey {
+        user
+    }
+}
+
+/// Like `PerUser`, each request costing `x-cost` units.
+struct Bulk;
+
+impl RateLimitPolicy<AppState> for Bulk {
+    fn limiter(state: &AppState) -> RateLimiter {
+        state.limiter.clone()
+    }
+    type Key = UserKey;
+    fn key(_: &AppState) -> UserKey {
+        user
+    }
+    fn cost(parts: &Parts, _: &AppState) -> u64 {
+        parts
+            .headers
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    }
+}
+
+async fn bulk(l: RateLimited<Bulk>) -> String {
+    format!("left {}", l.remaining())
+}
+
+async fn limited(l: RateLimited<PerUser>) -> (RateLimited<PerUser>, String) {
+    let left = l.remaining();
+    (l, format!("left {left}"))
+}
+
+async fn status(s: RateLimitStatus) -> String {
+    format!("remaining {}", s.remaining())
+}
+
+async fn maybe_status(s: Option<RateLimitStatus>) -> String {
+    format!("{:?}", s.map(|s| s.remaining()))
+}
+
+fn app(locker: Locker, limiter: RateLimiter) -> (Router, Arc<Probe>) {
+    let probe = Arc::new(Probe::default());
+    let state = AppState {
+        locker,
+        probe: probe.clone(),
+        limiter,
+    };
+    let layered = Router::new()
+        .route("/status", get(status))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(MemoryBackend::new(), Algorithm::TokenBucket)
+                .quota(Quota::per_minute(3))
+                .name("layered")
+                .build()
+                .unwrap(),
+        ));
+    let router = Router::new()
+        .route("/wait/{id}/{ms}", post(guarded::<Waiting>))
+        .route("/nowait/{id}/{ms}", post(guarded::<NoWait>))
+        .route("/panic/{id}", post(panics))
+        .route("/short/{id}", post(until_lost))
+        .route("/release/{id}", post(release_early))
+        .route("/bad/{id}", post(guarded::<BadOptions>))
+        .route("/noparam", post(guarded::<NoWait>))
+        .route("/limited", get(limited))
+        .route("/bulk", get(bulk))
+        .route("/maybe", get(maybe_status))
+        .route("/unlayered", get(status))
+        .with_state(state)
+        .merge(layered);
+    (router, probe)
+}
+
+pub(crate) struct Running {
+    pub(crate) addr: SocketAddr,
+    pub(crate) probe: Arc<Probe>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) async fn serve(locker: Locker, limiter: RateLimiter) -> Running {
+    let (router, probe) = app(locker, limiter);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    Running { addr, probe, task }
+}
+
+pub(crate) fn memory_limiter() -> RateLimiter {
+    RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2)).unwrap()
+}
+
+/// A lock backend that forwards to another and counts the acquires it
+/// answered "held": a test waits for a waiter's refused attempt (it then
+/// waits for the lock) instead of sleeping and hoping it got that far.
+#[derive(Debug, Clone)]
+pub(crate) struct Watched {
+    inner: Arc<dyn LockBackend>,
+    refused: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Watched {
+    pub(crate) fn new(inner: impl LockBackend) -> Self {
+        Watched {
+            inner: Arc::new(inner),
+            refused: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
+
+    /// Waits (up to 10 s) until at least `n` acquires were refused.
+    pub(crate) async fn refused(&self, n: u64) {
+        let mut rx = self.refused.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&c| c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{} acquires refused, not {n}", self.refusals()))
+            .unwrap();
+    }
+
+    pub(crate) fn refusals(&self) -> u64 {
+        *self.refused.borrow()
+    }
+}
+
+impl LockBackend for Watched {
+    fn acquire_lock<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+    ) -> BoxFuture<'a, tollgate_core::Result<AcquireReply>> {
+        async move {
+            let reply = self.inner.acquire_lock(request).await;
+            if let Ok(AcquireReply::Held { .. }) = reply {
+                self.refused.send_modify(|c| *c += 1);
+            }
+            reply
+        }
+        .boxed()
+    }
+
+    fn release_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.release_lock(keys, token)
+    }
+
+    fn extend_lock<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.extend_lock(keys, token, ttl)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        fence: FencingToken,
+        fence_ttl: Duration,
+    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
+        self.inner.raise_fence(keys, token, fence, fence_ttl)
+    }
+
+    fn release_events(
+        &self,
+        channel_prefix: &str,
+    ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
+        self.inner.release_events(channel_prefix)
+    }
+
+    fn lock_kind(&self) -> &'static str {
+        self.inner.lock_kind()
+    }
+}
+
+pub(crate) fn memory_locker() -> Locker {
+    Locker::new(MemoryBackend::new())
+}
