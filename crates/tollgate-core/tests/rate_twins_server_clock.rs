@@ -22,26 +22,6 @@ use tollgate_core::{
 
 use rate_common::*;
 
-/// What a backend answered: allowed, the instant, and per quota
-/// (remaining, reset, retry, next).
-type Figures = (bool, u64, Vec<(u64, u64, u64, u64)>);
-
-fn figures(reply: &RateReply) -> Figures {
-    let quotas = reply
-        .outcomes
-        .iter()
-        .map(|o| {
-            (
-                o.remaining,
-                o.reset_after_micros,
-                o.retry_after_micros,
-                o.next_after_micros,
-            )
-        })
-        .collect();
-    (reply.allowed, reply.now_micros, quotas)
-}
-
 /// Redis on its own clock, keeping its last reply.
 #[derive(Debug)]
 struct Scripts {

@@ -346,6 +346,13 @@ fn source(s: DecisionSource) -> &'static str {
     }
 }
 
+/// A subject of the current slice and a limiter, at random.
+fn pick(shared: &Shared, rng: &mut Rng) -> (u64, usize) {
+    let slice = shared.start.elapsed().as_millis() as u64 / SLICE.as_millis() as u64;
+    let subject = slice * SUBJECTS_PER_SLICE + rng.range(0, SUBJECTS_PER_SLICE);
+    (subject, rng.below(ALGORITHMS.len()))
+}
+
 async fn rate_worker(
     instances: Arc<Vec<Vec<RateLimiter>>>,
     shared: Arc<Shared>,
@@ -353,9 +360,7 @@ async fn rate_worker(
 ) -> Tally {
     let mut tally = Tally::default();
     while !shared.stopped() {
-        let slice = shared.start.elapsed().as_millis() as u64 / SLICE.as_millis() as u64;
-        let subject = slice * SUBJECTS_PER_SLICE + rng.range(0, SUBJECTS_PER_SLICE);
-        let limiter = rng.below(ALGORITHMS.len());
+        let (subject, limiter) = pick(&shared, &mut rng);
         let instance = &instances[rng.below(instances.len())];
         let units = if rng.percent(70) { 1 } else { rng.range(2, 4) };
         let sent = Instant::now();
@@ -382,9 +387,7 @@ async fn burst_worker(
 ) -> Tally {
     let mut tally = Tally::default();
     while !shared.stopped() {
-        let slice = shared.start.elapsed().as_millis() as u64 / SLICE.as_millis() as u64;
-        let subject = slice * SUBJECTS_PER_SLICE + rng.range(0, SUBJECTS_PER_SLICE);
-        let limiter = rng.below(ALGORITHMS.len());
+        let (subject, limiter) = pick(&shared, &mut rng);
         let l = &instances[1][limiter];
         let name = format!("s{subject}");
         let sent = Instant::now();

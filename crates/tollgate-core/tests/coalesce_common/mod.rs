@@ -133,26 +133,6 @@ pub(crate) fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
-/// What a script replies: allowed, the instant, and per quota (remaining,
-/// reset, retry, next). The twins also report a TTL, which no reply carries.
-pub(crate) type Figures = (bool, u64, Vec<(u64, u64, u64, u64)>);
-
-pub(crate) fn figures(reply: &RateReply) -> Figures {
-    let quotas = reply
-        .outcomes
-        .iter()
-        .map(|o| {
-            (
-                o.remaining,
-                o.reset_after_micros,
-                o.retry_after_micros,
-                o.next_after_micros,
-            )
-        })
-        .collect();
-    (reply.allowed, reply.now_micros, quotas)
-}
-
 pub(crate) fn unique_prefix() -> String {
     format!("co{}", prefix())
 }

@@ -139,3 +139,24 @@ pub(crate) fn assert_ttls(nodes: &[&RedisServer], prefix: &str) {
 pub(crate) fn q(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
 }
+
+/// What a script or a twin answered: allowed, the instant, and per quota
+/// (remaining, reset, retry, next). The twins also report a TTL, which no
+/// script reply carries.
+pub(crate) type Figures = (bool, u64, Vec<(u64, u64, u64, u64)>);
+
+pub(crate) fn figures(reply: &tollgate_core::backend::RateReply) -> Figures {
+    let quotas = reply
+        .outcomes
+        .iter()
+        .map(|o| {
+            (
+                o.remaining,
+                o.reset_after_micros,
+                o.retry_after_micros,
+                o.next_after_micros,
+            )
+        })
+        .collect();
+    (reply.allowed, reply.now_micros, quotas)
+}
