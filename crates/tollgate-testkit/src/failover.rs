@@ -12,6 +12,8 @@ use crate::server::RedisServer;
 /// How long a failover may take (failure detection after
 /// `cluster-node-timeout` 2 s, then the replica's election).
 const FAILOVER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long Redis's own election may take before a replica takes over.
+const ELECTION_STALLED: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(50);
 const PROBE: Duration = Duration::from_millis(500);
 
@@ -59,8 +61,11 @@ impl RedisCluster {
 
     /// SIGKILLs master `master` and waits until one of its replicas has been
     /// promoted and every running node reports `cluster_state:ok`; returns
-    /// the promoted node's index. Fails with [`TestkitError::Startup`] if
-    /// the master has no replica or nothing was promoted within 30 s.
+    /// the promoted node's index. If Redis's election has not promoted one
+    /// within 15 s, the first live replica is made to take over
+    /// (`CLUSTER FAILOVER TAKEOVER`, said on stderr). Fails with
+    /// [`TestkitError::Startup`] if the master has no replica or nothing was
+    /// promoted within 30 s.
     pub fn kill_master(&mut self, master: usize) -> Result<usize> {
         let replicas = self.replicas_of(master);
         if replicas.is_empty() {
@@ -101,8 +106,30 @@ impl RedisCluster {
     }
 
     fn wait_promoted(&self, candidates: &[usize]) -> Result<usize> {
-        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        let start = Instant::now();
+        let deadline = start + FAILOVER_TIMEOUT;
+        let mut took_over = false;
         loop {
+            if !took_over && start.elapsed() >= ELECTION_STALLED {
+                // Redis's own election has stalled (on a loaded machine the
+                // surviving masters' failure reports or votes can keep
+                // missing their windows; seen once in CI): the first live
+                // replica takes over without the masters' agreement, as an
+                // operator would. What the tests measure starts at the
+                // promotion either way.
+                took_over = true;
+                if let Some(&c) = candidates.iter().find(|&&i| live(&self.nodes[i])) {
+                    eprintln!(
+                        "tollgate-testkit: no promotion after {ELECTION_STALLED:?}; \
+                         CLUSTER FAILOVER TAKEOVER on node {c}"
+                    );
+                    let _ = resp::command(
+                        self.nodes[c].port(),
+                        &["CLUSTER", "FAILOVER", "TAKEOVER"],
+                        PROBE,
+                    );
+                }
+            }
             let promoted = candidates
                 .iter()
                 .copied()

@@ -252,6 +252,27 @@ fn cluster_node_restart_rejoins() {
     }
 }
 
+/// A killed master whose replica will not hold an election
+/// (`cluster-replica-no-failover`) is still failed over: after the stalled
+/// election's bound the replica takes over, and `kill_master` returns it.
+#[test]
+fn a_stalled_election_ends_in_a_takeover() {
+    let mut cluster = RedisCluster::start_with_replicas(1).expect("start cluster");
+    let master = cluster.masters()[0];
+    let replica = cluster.replicas_of(master)[0];
+    assert_eq!(
+        cluster.nodes()[replica].cli(&["CONFIG", "SET", "cluster-replica-no-failover", "yes"]),
+        "OK"
+    );
+    let promoted = cluster
+        .kill_master(master)
+        .expect("promoted by the takeover");
+    assert_eq!(promoted, replica);
+    assert!(cluster.nodes()[replica]
+        .cli(&["ROLE"])
+        .starts_with("master"));
+}
+
 #[test]
 fn require_binaries_succeeds_here() {
     tollgate_testkit::require_binaries().expect("redis-server and redis-cli are installed");
