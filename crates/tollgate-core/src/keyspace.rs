@@ -305,15 +305,28 @@ impl Keyspace {
     }
 }
 
+/// The part of `key` Redis Cluster hashes: between the first `{` and the
+/// next `}` when that is not empty, else the whole key. Every key tollgate
+/// writes has one (`{<subject>}`), so the keys of one operation share a slot.
+pub(crate) fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn tag(key: &str) -> &str {
-        // Redis Cluster's rule: the first `{`, then the first `}` after it.
-        let open = key.find('{').unwrap();
-        let close = key[open + 1..].find('}').unwrap() + open + 1;
-        &key[open + 1..close]
+        let t = hash_tag(key);
+        assert_ne!(t, key, "{key} has a hash tag");
+        t
     }
 
     #[test]

@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 
 use super::{RateReply, RateRequest, RedisBackend};
 use crate::error::{redis_error, Result};
+use crate::keyspace::hash_tag;
 
 /// How a [`RedisBackend`] coalesces rate-limit checks: on by default
 /// ([`Coalescing::default`]); [`Coalescing::off`] sends each check alone.
@@ -136,7 +137,13 @@ impl Lanes {
     fn get(&mut self, key: &LaneKey) -> &mut Lane {
         match key {
             None => &mut self.main,
-            Some(tag) => self.by_tag.entry(tag.clone()).or_default(),
+            Some(tag) => {
+                // Look up first: the tag is copied only for a new lane.
+                if !self.by_tag.contains_key(tag) {
+                    self.by_tag.insert(tag.clone(), Lane::default());
+                }
+                self.by_tag.get_mut(tag).expect("present")
+            }
         }
     }
 
@@ -198,22 +205,9 @@ impl Drop for Turn<'_> {
     }
 }
 
-/// The hash tag of a key (between the first `{` and the next `}`), or the
-/// whole key, as Redis Cluster hashes it.
-fn tag(key: &str) -> &str {
-    if let Some(open) = key.find('{') {
-        if let Some(len) = key[open + 1..].find('}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
-    }
-    key
-}
-
 /// A request's hash tag (a request has one key per quota, all of one tag).
 fn tag_of(request: &RateRequest) -> &str {
-    request.keys.first().map_or("", |k| tag(k))
+    request.keys.first().map_or("", |k| hash_tag(k))
 }
 
 impl Coalescer {
@@ -474,6 +468,7 @@ mod tests {
 
     #[test]
     fn a_tag_is_what_redis_cluster_hashes() {
+        let tag = hash_tag;
         assert_eq!(tag("tg:api:gcra:{alice}"), "alice");
         assert_eq!(tag("tg:api:gcra:{alice}:x{y}"), "alice");
         assert_eq!(tag("a{}b"), "a{}b");

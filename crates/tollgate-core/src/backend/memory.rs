@@ -136,10 +136,7 @@ impl MemoryBackend {
 
     fn shard_for(&self, key: &str) -> &Mutex<Shard> {
         // Keys of one check share a hash tag, so they share a shard.
-        let tag = match (key.find('{'), key.rfind('}')) {
-            (Some(a), Some(b)) if a < b => &key[a + 1..b],
-            _ => key,
-        };
+        let tag = crate::keyspace::hash_tag(key);
         &self.inner.shards[shard_index(self.inner.seed, tag.as_bytes())]
     }
 
