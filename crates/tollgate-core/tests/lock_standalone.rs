@@ -102,10 +102,7 @@ async fn fences_survive_a_restart_without_persistence() {
 }
 
 fn commandstat(server: &RedisServer, command: &str) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    server.command_calls(command)
 }
 
 /// Renewal stops at release: no PEXPIRE reaches Redis afterwards.

@@ -198,23 +198,18 @@ async fn a_frozen_cluster_node_holds_up_only_its_own_subjects() {
     }
 }
 
-/// A turn passed on while a runtime shuts down comes back: a backend shared
-/// by two runtimes, one turn, checks of runtime B queued behind a frozen
-/// server when B is shut down — runtime A's checks are then decided (the
-/// turn leaked for good before, and every later check timed out).
+/// Checks of a runtime that shuts down mid-batch take nothing with them: a
+/// backend shared by two runtimes, one turn, runtime B's checks queued
+/// behind a frozen server when B is shut down — runtime A's checks are then
+/// decided. (Before the fixes of issue #15's review the turn could leak for
+/// good here; batches now run on the backend's own runtime, A, and the leak
+/// itself is covered by `a_turn_passed_on_to_a_dead_runtime_comes_back`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runtime_shut_down_mid_batch_gives_its_turns_back() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::from_connection(server.connection_manager().await)
         .with_coalescing(Coalescing::default().max_calls_in_flight(1));
-    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
-        .quota(q(1000, 60))
-        .failure_policy(FailurePolicy::Deny)
-        .timeout(Duration::from_millis(500))
-        .circuit_breaker(u32::MAX, Duration::from_millis(1))
-        .deny_cache(0)
-        .build()
-        .unwrap();
+    let limiter = strict_gcra(backend, Duration::from_millis(500));
     limiter.check("warm").await.unwrap();
     server.pause();
     let other = tokio::runtime::Builder::new_multi_thread()
@@ -352,14 +347,7 @@ async fn a_turn_passed_on_to_a_dead_runtime_comes_back() {
             .with_coalescing(Coalescing::default().max_calls_in_flight(1))
     };
     home.shutdown_background();
-    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
-        .quota(q(1000, 60))
-        .failure_policy(FailurePolicy::Deny)
-        .timeout(Duration::from_secs(2))
-        .circuit_breaker(u32::MAX, Duration::from_millis(1))
-        .deny_cache(0)
-        .build()
-        .unwrap();
+    let limiter = strict_gcra(backend, Duration::from_secs(2));
     limiter.check("warm").await.unwrap();
     server.pause();
     let mut tasks = Vec::new();

@@ -292,6 +292,19 @@ impl RedisServer {
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
+    /// How many times `command` (lower case, e.g. `"evalsha"`) ran since the
+    /// server's stats were last reset (`CONFIG RESETSTAT`), from `INFO
+    /// commandstats`; 0 when it never ran.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let stats = self.cli(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     fn signal(&self, signal: &str) {
         let Some(pid) = self.pid() else { return };
         let status = Command::new("kill")

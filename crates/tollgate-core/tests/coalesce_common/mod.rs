@@ -118,19 +118,7 @@ pub(crate) fn clear(server: &RedisServer, prefix: &str) {
 
 /// Script calls the server has run since its stats were reset.
 pub(crate) fn script_calls(server: &RedisServer) -> u64 {
-    let stats = server.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    server.command_calls("evalsha") + server.command_calls("eval")
 }
 
 pub(crate) fn unique_prefix() -> String {
@@ -213,4 +201,18 @@ pub(crate) async fn warm_up_on(backend: &RedisBackend, subject: &str) {
     let r = request_for(Algorithm::TokenBucket, &[q(1, 1)], subject, &prefix);
     backend.check_rate(&r).await.unwrap();
     backend.check_rate_batch(&[r.clone(), r]).await.unwrap();
+}
+
+/// A GCRA limiter (1000 a minute) on `backend` that fails closed, with
+/// `timeout` and no circuit breaker (every check here must reach the
+/// backend) and no deny cache.
+pub(crate) fn strict_gcra(backend: RedisBackend, timeout: Duration) -> RateLimiter {
+    RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(q(1000, 60))
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(timeout)
+        .circuit_breaker(u32::MAX, Duration::from_millis(1))
+        .deny_cache(0)
+        .build()
+        .unwrap()
 }
