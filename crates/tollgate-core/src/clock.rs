@@ -14,9 +14,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Microseconds on this process's monotonic clock (since its first use):
 /// for local deadlines (the breaker, the deny cache), never for decisions.
+/// Never 0, which its users read as "unset".
 pub(crate) fn monotonic_micros() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
 }
 
 /// A source of wall-clock time in whole microseconds since the Unix epoch.

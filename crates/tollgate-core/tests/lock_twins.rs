@@ -12,7 +12,7 @@ mod rate_common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use tollgate_core::lock::backend::{AcquireReply, AcquireRequest, LockKeys};
+use tollgate_core::store::{AcquireReply, AcquireRequest, LockKeys};
 use tollgate_core::{Keyspace, LockBackend, MemoryBackend, RedisBackend, Subject};
 
 use rate_common::*;

@@ -675,13 +675,17 @@ fn a_ready_backend_needs_no_timer() {
     impl RateBackend for Wrapper {
         fn check_rate<'a>(
             &'a self,
-            request: &'a tollgate_core::backend::RateRequest,
+            request: &'a tollgate_core::store::RateRequest,
         ) -> futures_util::future::BoxFuture<
             'a,
-            tollgate_core::Result<tollgate_core::backend::RateReply>,
+            tollgate_core::Result<tollgate_core::store::RateReply>,
         > {
             self.0.check_rate(request)
         }
+        fn local_rate(&self) -> std::sync::Arc<dyn tollgate_core::RateBackend> {
+            std::sync::Arc::new(tollgate_core::MemoryBackend::new())
+        }
+
         fn kind(&self) -> &'static str {
             "wrapper"
         }

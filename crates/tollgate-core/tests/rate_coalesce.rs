@@ -6,7 +6,7 @@
 mod coalesce_common;
 mod rate_common;
 
-use tollgate_core::backend::RateRequest;
+use tollgate_core::store::RateRequest;
 use tollgate_core::{Algorithm, Coalescing, Error, RateBackend, RedisBackend};
 use tollgate_testkit::RedisServer;
 

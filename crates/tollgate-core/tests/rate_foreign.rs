@@ -320,8 +320,8 @@ struct Faulty(MemoryBackend);
 impl tollgate_core::RateBackend for Faulty {
     fn check_rate<'a>(
         &'a self,
-        request: &'a tollgate_core::backend::RateRequest,
-    ) -> futures_util::future::BoxFuture<'a, tollgate_core::Result<tollgate_core::backend::RateReply>>
+        request: &'a tollgate_core::store::RateRequest,
+    ) -> futures_util::future::BoxFuture<'a, tollgate_core::Result<tollgate_core::store::RateReply>>
     {
         use tollgate_core::{BackendError, Error};
         let subject = request.keys[0].rsplit('{').next().unwrap_or_default();
@@ -338,6 +338,10 @@ impl tollgate_core::RateBackend for Faulty {
             _ => return self.0.check_rate(request),
         };
         Box::pin(std::future::ready(Err(error)))
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn tollgate_core::RateBackend> {
+        std::sync::Arc::new(tollgate_core::MemoryBackend::new())
     }
 
     fn kind(&self) -> &'static str {

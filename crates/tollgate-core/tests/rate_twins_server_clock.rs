@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use tollgate_core::backend::{RateReply, RateRequest};
+use tollgate_core::store::{RateReply, RateRequest};
 use tollgate_core::{
     Algorithm, Error, FailurePolicy, MemoryBackend, Quota, RateBackend, RateLimiter, RedisBackend,
 };
@@ -41,6 +41,10 @@ impl RateBackend for Scripts {
             Ok(reply)
         }
         .boxed()
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn tollgate_core::RateBackend> {
+        std::sync::Arc::new(tollgate_core::MemoryBackend::new())
     }
 
     fn kind(&self) -> &'static str {
@@ -76,6 +80,10 @@ impl RateBackend for Twins {
             Ok(reply)
         }
         .boxed()
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn tollgate_core::RateBackend> {
+        std::sync::Arc::new(tollgate_core::MemoryBackend::new())
     }
 
     fn kind(&self) -> &'static str {

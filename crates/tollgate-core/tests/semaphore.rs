@@ -338,3 +338,57 @@ async fn a_dead_backend_is_skipped_after_repeated_failures() {
         [false, false, false, false, false, true, true, true]
     );
 }
+
+/// A semaphore name whose key holds something else (here a lock) fails the
+/// acquire as an error about that request's data, under every failure
+/// policy, on memory and on Redis: it is not an outage, so it never trips
+/// the breaker, never fails open and never falls back to a local permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_a_data_error_under_every_policy() {
+    use std::num::NonZeroU32;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tollgate_core::failure::is_outage;
+    use tollgate_core::lock::{AcquireRequest, LockKeys};
+    use tollgate_core::{
+        Error, FailurePolicy, LockBackend, LockOptions, RedisBackend, Semaphore, Subject,
+    };
+
+    let server = RedisServer::start().unwrap();
+    let backends: [Arc<dyn LockBackend>; 2] = [
+        Arc::new(MemoryBackend::new()),
+        Arc::new(RedisBackend::connect(&server.url()).await.unwrap()),
+    ];
+    let two = NonZeroU32::new(2).unwrap();
+    for backend in backends {
+        for policy in [
+            FailurePolicy::Allow,
+            FailurePolicy::Deny,
+            FailurePolicy::Fallback { instances: two },
+        ] {
+            let permits = Semaphore::builder(Arc::clone(&backend), 4)
+                .on_failure(policy)
+                .build()
+                .unwrap();
+            // A lock on the very key the semaphore keeps its holders in.
+            let keys = permits.keys_for("taken");
+            let lock = LockKeys::new(permits.keyspace(), &Subject::new("taken"));
+            assert_eq!(lock.lock, keys.lock);
+            let ttl = Duration::from_secs(60);
+            let req = AcquireRequest::new(lock, "other".into(), ttl, ttl);
+            backend.acquire_lock(&req).await.unwrap();
+            // More tries than the breaker's threshold.
+            for _ in 0..8 {
+                let e = permits.try_acquire("taken", &LockOptions::new()).await;
+                let e = e.expect_err("a key of another type");
+                assert!(!is_outage(&e), "{e}");
+                assert!(!matches!(e, Error::CircuitOpen), "{policy:?}: {e}");
+                assert!(!permits.fails_open(&e), "{policy:?}: {e}");
+                assert!(e.to_string().contains("WRONGTYPE"), "{policy:?}: {e}");
+            }
+            // The breaker stayed closed: another name is served by the store.
+            let other = permits.try_acquire("free", &LockOptions::new()).await;
+            other.unwrap().release().await.unwrap();
+        }
+    }
+}

@@ -341,6 +341,10 @@ impl LockBackend for Watched {
         self.inner.release_events(channel_prefix)
     }
 
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        self.inner.local_lock()
+    }
+
     fn lock_kind(&self) -> &'static str {
         self.inner.lock_kind()
     }

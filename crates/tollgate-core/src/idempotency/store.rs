@@ -4,15 +4,17 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::backend::{ClaimReply, ClaimRequest, IdempotencyBackend, RecordKeys};
-use super::{Fingerprint, StoredResponse};
 use crate::error::{Error, Result};
+use crate::failure::is_outage;
 use crate::keyspace::Subject;
 use crate::lock::core::Core;
 use crate::lock::settings::Settings;
 use crate::lock::util::{instant_after, join, new_token};
+use crate::lock::{FencingToken, Lease, LeaseLost, LockOptions};
 use crate::lock::{LockBackend, LockKeys, DEFAULT_FENCE_TTL, FENCE_TTL_TTLS};
-use crate::{FencingToken, Lease, LeaseLost, LockOptions};
+use crate::store::{
+    ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
+};
 
 /// Default TTL of a completed record: 24 hours.
 pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -226,10 +228,7 @@ impl IdempotencyStore {
                     .bounded(store.backend.release_lock(&keys, &token))
                     .await
                 {
-                    Err(e)
-                        if e.is_unavailable()
-                            && instant_after(Instant::now(), pause) < deadline =>
-                    {
+                    Err(e) if is_outage(&e) && instant_after(Instant::now(), pause) < deadline => {
                         tokio::time::sleep(pause).await;
                         pause = pause.saturating_mul(2).min(Duration::from_secs(1));
                     }

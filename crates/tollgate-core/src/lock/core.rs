@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 
-use super::backend::{Holders, LockBackend, LockKeys};
 use super::instances::{Attempt, Instances};
 use super::lease::Lease;
 use super::options::{LockOptions, MAX_LOCK_DURATION};
@@ -16,7 +15,9 @@ use super::settings::{Settings, FENCE_TTL_TTLS};
 use super::util::{instant_after, join, new_token, unit_random};
 use super::waiters::Waiters;
 use crate::error::{Error, Result};
+use crate::failure::is_outage;
 use crate::keyspace::{Keyspace, Subject};
+use crate::store::{Holders, LockBackend, LockKeys};
 
 /// Poll bound when no release subscription is established.
 const POLL_WITHOUT_PUBSUB: Duration = Duration::from_millis(50);
@@ -31,17 +32,6 @@ fn split_pause(attempt: Duration) -> Duration {
 /// The first pause of a bounded wait after a backend error; it doubles per
 /// consecutive error, up to the poll interval.
 const ERROR_BACKOFF_START: Duration = Duration::from_millis(10);
-
-/// Whether an attempt's error may pass on its own (an outage, a timeout, an
-/// open circuit): a bounded wait retries those until its bound. Errors about
-/// the request itself (a script error, a configuration mistake) do not.
-fn transient(e: &Error) -> bool {
-    match e {
-        Error::Backend(b) => b.is_outage(),
-        Error::Timeout(_) | Error::CircuitOpen => true,
-        _ => false,
-    }
-}
 
 /// The engine behind a `Locker`: its settings, checked once, over its
 /// instances; the wait loop, the lease hand-out and the cache fill.
@@ -137,10 +127,10 @@ impl Core {
             ));
         }
         if let Some(n) = s.permits {
-            if n == 0 || n > super::permits::MAX_PERMITS {
+            if n == 0 || n > super::MAX_PERMITS {
                 return Err(Error::InvalidConfig(format!(
                     "a semaphore has 1 to {} permits, got {n}",
-                    super::permits::MAX_PERMITS
+                    super::MAX_PERMITS
                 )));
             }
         }
@@ -426,7 +416,7 @@ impl Core {
                 // A blip in the backend does not end a bounded wait: retry
                 // after a jittered backoff, and report the error only when the
                 // bound has passed.
-                Err(e) if transient(&e) && self.ride_out => {
+                Err(e) if is_outage(&e) && self.ride_out => {
                     errors = errors.saturating_add(1);
                     Err(e)
                 }
@@ -610,15 +600,15 @@ mod tests {
                 assert!(p >= c.poll_interval / 2 && p <= c.poll_interval, "{p:?}");
             }
         }
-        assert!(transient(&Error::Timeout(Duration::from_millis(1))));
-        assert!(transient(&Error::CircuitOpen));
-        assert!(transient(&Error::Backend(crate::BackendError::outage(
+        assert!(is_outage(&Error::Timeout(Duration::from_millis(1))));
+        assert!(is_outage(&Error::CircuitOpen));
+        assert!(is_outage(&Error::Backend(crate::BackendError::outage(
             "down"
         ))));
-        assert!(!transient(&Error::Backend(crate::BackendError::new(
+        assert!(!is_outage(&Error::Backend(crate::BackendError::new(
             "WRONGTYPE"
         ))));
-        assert!(!transient(&Error::InvalidConfig(String::new())));
+        assert!(!is_outage(&Error::InvalidConfig(String::new())));
     }
 
     #[test]

@@ -13,12 +13,12 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
-use super::backend::{AcquireReply, AcquireRequest, LockBackend, LockKeys};
-use super::options::{FencingToken, MAX_LOCK_DURATION};
+use super::options::MAX_LOCK_DURATION;
 use super::settings::Settings;
 use super::util::{join, new_token};
 use super::waiters::Waiters;
 use crate::error::{Error, Result};
+use crate::store::{AcquireReply, AcquireRequest, FencingToken, LockBackend, LockKeys};
 
 /// The instances of one `Locker` (one backend, or the masters of a
 /// Redlock), with the settings their calls need.

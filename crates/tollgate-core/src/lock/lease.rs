@@ -12,11 +12,11 @@ use futures_util::future::{FusedFuture, FutureExt, Shared};
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, Notify};
 
-use super::backend::LockKeys;
 use super::instances::{Granted, Instances};
-use super::options::{FencingToken, LockOptions};
+use super::options::LockOptions;
 use super::util::instant_after;
 use crate::error::Result;
+use crate::store::{FencingToken, LockKeys};
 
 const HELD: u8 = 0;
 const RELEASED: u8 = 1;

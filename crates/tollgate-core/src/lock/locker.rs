@@ -7,13 +7,13 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::backend::{LockBackend, LockKeys};
 use super::core::Core;
 use super::lease::Lease;
 use super::options::LockOptions;
 use super::settings::Settings;
 use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
+use crate::store::{LockBackend, LockKeys};
 
 /// Fenced locks over one backend — Redis (standalone, Sentinel, Cluster) or
 /// memory — or, built with [`Locker::redlock`], over a quorum of

@@ -137,30 +137,30 @@
 // Dependencies run one way (a DAG): util and options are leaves; waiters
 // use util; instances use waiters; lease uses instances; core uses lease
 // and instances; locker uses core.
-pub mod backend;
 pub(crate) mod core;
 mod instances;
 mod lease;
 mod locker;
-pub(crate) mod memory;
 mod options;
-mod permits;
-mod redis;
 mod semaphore;
 pub(crate) mod settings;
 pub(crate) mod util;
 mod waiters;
 
-pub use self::backend::{
-    AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
-};
 pub use self::lease::{Lease, LeaseLost};
 pub use self::locker::{Locker, LockerBuilder};
 pub use self::options::{
-    FencingToken, LockOptions, DEFAULT_MAX_HOLD_FLOOR, DEFAULT_MAX_HOLD_TTLS, DEFAULT_TTL,
-    MAX_LOCK_DURATION,
+    LockOptions, DEFAULT_MAX_HOLD_FLOOR, DEFAULT_MAX_HOLD_TTLS, DEFAULT_TTL, MAX_LOCK_DURATION,
 };
-pub use self::permits::MAX_PERMITS;
+pub use crate::store::{
+    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys, ReleaseEvent,
+    ReleaseEvents,
+};
+
+/// The largest permit count a name may have. A holder of weight k is k
+/// members of a sorted set, so the bound keeps every script call short
+/// (the sliding log caps its limit for the same reason).
+pub const MAX_PERMITS: u32 = 10_000;
 pub use self::semaphore::{Permit, Semaphore, SemaphoreBuilder};
 pub use self::settings::{
     DEFAULT_FENCE_TTL, DEFAULT_LOCK_TIMEOUT, DEFAULT_POLL_INTERVAL, FENCE_TTL_TTLS,

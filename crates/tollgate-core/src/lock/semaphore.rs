@@ -4,7 +4,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::backend::{LockBackend, LockKeys};
 use super::core::Core;
 use super::lease::Lease;
 use super::locker::{Built, Engine, LockerBuilder};
@@ -12,11 +11,12 @@ use super::options::LockOptions;
 use super::settings::Settings;
 use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
+use crate::failure::breaker::Breaker;
+use crate::failure::{
+    is_outage, FailurePolicy, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD,
+};
 use crate::keyspace::{Keyspace, Subject};
-use crate::rate::breaker::Breaker;
-use crate::rate::builder::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD};
-use crate::rate::FailurePolicy;
-use crate::MemoryBackend;
+use crate::store::{LockBackend, LockKeys};
 
 /// A held permit (or several, for a weighted acquire): the same guard as a
 /// lock's [`Lease`] — a [`FencingToken`](super::FencingToken), a watchdog
@@ -106,7 +106,7 @@ impl Built for Semaphore {
                     permits: Some(share),
                     ..settings
                 };
-                let backends: Vec<Arc<dyn LockBackend>> = vec![Arc::new(MemoryBackend::new())];
+                let backends = vec![core.instances.backends()[0].local_lock()];
                 // The same settings as the engine that was just built, with
                 // fewer permits: they cannot be refused.
                 Core::new(backends, false, local).ok().map(Arc::new)
@@ -215,7 +215,7 @@ impl Semaphore {
         let result = if self.breaker.admits() {
             let result = self.core.acquire(name.clone(), options, wait, weight).await;
             match &result {
-                Err(e) if e.is_unavailable() => self.breaker.failure(monotonic_micros()),
+                Err(e) if is_outage(e) => self.breaker.failure(monotonic_micros()),
                 _ => self.breaker.success(),
             }
             result
@@ -223,7 +223,7 @@ impl Semaphore {
             Err(Error::CircuitOpen)
         };
         match (result, self.fallback.as_ref()) {
-            (Err(e), Some(local)) if e.is_unavailable() => {
+            (Err(e), Some(local)) if is_outage(&e) => {
                 tracing::debug!(error = %e, "semaphore backend unavailable; taking a local permit");
                 if weight > local.permits().unwrap_or(1) {
                     // Never discounted to the local share: refused.
@@ -242,7 +242,7 @@ impl Semaphore {
     /// permit: the backend is unavailable and the policy is
     /// [`FailurePolicy::Allow`].
     pub fn fails_open(&self, error: &Error) -> bool {
-        self.failure == FailurePolicy::Allow && error.is_unavailable()
+        self.failure == FailurePolicy::Allow && is_outage(error)
     }
 
     /// The failure policy ([`SemaphoreBuilder::on_failure`]).

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::options::LockOptions;
+use crate::failure::FailurePolicy;
 use crate::keyspace::DEFAULT_PREFIX;
-use crate::rate::FailurePolicy;
 
 /// Default bound on one lock round trip.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(500);

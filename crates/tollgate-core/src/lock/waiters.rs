@@ -11,8 +11,8 @@ use tokio::sync::futures::Notified;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
-use super::backend::{LockBackend, ReleaseEvent};
 use super::util::unit_random;
+use crate::store::{LockBackend, ReleaseEvent};
 
 /// First pause after a failed subscription attempt; doubles up to the max.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);

@@ -7,17 +7,16 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::breaker::Breaker;
 use super::deny_cache::DenyCache;
-use super::limiter::{FailurePolicy, Inner, RateLimiter, DEFAULT_TIMEOUT};
+use super::limiter::{Inner, RateLimiter, DEFAULT_TIMEOUT};
 use super::{Algorithm, Quota, MAX_LOG_LIMIT};
-use crate::backend::{MemoryBackend, RateBackend};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::failure::breaker::Breaker;
+use crate::failure::{FailurePolicy, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD};
 use crate::keyspace::{hex, Keyspace, DEFAULT_PREFIX};
+use crate::store::RateBackend;
 
-pub(crate) const DEFAULT_BREAKER_THRESHOLD: u32 = 5;
-pub(crate) const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
 const DEFAULT_DENY_CACHE: usize = 10_000;
 
 macro_rules! constructor {
@@ -32,13 +31,7 @@ macro_rules! constructor {
 impl RateLimiter {
     /// A builder for a limiter running `algorithm` on `backend`.
     pub fn builder(backend: impl RateBackend, algorithm: Algorithm) -> RateLimiterBuilder {
-        // An in-process backend is known by its type, so that a check can
-        // skip the request and reply vectors (issue #15).
-        let memory = (&backend as &dyn std::any::Any)
-            .downcast_ref::<MemoryBackend>()
-            .cloned();
         RateLimiterBuilder {
-            memory,
             backend: Arc::new(backend),
             algorithm,
             quotas: Vec::new(),
@@ -73,8 +66,6 @@ impl RateLimiter {
 #[must_use]
 pub struct RateLimiterBuilder {
     backend: Arc<dyn RateBackend>,
-    /// The backend again when it is a [`MemoryBackend`].
-    memory: Option<MemoryBackend>,
     algorithm: Algorithm,
     quotas: Vec<Quota>,
     prefix: String,
@@ -194,7 +185,7 @@ impl RateLimiterBuilder {
         let fallback = match self.policy {
             FailurePolicy::Fallback { instances } => {
                 let n = u64::from(instances.get());
-                let mut b = RateLimiter::builder(MemoryBackend::new(), self.algorithm)
+                let mut b = RateLimiter::builder(self.backend.local_rate(), self.algorithm)
                     .prefix(keyspace.prefix())
                     .name(keyspace.policy())
                     .deny_cache(0);
@@ -214,7 +205,6 @@ impl RateLimiterBuilder {
         Ok(RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
-                memory: self.memory,
                 algorithm: self.algorithm,
                 quotas: self.quotas.into(),
                 keyspace,

@@ -128,7 +128,8 @@ impl DenyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rate::{Algorithm, Outcome, Quota};
+    use crate::rate::Outcome;
+    use crate::{Algorithm, Quota};
 
     fn denial(retry_us: u64) -> Decision {
         Decision::from_outcomes(

@@ -4,44 +4,21 @@
 
 use std::cell::Cell;
 use std::fmt;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::breaker::Breaker;
 use super::deny_cache::DenyCache;
 use super::refund::next_id;
 use super::{Algorithm, Charge, Decision, DecisionSource, Outcome, Quota};
-use crate::backend::{MemoryBackend, RateBackend, RateReply, RateRequest};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
+use crate::failure::breaker::Breaker;
+use crate::failure::{is_outage, FailurePolicy};
 use crate::keyspace::{Keyspace, Subject};
+use crate::store::{RateBackend, RateReply, RateRequest};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-/// What a limiter does when its backend fails (an outage: unreachable,
-/// timed out, overloaded or refusing every request, or the circuit open).
-/// An error about one request's data is not an outage: it is returned
-/// whatever the policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Admit the request (the default): a limiter outage is not a service outage.
-    #[default]
-    Allow,
-    /// Refuse the request: `check` returns the error (503 over HTTP).
-    Deny,
-    /// Decide with a local in-memory limiter whose limits are divided by the
-    /// number of instances, so N instances together stay near the global
-    /// rate instead of N times it. A cost above the local share is denied
-    /// (not charged as the share, which would let N instances admit N times
-    /// the cost per refill); it fits the global quota, so it is a denial
-    /// with a retry-after, not [`Error::CostExceedsCapacity`].
-    Fallback {
-        /// How many instances share the global limit.
-        instances: NonZeroU32,
-    },
-}
 
 /// A rate-limit policy over a backend. Cheap to clone; clones share state.
 ///
@@ -69,9 +46,6 @@ pub struct RateLimiter {
 
 pub(super) struct Inner {
     pub(super) backend: Arc<dyn RateBackend>,
-    /// The backend again when it is a [`MemoryBackend`]: a single-quota
-    /// check then goes straight to it (no request, key or reply vectors).
-    pub(super) memory: Option<MemoryBackend>,
     pub(super) algorithm: Algorithm,
     pub(super) quotas: Arc<[Quota]>,
     pub(super) keyspace: Keyspace,
@@ -220,10 +194,7 @@ impl RateLimiter {
                 return Ok(Err(Error::CostExceedsCapacity { cost, capacity }));
             }
         }
-        if let (Some(memory), [q]) = (&inner.memory, &inner.quotas[..]) {
-            return Ok(self.check_in_process(memory, q, subject, cost));
-        }
-        let keys = self.keys_for(subject);
+        let keys = take_keys(inner, subject);
         // Only the deny cache needs the local time (as of before the request
         // is sent); skip the clock read without one.
         let sent_at = if inner.deny_cache.is_some() {
@@ -234,10 +205,12 @@ impl RateLimiter {
         if let Some(cache) = &inner.deny_cache {
             if let Some(d) = cache.get(&keys[0], cost, sent_at) {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
+                return_keys(keys);
                 return Ok(Ok(d));
             }
         }
         if !inner.breaker.admits() {
+            return_keys(keys);
             return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
         }
         let request = RateRequest {
@@ -250,65 +223,13 @@ impl RateLimiter {
             nonce: next_id(),
         };
         match inner.backend.check_rate_now(&request) {
-            Some(outcome) => Ok(self.conclude(subject, sent_at, &request, outcome)),
+            Some(outcome) => {
+                let decision = self.conclude(subject, sent_at, &request, outcome);
+                return_keys(request.keys);
+                Ok(decision)
+            }
             None => Err(Prepared { request, sent_at }),
         }
-    }
-
-    /// [`start`](Self::start) on a [`MemoryBackend`] with one quota: the
-    /// same steps in the same order (deny cache, breaker, the backend's
-    /// twin, [`decided`](Self::decided)), with the key written into a
-    /// reused buffer and the backend asked directly, so a check allocates
-    /// nothing of its own (issue #15).
-    fn check_in_process(
-        &self,
-        memory: &MemoryBackend,
-        q: &Quota,
-        subject: &Subject,
-        cost: u64,
-    ) -> Result<Decision> {
-        let key = take_key(&self.inner, subject);
-        let decision = self.decide_in_process(memory, q, subject, cost, &key);
-        return_key(key);
-        decision
-    }
-
-    /// [`check_in_process`](Self::check_in_process) once the key is made.
-    fn decide_in_process(
-        &self,
-        memory: &MemoryBackend,
-        q: &Quota,
-        subject: &Subject,
-        cost: u64,
-        key: &str,
-    ) -> Result<Decision> {
-        let inner = &self.inner;
-        let sent_at = if inner.deny_cache.is_some() {
-            self.local_now()
-        } else {
-            0
-        };
-        if let Some(cache) = &inner.deny_cache {
-            if let Some(d) = cache.get(key, cost, sent_at) {
-                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
-                return Ok(d);
-            }
-        }
-        if !inner.breaker.admits() {
-            return self.on_failure(subject, cost, Error::CircuitOpen);
-        }
-        let now = inner.clock.as_ref().map(|c| c.now_micros());
-        let nonce = next_id();
-        let (allowed, outcome, at) =
-            memory.check_single(inner.algorithm, key, subject.as_encoded(), q, cost, now);
-        inner.breaker.success();
-        Ok(self.decided(
-            subject,
-            sent_at,
-            key,
-            (cost, nonce),
-            (allowed, std::slice::from_ref(&outcome), at),
-        ))
     }
 
     /// The round trip, bounded by the timeout.
@@ -352,51 +273,43 @@ impl RateLimiter {
             }
             Err(e) => return self.on_error(subject, request.cost, e),
         };
-        Ok(self.decided(
-            subject,
-            sent_at,
-            &request.keys[0],
-            (request.cost, request.nonce),
-            (reply.allowed, &reply.outcomes, reply.now_micros),
-        ))
+        Ok(self.decided(subject, sent_at, request, &reply))
     }
 
-    /// The decision from the backend's answer, one outcome per quota: the
-    /// charge of an admission, the deny cache entry of a denial (under the
-    /// first key). `(cost, id)` of the request; `(allowed, outcomes, at)`
-    /// of the answer.
+    /// The decision from the store's reply to `request`, one outcome per
+    /// quota: the charge of an admission, the deny cache entry of a denial
+    /// (under the first key).
     fn decided(
         &self,
         subject: &Subject,
         sent_at: u64,
-        first_key: &str,
-        (cost, id): (u64, u64),
-        (allowed, outcomes, at): (bool, &[Outcome], u64),
+        request: &RateRequest,
+        reply: &RateReply,
     ) -> Decision {
         let inner = &self.inner;
         let mut d = Decision::from_outcomes(
             inner.algorithm,
             &inner.quotas,
-            outcomes,
-            allowed,
+            &reply.outcomes,
+            reply.allowed,
             DecisionSource::Backend,
         );
-        if allowed && cost > 0 {
+        if reply.allowed && request.cost > 0 {
             d.charge = Some(Charge {
-                cost,
-                at_micros: at,
-                id,
+                cost: request.cost,
+                at_micros: reply.now_micros,
+                id: request.nonce,
                 span_micros: inner.algorithm.refund_span(&d),
                 local: false,
             });
         }
-        if allowed {
+        if reply.allowed {
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
             // Middleware reports decisions at info; the plain API at debug.
             tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
             if let Some(cache) = &inner.deny_cache {
-                cache.insert(first_key, cost, sent_at, &d);
+                cache.insert(&request.keys[0], request.cost, sent_at, &d);
             }
         }
         d
@@ -488,28 +401,39 @@ impl RateLimiter {
 }
 
 thread_local! {
-    /// This thread's key buffer: a check builds its key in it, without an
-    /// allocation (issue #15).
-    static KEY: Cell<String> = const { Cell::new(String::new()) };
+    /// This thread's key buffer: a check writes its keys into it and gives
+    /// it back once decided in process, so such a check allocates nothing.
+    static KEYS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
 }
 
-/// The single key of `subject` under `inner`'s keyspace (`keys_for(subject)[0]`
-/// for one quota), in this thread's buffer, taken out while the check runs
-/// (give it back with [`return_key`]). A nested check on the same thread
-/// (a fallback limiter, a clock that checks) finds it taken and makes one
-/// of its own.
-fn take_key(inner: &Inner, subject: &Subject) -> String {
-    let mut key = KEY.try_with(Cell::take).unwrap_or_default();
-    key.clear();
-    inner
-        .keyspace
-        .write_key_of(inner.algorithm.short_name(), subject, &mut key);
-    key
+/// The keys of `subject` under `inner`'s keyspace (as
+/// [`RateLimiter::keys_for`]), in this thread's buffer, taken out while the
+/// check runs (give it back with [`return_keys`]). A nested check on the
+/// same thread (a fallback limiter, a clock that checks) finds it taken and
+/// makes one of its own.
+fn take_keys(inner: &Inner, subject: &Subject) -> Vec<String> {
+    let mut keys = KEYS.try_with(Cell::take).unwrap_or_default();
+    let (ks, kind, n) = (
+        &inner.keyspace,
+        inner.algorithm.short_name(),
+        inner.quotas.len(),
+    );
+    keys.resize_with(n, String::new);
+    keys.truncate(n);
+    if n == 1 {
+        keys[0].clear();
+        ks.write_key_of(kind, subject, &mut keys[0]);
+    } else {
+        for (i, key) in keys.iter_mut().enumerate() {
+            *key = ks.key_of(kind, subject, Some(&format!("q{i}")));
+        }
+    }
+    keys
 }
 
-fn return_key(key: String) {
+fn return_keys(keys: Vec<String>) {
     // A thread being torn down keeps no buffer.
-    let _ = KEY.try_with(|k| k.set(key));
+    let _ = KEYS.try_with(|k| k.set(keys));
 }
 
 /// A check that needs a round trip: see [`RateLimiter::try_check_now`].
@@ -583,14 +507,4 @@ fn deny_oversized(cost: u64, mut d: Decision) -> Decision {
     }
     d.source = DecisionSource::Fallback;
     d
-}
-
-/// Whether an error means the backend is unreachable or overloaded (what the
-/// circuit breaker is for), as opposed to an error about one request's data.
-pub(super) fn is_outage(e: &Error) -> bool {
-    match e {
-        Error::Timeout(_) | Error::CircuitOpen => true,
-        Error::Backend(b) => b.is_outage(),
-        _ => false,
-    }
 }

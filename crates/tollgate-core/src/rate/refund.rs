@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
 use super::RateLimiter;
-use crate::backend::RefundRequest;
 use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
+use crate::failure::is_outage;
 use crate::keyspace::Subject;
+use crate::store::RefundRequest;
 
 /// What one admitted check took: the receipt [`RateLimiter::refund`] gives
 /// back against. Found in [`Decision::charge`](super::Decision::charge).
@@ -53,14 +54,6 @@ impl Charge {
         self.cost = self.cost.min(cost);
         self
     }
-}
-
-/// A refund as an algorithm's in-memory twin sees it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Refund {
-    pub(crate) now: u64,
-    pub(crate) cost: u64,
-    pub(crate) at: u64,
 }
 
 /// A fresh id for a check: a random base per process (so processes sharing a
@@ -177,9 +170,7 @@ impl RateLimiter {
                     .await
                     .unwrap_or(Err(Error::Timeout(inner.timeout)));
                 match &done {
-                    Err(e) if super::limiter::is_outage(e) => {
-                        inner.breaker.failure(monotonic_micros())
-                    }
+                    Err(e) if is_outage(e) => inner.breaker.failure(monotonic_micros()),
                     _ => inner.breaker.success(),
                 }
                 done

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use tollgate_core::backend::{RateReply, RateRequest};
+use tollgate_core::store::{RateReply, RateRequest};
 use tollgate_core::{
     Algorithm, FailurePolicy, ManualClock, MemoryBackend, Quota, RateBackend, RateLimiter,
     RedisBackend,
@@ -38,6 +38,10 @@ impl RateBackend for Recorder {
             self.seen.lock().unwrap().push((request.clone(), r.clone()));
         }
         Some(reply)
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn tollgate_core::RateBackend> {
+        std::sync::Arc::new(tollgate_core::MemoryBackend::new())
     }
 
     fn kind(&self) -> &'static str {

@@ -103,6 +103,10 @@ impl LockBackend for Queues {
         self.0.permits_in_use(keys)
     }
 
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        self.0.local_lock()
+    }
+
     fn lock_kind(&self) -> &'static str {
         self.0.lock_kind()
     }
@@ -168,6 +172,10 @@ impl LockBackend for Delayed {
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
         self.inner.release_events(channel_prefix)
+    }
+
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        self.inner.local_lock()
     }
 
     fn lock_kind(&self) -> &'static str {
@@ -271,6 +279,10 @@ impl LockBackend for Watched {
         keys: &'a LockKeys,
     ) -> BoxFuture<'a, tollgate_core::Result<u32>> {
         self.inner.permits_in_use(keys)
+    }
+
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        self.inner.local_lock()
     }
 
     fn lock_kind(&self) -> &'static str {

@@ -73,6 +73,10 @@ impl LockBackend for Replaying {
         self.0.permits_in_use(keys)
     }
 
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        self.0.local_lock()
+    }
+
     fn lock_kind(&self) -> &'static str {
         self.0.lock_kind()
     }

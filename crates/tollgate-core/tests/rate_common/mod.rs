@@ -145,7 +145,7 @@ pub(crate) fn q(limit: u64, secs: u64) -> Quota {
 /// script reply carries.
 pub(crate) type Figures = (bool, u64, Vec<(u64, u64, u64, u64)>);
 
-pub(crate) fn figures(reply: &tollgate_core::backend::RateReply) -> Figures {
+pub(crate) fn figures(reply: &tollgate_core::store::RateReply) -> Figures {
     let quotas = reply
         .outcomes
         .iter()

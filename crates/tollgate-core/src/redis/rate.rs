@@ -1,62 +1,26 @@
 //! Rate limits on a [`RedisBackend`]: the five algorithms' scripts, their
-//! refunds, and the batch script that decides coalesced checks (issue #15).
+//! refunds, and the batch script that decides coalesced checks — sent on
+//! the connection ([`Conn`]), which is the coalescer's [`Sender`].
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 
-use super::coalesce::Entry;
-use super::redis::{lua, LuaScript};
-use super::{RateBackend, RateReply, RateRequest, RedisBackend, RefundRequest};
+use super::coalesce::Sender;
+use super::conn::Conn;
+use super::scripts::{self, RATE_BATCH};
+use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
-use crate::rate::{Algorithm, Outcome};
+use crate::quota::Quota;
+use crate::store::{
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
+};
 
-lua!(FIXED_WINDOW, crate::rate::fixed_window::SCRIPT);
-lua!(SLIDING_WINDOW_LOG, crate::rate::sliding_window_log::SCRIPT);
-lua!(
-    SLIDING_WINDOW_COUNTER,
-    crate::rate::sliding_window_counter::SCRIPT
-);
-lua!(TOKEN_BUCKET, crate::rate::token_bucket::SCRIPT);
-lua!(GCRA, crate::rate::gcra::SCRIPT);
-lua!(FIXED_WINDOW_REFUND, crate::rate::fixed_window::REFUND);
-lua!(
-    SLIDING_WINDOW_LOG_REFUND,
-    crate::rate::sliding_window_log::REFUND
-);
-lua!(
-    SLIDING_WINDOW_COUNTER_REFUND,
-    crate::rate::sliding_window_counter::REFUND
-);
-lua!(TOKEN_BUCKET_REFUND, crate::rate::token_bucket::REFUND);
-lua!(GCRA_REFUND, crate::rate::gcra::REFUND);
-lua!(RATE_BATCH, crate::rate::BATCH_SCRIPT);
-
-fn script_for(algorithm: Algorithm) -> &'static LuaScript {
-    match algorithm {
-        Algorithm::FixedWindow => &FIXED_WINDOW,
-        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG,
-        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER,
-        Algorithm::TokenBucket => &TOKEN_BUCKET,
-        Algorithm::Gcra => &GCRA,
-    }
-}
-
-fn refund_script_for(algorithm: Algorithm) -> &'static LuaScript {
-    match algorithm {
-        Algorithm::FixedWindow => &FIXED_WINDOW_REFUND,
-        Algorithm::SlidingWindowLog => &SLIDING_WINDOW_LOG_REFUND,
-        Algorithm::SlidingWindowCounter => &SLIDING_WINDOW_COUNTER_REFUND,
-        Algorithm::TokenBucket => &TOKEN_BUCKET_REFUND,
-        Algorithm::Gcra => &GCRA_REFUND,
-    }
-}
-
-impl RedisBackend {
+impl Conn {
     /// One check, one call of its algorithm's script.
-    pub(crate) async fn check_one(&self, req: &RateRequest) -> Result<RateReply> {
+    async fn check_one(&self, req: &RateRequest) -> Result<RateReply> {
         let value = self
-            .invoke(script_for(req.algorithm), |cmd| {
+            .invoke(scripts::check(req.algorithm), |cmd| {
                 cmd.arg(req.keys.len());
                 for k in &req.keys {
                     cmd.arg(k.as_str());
@@ -67,27 +31,8 @@ impl RedisBackend {
         parse_rate_reply(value, req.quotas.len())
     }
 
-    /// Decides `requests` in one call of the batch script, in order (a
-    /// later check of a key sees what an earlier one took), each with its
-    /// own outcome: one check's error (a script error, a key of another
-    /// type) fails that check only. The outer error is the call's own
-    /// (connection, timeout, a server refusing scripts), shared by all.
-    ///
-    /// Every key of every request must hash to one slot on a cluster (one
-    /// hash tag: one subject), or the call fails with `CROSSSLOT`. Checks
-    /// are coalesced on their own (see
-    /// [`with_coalescing`](Self::with_coalescing)); this is for a caller
-    /// that has many checks at hand, and it sends them whatever the
-    /// coalescing settings (no turn, no size limit: one call).
-    pub async fn check_rate_batch(
-        &self,
-        requests: &[RateRequest],
-    ) -> Result<Vec<Result<RateReply>>> {
-        self.check_batch(requests).await.map_err(redis_error)
-    }
-
-    /// [`check_rate_batch`](Self::check_rate_batch) with redis-rs's error.
-    pub(crate) async fn check_batch(
+    /// [`RedisBackend::check_rate_batch`] with redis-rs's error.
+    async fn check_batch(
         &self,
         requests: &[RateRequest],
     ) -> redis::RedisResult<Vec<Result<RateReply>>> {
@@ -101,7 +46,7 @@ impl RedisBackend {
                 }
                 cmd.arg(requests.len());
                 for r in requests {
-                    cmd.arg(algorithm_id(r.algorithm))
+                    cmd.arg(scripts::batch_id(r.algorithm))
                         .arg(r.keys.len())
                         .arg(3 + 2 * r.quotas.len());
                     fill_check(cmd, r);
@@ -136,6 +81,40 @@ impl RedisBackend {
     }
 }
 
+impl Sender for Conn {
+    fn one<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        self.check_one(request).boxed()
+    }
+
+    fn batch<'a>(
+        &'a self,
+        requests: &'a [RateRequest],
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>> {
+        self.check_batch(requests).boxed()
+    }
+}
+
+impl RedisBackend {
+    /// Decides `requests` in one call of the batch script, in order (a
+    /// later check of a key sees what an earlier one took), each with its
+    /// own outcome: one check's error (a script error, a key of another
+    /// type) fails that check only. The outer error is the call's own
+    /// (connection, timeout, a server refusing scripts), shared by all.
+    ///
+    /// Every key of every request must hash to one slot on a cluster (one
+    /// hash tag: one subject), or the call fails with `CROSSSLOT`. Checks
+    /// are coalesced on their own (see
+    /// [`with_coalescing`](Self::with_coalescing)); this is for a caller
+    /// that has many checks at hand, and it sends them whatever the
+    /// coalescing settings (no turn, no size limit: one call).
+    pub async fn check_rate_batch(
+        &self,
+        requests: &[RateRequest],
+    ) -> Result<Vec<Result<RateReply>>> {
+        self.conn.check_batch(requests).await.map_err(redis_error)
+    }
+}
+
 /// A check's arguments after its keys (its `ARGV`), for a single call and
 /// for its place in a batch alike.
 fn fill_check(cmd: &mut Cmd, req: &RateRequest) {
@@ -150,20 +129,21 @@ fn fill_check(cmd: &mut Cmd, req: &RateRequest) {
     } else {
         cmd.arg("");
     }
-    for q in req.quotas.iter() {
-        let (a, b) = req.algorithm.params(q);
-        cmd.arg(a).arg(b);
-    }
+    quota_args(cmd, req.algorithm, &req.quotas);
 }
 
-/// An algorithm's place in the batch script's `decide` table.
-fn algorithm_id(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::FixedWindow => 1,
-        Algorithm::SlidingWindowLog => 2,
-        Algorithm::SlidingWindowCounter => 3,
-        Algorithm::TokenBucket => 4,
-        Algorithm::Gcra => 5,
+/// Each quota's two arguments, as the scripts' `interval_of` reads them:
+/// the limit or burst, then the period or the exact emission interval
+/// (`<ticks>` or `<ticks>/<per_micro>`).
+fn quota_args(cmd: &mut Cmd, algorithm: Algorithm, quotas: &[Quota]) {
+    for q in quotas {
+        let (a, b) = algorithm.params(q);
+        cmd.arg(a);
+        if b.per_micro == 1 {
+            cmd.arg(b.ticks);
+        } else {
+            cmd.arg(format!("{}/{}", b.ticks, b.per_micro));
+        }
     }
 }
 
@@ -218,7 +198,7 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
         )));
     }
     let figure = |n: i64| n.max(0) as u64;
-    let outcomes = nums[2..]
+    let outcomes: Outcomes = nums[2..]
         .chunks_exact(4)
         .map(|c| Outcome::from_reply(figure(c[0]), figure(c[1]), figure(c[2]), figure(c[3])))
         .collect();
@@ -228,20 +208,9 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
 impl RateBackend for RedisBackend {
     fn check_rate<'a>(&'a self, req: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         async move {
-            let Some(coalescer) = self.coalescer() else {
-                return self.check_one(req).await;
-            };
-            match coalescer.enter(self, req) {
-                Entry::Now(turn) => {
-                    let reply = self.check_one(req).await;
-                    drop(turn);
-                    reply
-                }
-                Entry::Queued(reply) => reply.await.unwrap_or_else(|_| {
-                    Err(redis_error(redis::RedisError::from(std::io::Error::other(
-                        "the task sending this check's batch stopped (its runtime shut down)",
-                    ))))
-                }),
+            match &self.coalescer {
+                Some(coalescer) => coalescer.check(req).await,
+                None => self.conn.check_one(req).await,
             }
         }
         .boxed()
@@ -250,7 +219,7 @@ impl RateBackend for RedisBackend {
     fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
         async move {
             let value = self
-                .invoke(refund_script_for(req.algorithm), |cmd| {
+                .invoke(scripts::refund(req.algorithm), |cmd| {
                     cmd.arg(1 + req.keys.len()).arg(req.marker.as_str());
                     for k in &req.keys {
                         cmd.arg(k.as_str());
@@ -263,10 +232,7 @@ impl RateBackend for RedisBackend {
                         .arg(format!("{:016x}", req.id))
                         .arg(req.at_micros)
                         .arg(req.span_micros);
-                    for q in req.quotas.iter() {
-                        let (a, b) = req.algorithm.params(q);
-                        cmd.arg(a).arg(b);
-                    }
+                    quota_args(cmd, req.algorithm, &req.quotas);
                     for span in &req.quota_spans_micros {
                         cmd.arg(*span);
                     }
@@ -280,6 +246,10 @@ impl RateBackend for RedisBackend {
             }
         }
         .boxed()
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn RateBackend> {
+        std::sync::Arc::new(crate::memory::MemoryBackend::new())
     }
 
     fn kind(&self) -> &'static str {

@@ -1,83 +1,15 @@
 //! The Rust twin of `lua/permit_*.lua` for the memory backend: the same
 //! decisions, wait hints and fences, timed by the backend's clock (µs).
 
-use std::collections::{BTreeSet, HashMap};
-
-use super::super::backend::{AcquireReply, AcquireRequest, LockKeys};
-use super::super::memory::{micros, MemoryLocks, State};
-use super::shape;
+use super::state::{micros, MemoryLocks, State};
 use crate::error::{Error, Result};
-
-/// One permit name: its holders and, when fair, its queue. Mirrors the
-/// sorted sets of the scripts (a holder of weight k is k members there).
-#[derive(Default)]
-pub(crate) struct PermitSet {
-    /// Owner token → (weight, expiry µs).
-    holders: HashMap<String, (u32, u64)>,
-    /// Permits held (the sum of the weights).
-    used: u32,
-    /// The holders key's TTL (µs): the longest any holder was given.
-    expires_at: u64,
-    /// (arrival µs, ticket): ZRANGE's order, ties by the ticket's bytes.
-    queue: BTreeSet<(u64, String)>,
-    /// Ticket → (arrival µs, expiry µs).
-    tickets: HashMap<String, (u64, u64)>,
-    /// The queue keys' TTL (µs).
-    queue_expires_at: u64,
-}
-
-impl PermitSet {
-    /// Drops expired holders (ZREMRANGEBYSCORE … now), and the whole set
-    /// once its key's TTL has passed.
-    fn expire(&mut self, now: u64) {
-        if self.expires_at <= now {
-            self.holders.clear();
-        }
-        if self.queue_expires_at <= now {
-            self.queue.clear();
-            self.tickets.clear();
-        }
-        self.holders.retain(|_, (_, exp)| *exp > now);
-        self.used = self.holders.values().map(|(w, _)| *w).sum();
-    }
-
-    /// Drops tickets whose expiry passed.
-    fn expire_tickets(&mut self, now: u64) {
-        let queue = &mut self.queue;
-        self.tickets.retain(|t, (arrival, exp)| {
-            let live = *exp > now;
-            if !live {
-                queue.remove(&(*arrival, t.clone()));
-            }
-            live
-        });
-    }
-
-    /// µs until `need` more permits are free: the need-th earliest expiry
-    /// counting each holder `weight` times; `None` when there is none.
-    fn wait(&self, need: u32, now: u64) -> Option<u64> {
-        let mut expiries: Vec<(u64, u32)> = self.holders.values().map(|(w, e)| (*e, *w)).collect();
-        expiries.sort_unstable();
-        let mut seen = 0;
-        for (exp, w) in expiries {
-            seen += w;
-            if seen >= need {
-                return Some(exp - now);
-            }
-        }
-        None
-    }
-
-    fn is_empty(&self) -> bool {
-        self.holders.is_empty() && self.queue.is_empty()
-    }
-}
+use crate::store::{shape, AcquireReply, AcquireRequest, LockKeys};
 
 /// Redis answers WRONGTYPE when a lock and a permit name share a key (a
 /// fair and an unfair `Locker` on one name): so does the twin.
 fn wrong_type(state: &State, key: &str) -> Result<()> {
     if state.held.contains_key(key) {
-        return Err(Error::Backend(crate::BackendError::new(format!(
+        return Err(Error::Backend(crate::error::BackendError::new(format!(
             "WRONGTYPE: {key} holds a lock, not permits"
         ))));
     }
@@ -216,14 +148,5 @@ impl MemoryLocks {
             set.expire(now);
             set.used
         }))
-    }
-
-    /// Sweeps permit names with nothing live left.
-    pub(crate) fn sweep_permits(state: &mut State, now: u64) {
-        state.permits.retain(|_, set| {
-            set.expire(now);
-            set.expire_tickets(now);
-            !set.is_empty()
-        });
     }
 }

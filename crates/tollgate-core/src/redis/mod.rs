@@ -1,42 +1,37 @@
-//! [`RedisBackend`]: scripts over any redis-rs async connection.
+//! The Redis store: [`RedisBackend`], scripts over any redis-rs async
+//! connection (standalone, Cluster, Sentinel), and everything that talks to
+//! Redis — the script table, rate limits and their coalescing, locks and
+//! permits, idempotency records, pub/sub and the version check.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
+use redis::{Cmd, Value};
 
-use super::coalesce::{Coalescer, Coalescing};
-use super::pubsub::PubSubNodes;
+use self::coalesce::Coalescer;
+use self::conn::{downcast, Conn};
+use self::pubsub::PubSubNodes;
+use self::scripts::LuaScript;
 use crate::error::{redis_error, Error, Result};
 
-/// A Lua script and its SHA1, computed once.
-#[derive(Debug)]
-pub(crate) struct LuaScript {
-    pub(crate) sha: String,
-    pub(crate) body: &'static str,
-}
+mod coalesce;
+mod conn;
+mod idempotency;
+mod lock;
+mod permits;
+mod pubsub;
+mod rate;
+mod reply;
+mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
+mod version;
 
-impl LuaScript {
-    /// A script from its source (use with `include_str!`).
-    pub(crate) fn new(body: &'static str) -> Self {
-        LuaScript {
-            sha: redis::Script::new(body).get_hash().to_owned(),
-            body,
-        }
-    }
-}
-
-/// Declares a `static` [`LuaScript`] whose SHA1 is computed on first use.
-macro_rules! lua {
-    ($name:ident, $body:expr) => {
-        pub(crate) static $name: std::sync::LazyLock<$crate::backend::redis::LuaScript> =
-            std::sync::LazyLock::new(|| $crate::backend::redis::LuaScript::new($body));
-    };
-}
-pub(crate) use lua;
+pub use self::coalesce::Coalescing;
+#[cfg(feature = "sentinel")]
+pub use self::sentinel::SentinelConnection;
 
 /// Rate limits and locks on Redis: standalone, Cluster, Sentinel, or any
 /// redis-rs async connection.
@@ -79,75 +74,8 @@ pub struct RedisBackend {
     conn: Conn,
     pubsub: Option<Arc<PubSubNodes>>,
     /// Coalescing of rate checks; `None` when off.
-    coalescer: Option<Arc<Coalescer>>,
+    coalescer: Option<Coalescer<Conn>>,
     pub(super) kind: &'static str,
-}
-
-/// The connection behind a [`RedisBackend`]. The usual kinds are variants,
-/// so a call clones a handle and dispatches with a `match` — no allocation
-/// and no virtual call per command; only a connection brought by the user
-/// is boxed.
-#[derive(Clone)]
-enum Conn {
-    Manager(ConnectionManager),
-    Cluster(ClusterConnection),
-    #[cfg(feature = "sentinel")]
-    Sentinel(super::SentinelConnection),
-    Other(Box<dyn DynConnection>),
-}
-
-/// A user's connection, boxed: `ConnectionLike` plus a clone into a box.
-trait DynConnection: ConnectionLike + Send + Sync {
-    fn clone_box(&self) -> Box<dyn DynConnection>;
-}
-
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> DynConnection for C {
-    fn clone_box(&self) -> Box<dyn DynConnection> {
-        Box::new(self.clone())
-    }
-}
-
-impl Clone for Box<dyn DynConnection> {
-    fn clone(&self) -> Self {
-        (**self).clone_box()
-    }
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Manager(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-            #[cfg(feature = "sentinel")]
-            Conn::Sentinel(c) => c.req_packed_command(cmd),
-            Conn::Other(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Manager(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-            #[cfg(feature = "sentinel")]
-            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Other(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Manager(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-            #[cfg(feature = "sentinel")]
-            Conn::Sentinel(c) => c.get_db(),
-            Conn::Other(c) => c.get_db(),
-        }
-    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -159,28 +87,18 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
-/// Takes `conn` out as a `T` if that is its type (a connection handed to
-/// [`RedisBackend::from_connection`] that is one of the usual kinds gets
-/// its own variant, unboxed).
-fn downcast<C: 'static, T: 'static>(conn: C) -> Result<T, C> {
-    let mut slot = Some(conn);
-    match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
-        Some(t) => Ok(t.take().expect("just filled")),
-        None => Err(slot.expect("not taken")),
-    }
-}
-
 impl RedisBackend {
     fn with_conn(conn: Conn, kind: &'static str) -> Self {
         let by_tag = matches!(conn, Conn::Cluster(_));
         RedisBackend {
-            conn,
             pubsub: None,
-            coalescer: Some(Arc::new(Coalescer::new(
+            coalescer: Some(Coalescer::new(
+                conn.clone(),
                 Coalescing::default(),
                 by_tag,
                 None,
-            ))),
+            )),
+            conn,
             kind,
         }
     }
@@ -345,23 +263,29 @@ impl RedisBackend {
     pub fn with_coalescing(mut self, coalescing: Coalescing) -> Self {
         let home = self.coalescer.as_ref().and_then(|c| c.home());
         self.coalescer = (coalescing.batch_limit() > 1).then(|| {
-            Arc::new(Coalescer::new(
+            Coalescer::new(
+                self.conn.clone(),
                 coalescing,
                 matches!(self.conn, Conn::Cluster(_)),
                 home,
-            ))
+            )
         });
         self
-    }
-
-    pub(crate) fn coalescer(&self) -> Option<&Coalescer> {
-        self.coalescer.as_deref()
     }
 
     /// Names the backend in logs (`"redis"`, `"cluster"`, `"sentinel"`).
     pub fn with_kind(mut self, kind: &'static str) -> Self {
         self.kind = kind;
         self
+    }
+
+    /// Runs a script on the connection (see [`Conn::invoke`]).
+    pub(crate) async fn invoke(
+        &self,
+        script: &LuaScript,
+        fill: impl Fn(&mut Cmd),
+    ) -> Result<Value> {
+        self.conn.invoke(script, fill).await
     }
 
     /// Where lock waiters subscribe, if anywhere.
@@ -377,56 +301,12 @@ impl RedisBackend {
             _ => None,
         }
     }
-
-    /// Runs a script: `EVALSHA`, and on `NOSCRIPT` (after a restart, a
-    /// failover or `SCRIPT FLUSH`) `EVAL` once, which also loads it. No other
-    /// error is retried. `fill` adds the keys and arguments after `numkeys`.
-    pub(crate) async fn invoke(
-        &self,
-        script: &LuaScript,
-        fill: impl Fn(&mut Cmd),
-    ) -> Result<Value> {
-        self.invoke_raw(script, fill).await.map_err(redis_error)
-    }
-
-    /// [`invoke`](Self::invoke) with redis-rs's error (a batch answers each
-    /// check with a copy of it).
-    pub(super) async fn invoke_raw(
-        &self,
-        script: &LuaScript,
-        fill: impl Fn(&mut Cmd),
-    ) -> redis::RedisResult<Value> {
-        let mut conn = self.conn.clone();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha.as_str());
-        fill(&mut cmd);
-        match cmd.query_async::<Value>(&mut conn).await {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script.body);
-                fill(&mut cmd);
-                cmd.query_async::<Value>(&mut conn).await
-            }
-            other => other,
-        }
-    }
 }
 
 /// Refuses a server too old for the scripts (see [`super::version`]).
 async fn ensure_supported<C: ConnectionLike>(conn: &mut C) -> Result<()> {
-    match super::version::check(conn).await.map_err(redis_error)? {
+    match version::check(conn).await.map_err(redis_error)? {
         Some(problem) => Err(Error::InvalidConfig(problem)),
         None => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn downcast_takes_only_its_own_type() {
-        assert_eq!(downcast::<u32, u32>(7), Ok(7));
-        assert_eq!(downcast::<u32, u64>(7), Err(7));
     }
 }

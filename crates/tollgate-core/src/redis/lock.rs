@@ -4,71 +4,17 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
-use redis::Value;
 
-use super::backend::{
-    millis_ceil, AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent,
-    ReleaseEvents,
-};
 use super::permits;
-use super::settings::RELEASE_MARKER_TTL;
-use super::FencingToken;
-use crate::backend::redis::lua;
-use crate::backend::RedisBackend;
-use crate::error::{redis_error, Error, Result};
-
-lua!(LOCK_ACQUIRE, include_str!("../../lua/lock_acquire.lua"));
-lua!(LOCK_RELEASE, include_str!("../../lua/lock_release.lua"));
-lua!(LOCK_EXTEND, include_str!("../../lua/lock_extend.lua"));
-lua!(
-    LOCK_FENCE_RAISE,
-    include_str!("../../lua/lock_fence_raise.lua")
-);
-
-fn int(value: &Value) -> Result<i64> {
-    match value {
-        Value::Int(n) => Ok(*n),
-        other => Err(Error::Protocol(format!(
-            "expected an integer, got {other:?}"
-        ))),
-    }
-}
-
-pub(super) fn parse_acquire(value: Value) -> Result<AcquireReply> {
-    let Value::Array(items) = &value else {
-        return Err(Error::Protocol(format!("expected an array, got {value:?}")));
-    };
-    let [flag, n] = items.as_slice() else {
-        return Err(Error::Protocol(format!(
-            "expected two integers, got {value:?}"
-        )));
-    };
-    let (flag, n) = (int(flag)?, int(n)?);
-    match flag {
-        1 if n > 0 => Ok(AcquireReply::Acquired {
-            fence: FencingToken(n as u64),
-        }),
-        0 => Ok(AcquireReply::Held {
-            // -1 (no TTL) cannot happen for our keys; -2 (gone) means free now.
-            pttl: match n {
-                -2 => Some(Duration::ZERO),
-                n if n >= 0 => Some(Duration::from_millis(n as u64)),
-                _ => None,
-            },
-        }),
-        _ => Err(Error::Protocol(format!(
-            "unexpected acquire reply {value:?}"
-        ))),
-    }
-}
-
-pub(super) fn parse_flag(value: Value) -> Result<bool> {
-    match int(&value)? {
-        0 => Ok(false),
-        1 => Ok(true),
-        n => Err(Error::Protocol(format!("expected 0 or 1, got {n}"))),
-    }
-}
+use super::reply::{parse_acquire, parse_flag};
+use super::scripts::{LOCK_ACQUIRE, LOCK_EXTEND, LOCK_FENCE_RAISE, LOCK_RELEASE};
+use super::RedisBackend;
+use crate::error::{redis_error, Result};
+use crate::lock::RELEASE_MARKER_TTL;
+use crate::store::{
+    millis_ceil, AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys,
+    ReleaseEvent, ReleaseEvents,
+};
 
 /// Escapes Redis glob metacharacters so a prefix matches only itself.
 fn glob_escape(s: &str) -> String {
@@ -85,7 +31,7 @@ fn glob_escape(s: &str) -> String {
 impl LockBackend for RedisBackend {
     fn acquire_lock<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<AcquireReply>> {
         if req.keys.holders != Holders::One {
-            return permits::redis::acquire(self, req).boxed();
+            return permits::acquire(self, req).boxed();
         }
         async move {
             let value = self
@@ -109,7 +55,7 @@ impl LockBackend for RedisBackend {
         token: &'a str,
     ) -> BoxFuture<'a, Result<bool>> {
         if keys.holders != Holders::One {
-            return permits::redis::release(self, keys, token).boxed();
+            return permits::release(self, keys, token).boxed();
         }
         async move {
             let marker = keys.release_marker(token);
@@ -135,7 +81,7 @@ impl LockBackend for RedisBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool>> {
         if keys.holders != Holders::One {
-            return permits::redis::extend(self, keys, token, ttl).boxed();
+            return permits::extend(self, keys, token, ttl).boxed();
         }
         async move {
             let value = self
@@ -211,11 +157,15 @@ impl LockBackend for RedisBackend {
     }
 
     fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
-        permits::redis::in_use(self, keys).boxed()
+        permits::in_use(self, keys).boxed()
+    }
+
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        std::sync::Arc::new(crate::memory::MemoryBackend::new())
     }
 
     fn lock_kind(&self) -> &'static str {
-        crate::backend::RateBackend::kind(self)
+        crate::store::RateBackend::kind(self)
     }
 }
 
@@ -227,27 +177,5 @@ mod tests {
     fn glob_metacharacters_are_escaped() {
         assert_eq!(glob_escape("app:lock:"), "app:lock:");
         assert_eq!(glob_escape("a*b?[c]\\^"), "a\\*b\\?\\[c\\]\\\\\\^");
-    }
-
-    #[test]
-    fn replies_are_parsed_strictly() {
-        let ok = Value::Array(vec![Value::Int(1), Value::Int(42)]);
-        assert_eq!(
-            parse_acquire(ok).unwrap(),
-            AcquireReply::Acquired {
-                fence: FencingToken(42)
-            }
-        );
-        let held = Value::Array(vec![Value::Int(0), Value::Int(1500)]);
-        assert_eq!(
-            parse_acquire(held).unwrap(),
-            AcquireReply::Held {
-                pttl: Some(Duration::from_millis(1500))
-            }
-        );
-        assert!(parse_acquire(Value::Int(1)).is_err());
-        assert!(parse_acquire(Value::Array(vec![Value::Int(1), Value::Int(0)])).is_err());
-        assert!(parse_flag(Value::Int(2)).is_err());
-        assert!(parse_flag(Value::Int(1)).unwrap());
     }
 }

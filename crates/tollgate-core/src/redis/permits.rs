@@ -2,28 +2,12 @@
 
 use redis::Value;
 
-use super::super::backend::{millis_ceil, AcquireRequest, LockKeys};
-use super::super::redis::{parse_acquire, parse_flag};
-use super::super::settings::RELEASE_MARKER_TTL;
-use super::shape;
-use crate::backend::redis::lua;
-use crate::backend::RedisBackend;
+use super::reply::{parse_acquire, parse_flag};
+use super::scripts::{PERMIT_ACQUIRE, PERMIT_COUNT, PERMIT_EXTEND, PERMIT_RELEASE};
+use super::RedisBackend;
 use crate::error::{Error, Result};
-use crate::lock::AcquireReply;
-
-lua!(
-    PERMIT_ACQUIRE,
-    include_str!("../../../lua/permit_acquire.lua")
-);
-lua!(
-    PERMIT_RELEASE,
-    include_str!("../../../lua/permit_release.lua")
-);
-lua!(
-    PERMIT_EXTEND,
-    include_str!("../../../lua/permit_extend.lua")
-);
-lua!(PERMIT_COUNT, include_str!("../../../lua/permit_count.lua"));
+use crate::lock::RELEASE_MARKER_TTL;
+use crate::store::{millis_ceil, shape, AcquireReply, AcquireRequest, LockKeys};
 
 pub(crate) async fn acquire(backend: &RedisBackend, req: &AcquireRequest) -> Result<AcquireReply> {
     let (limit, weight, fair) = shape(&req.keys)?;

@@ -297,6 +297,29 @@ impl fmt::Debug for Quota {
     }
 }
 
+/// A quota's time argument, exactly: `ticks` units of `1/per_micro` µs. A
+/// window's period is whole microseconds (`per_micro` 1); a bucket's emission
+/// interval is the reduced fraction `period / limit`
+/// ([`Quota::interval_fraction`]), so no rate is rounded.
+///
+/// It goes to a script as one argument, `"<ticks>"` or `"<ticks>/<per_micro>"`
+/// (the same count as a plain number, so the backends send it unchanged);
+/// the scripts' `interval_of` reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Interval {
+    pub(crate) ticks: u64,
+    pub(crate) per_micro: u64,
+}
+
+impl Interval {
+    pub(crate) fn micros(us: u64) -> Interval {
+        Interval {
+            ticks: us,
+            per_micro: 1,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,12 +6,8 @@
 //! emission interval `period / limit` is a whole number of units
 //! ([`Interval`]): no rate is rounded.
 
-use super::{ceil_micros, div_euclid, rem_euclid, Instant, Interval, Outcome, Refund, Slot, Step};
-
-/// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = rate_script!("gcra");
-/// Its refund script.
-pub(crate) const REFUND: &str = refund_script!("gcra");
+use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Refund, Slot, Step};
+use crate::quota::Interval;
 
 /// One quota's step. `burst` and the exact emission interval. With
 /// `req.commit`, an admitted cost is written back.

@@ -1,4 +1,4 @@
-//! Coalescing (issue #15): rate-limit checks that wait on one connection go
+//! Coalescing: rate-limit checks that wait on one connection go
 //! out together, as one call of the batch script.
 //!
 //! No timers: a check goes out at once while fewer than
@@ -24,16 +24,31 @@
 use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use futures_util::future::{join_all, select, Either};
+use futures_util::future::{join_all, select, BoxFuture, Either};
 use tokio::sync::oneshot;
 
-use super::{RateReply, RateRequest, RedisBackend};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
+use crate::store::{RateReply, RateRequest};
 
-/// How a [`RedisBackend`] coalesces rate-limit checks: on by default
+/// What a coalescer sends checks with: one check alone, or many in one
+/// call of the batch script. The connection implements it; a test can
+/// bring its own.
+pub(crate) trait Sender: Clone + Send + Sync + 'static {
+    /// One check, one call of its algorithm's script.
+    fn one<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>>;
+
+    /// Many checks in one call, in order, each with its own answer; the
+    /// outer error is the call's own, shared by all.
+    fn batch<'a>(
+        &'a self,
+        requests: &'a [RateRequest],
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>>;
+}
+
+/// How a [`RedisBackend`](crate::RedisBackend) coalesces rate-limit checks: on by default
 /// ([`Coalescing::default`]); [`Coalescing::off`] sends each check alone.
 ///
 /// ```
@@ -161,8 +176,23 @@ impl Lanes {
     }
 }
 
-/// One backend's lanes (shared by its clones: they share the connection).
-pub(crate) struct Coalescer {
+/// One connection's coalescing: its lanes, shared by the backend's clones
+/// (they share the connection), and the sender the batches go out with.
+pub(crate) struct Coalescer<S> {
+    shared: Arc<Shared>,
+    sender: S,
+}
+
+impl<S: Clone> Clone for Coalescer<S> {
+    fn clone(&self) -> Self {
+        Coalescer {
+            shared: Arc::clone(&self.shared),
+            sender: self.sender.clone(),
+        }
+    }
+}
+
+struct Shared {
     config: Coalescing,
     /// One lane per hash tag (a cluster connection).
     per_tag: bool,
@@ -176,32 +206,32 @@ pub(crate) struct Coalescer {
     home: Option<tokio::runtime::Handle>,
 }
 
-impl std::fmt::Debug for Coalescer {
+impl<S> std::fmt::Debug for Coalescer<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coalescer")
-            .field("config", &self.config)
-            .field("per_tag", &self.per_tag)
-            .field("split", &self.split.load(Ordering::Relaxed))
+            .field("config", &self.shared.config)
+            .field("per_tag", &self.shared.per_tag)
+            .field("split", &self.shared.split.load(Ordering::Relaxed))
             .finish()
     }
 }
 
 /// What a check does: go out now (holding a turn), or wait for its reply.
-pub(crate) enum Entry<'a> {
-    Now(Turn<'a>),
+enum Entry<'a, S: Sender> {
+    Now(Turn<'a, S>),
     Queued(oneshot::Receiver<Result<RateReply>>),
 }
 
 /// A turn taken by a check that goes out itself. Dropping it passes the
 /// turn on: to a task that sends the queue, or back to the lane.
-pub(crate) struct Turn<'a> {
-    backend: &'a RedisBackend,
+struct Turn<'a, S: Sender> {
+    coalescer: &'a Coalescer<S>,
     lane: LaneKey,
 }
 
-impl Drop for Turn<'_> {
+impl<S: Sender> Drop for Turn<'_, S> {
     fn drop(&mut self) {
-        pass_on(self.backend, self.lane.take());
+        self.coalescer.pass_on(self.lane.take());
     }
 }
 
@@ -210,44 +240,72 @@ fn tag_of(request: &RateRequest) -> &str {
     request.keys.first().map_or("", |k| hash_tag(k))
 }
 
-impl Coalescer {
+impl<S: Sender> Coalescer<S> {
     /// The runtime its batches are sent from.
     pub(crate) fn home(&self) -> Option<tokio::runtime::Handle> {
-        self.home.clone()
+        self.shared.home.clone()
     }
 
-    /// `home`: the runtime the backend was made on, if known (else the
-    /// current one, if any).
+    /// A coalescer sending with `sender`; one lane per hash tag when
+    /// `per_tag`. `home`: the runtime the backend was made on, if known
+    /// (else the current one, if any).
     pub(crate) fn new(
+        sender: S,
         config: Coalescing,
         per_tag: bool,
         home: Option<tokio::runtime::Handle>,
     ) -> Self {
         Coalescer {
-            config,
-            per_tag,
-            split: AtomicBool::new(false),
-            lanes: Mutex::new(Lanes::default()),
-            home: home.or_else(|| tokio::runtime::Handle::try_current().ok()),
+            shared: Arc::new(Shared {
+                config,
+                per_tag,
+                split: AtomicBool::new(false),
+                lanes: Mutex::new(Lanes::default()),
+                home: home.or_else(|| tokio::runtime::Handle::try_current().ok()),
+            }),
+            sender,
+        }
+    }
+
+    /// Decides one check: at once with a free turn, else in the next batch
+    /// of its lane.
+    pub(crate) async fn check(&self, request: &RateRequest) -> Result<RateReply> {
+        match self.enter(request) {
+            Entry::Now(turn) => {
+                let reply = self.sender.one(request).await;
+                drop(turn);
+                reply
+            }
+            Entry::Queued(reply) => reply.await.unwrap_or_else(|_| {
+                Err(redis_error(redis::RedisError::from(std::io::Error::other(
+                    "the task sending this check's batch stopped (its runtime shut down)",
+                ))))
+            }),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Lanes> {
         // Nothing panics while the lock is held; a poisoned lock still
         // holds consistent lanes.
-        self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .lanes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Enters a check: a turn when its lane has one free, else a place in
     /// the lane's queue.
-    pub(crate) fn enter<'a>(&self, backend: &'a RedisBackend, request: &RateRequest) -> Entry<'a> {
-        let key: LaneKey = self.per_tag.then(|| tag_of(request).into());
+    fn enter(&self, request: &RateRequest) -> Entry<'_, S> {
+        let key: LaneKey = self.shared.per_tag.then(|| tag_of(request).into());
         let mut lanes = self.lock();
         let lane = lanes.get(&key);
-        if lane.in_flight < self.config.max_calls {
+        if lane.in_flight < self.shared.config.max_calls {
             lane.in_flight += 1;
             if lane.queue.is_empty() {
-                return Entry::Now(Turn { backend, lane: key });
+                return Entry::Now(Turn {
+                    coalescer: self,
+                    lane: key,
+                });
             }
             // Checks wait with a turn free: a turn was given back where no
             // task could be started for them. This check's turn sends them,
@@ -258,7 +316,7 @@ impl Coalescer {
                 reply,
             });
             drop(lanes);
-            pass_on(backend, key);
+            self.pass_on(key);
             return Entry::Queued(rx);
         }
         let (reply, rx) = oneshot::channel();
@@ -279,7 +337,7 @@ impl Coalescer {
             lanes.tidy(key);
             return None;
         }
-        let take = lane.queue.len().min(self.config.max_batch);
+        let take = lane.queue.len().min(self.shared.config.max_batch);
         Some(lane.queue.drain(..take).collect())
     }
 
@@ -295,65 +353,57 @@ impl Coalescer {
         }
         lanes.tidy(key);
     }
-}
 
-/// Passes a turn that ended on: the queue goes out from a task of its own
-/// (on the backend's runtime, else the current one), or, without a runtime
-/// to start one on, the turn goes back to the lane.
-fn pass_on(backend: &RedisBackend, lane: LaneKey) {
-    let Some(coalescer) = backend.coalescer() else {
-        return;
-    };
-    let Some(batch) = coalescer.next_batch(&lane) else {
-        return;
-    };
-    let runtime = coalescer
-        .home
-        .clone()
-        .or_else(|| tokio::runtime::Handle::try_current().ok());
-    let Some(runtime) = runtime else {
-        coalescer.give_back(&lane, batch);
-        return;
-    };
-    // The turn moves into the task; if the task is dropped before it runs
-    // (a runtime shutting down), dropping the turn gives it back.
-    let turn = Driving {
-        backend: backend.clone(),
-        lane,
-        done: false,
-    };
-    runtime.spawn(drive(turn, batch));
+    /// Passes a turn that ended on: the queue goes out from a task of its
+    /// own (on the backend's runtime, else the current one), or, without a
+    /// runtime to start one on, the turn goes back to the lane.
+    fn pass_on(&self, lane: LaneKey) {
+        let Some(batch) = self.next_batch(&lane) else {
+            return;
+        };
+        let runtime = self
+            .shared
+            .home
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let Some(runtime) = runtime else {
+            self.give_back(&lane, batch);
+            return;
+        };
+        // The turn moves into the task; if the task is dropped before it runs
+        // (a runtime shutting down), dropping the turn gives it back.
+        let turn = Driving {
+            coalescer: self.clone(),
+            lane,
+            done: false,
+        };
+        runtime.spawn(drive(turn, batch));
+    }
 }
 
 /// A turn owned by the task that sends the queue. Dropped before its work
 /// is done (its runtime shut down), it gives the turn back.
-struct Driving {
-    backend: RedisBackend,
+struct Driving<S: Sender> {
+    coalescer: Coalescer<S>,
     lane: LaneKey,
     done: bool,
 }
 
-impl Drop for Driving {
+impl<S: Sender> Drop for Driving<S> {
     fn drop(&mut self) {
         if !self.done {
-            if let Some(c) = self.backend.coalescer() {
-                // The batch being sent is lost with the task: its checks
-                // are answered as an outage (their replies are dropped).
-                c.give_back(&self.lane, Vec::new());
-            }
+            // The batch being sent is lost with the task: its checks are
+            // answered as an outage (their replies are dropped).
+            self.coalescer.give_back(&self.lane, Vec::new());
         }
     }
 }
 
 /// Sends batches while checks wait, then gives the turn back.
-async fn drive(mut turn: Driving, mut batch: Vec<Waiting>) {
+async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
     loop {
-        send(&turn.backend, batch).await;
-        match turn
-            .backend
-            .coalescer()
-            .and_then(|c| c.next_batch(&turn.lane))
-        {
+        send(&turn.coalescer, batch).await;
+        match turn.coalescer.next_batch(&turn.lane) {
             Some(next) => batch = next,
             None => break,
         }
@@ -363,11 +413,11 @@ async fn drive(mut turn: Driving, mut batch: Vec<Waiting>) {
 
 /// One call for `batch` (or its single calls); each check gets its own
 /// answer. The call is abandoned once every check in it has given up.
-async fn send(backend: &RedisBackend, batch: Vec<Waiting>) {
+async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
     let (requests, mut replies): (Vec<_>, Vec<_>) =
         batch.into_iter().map(|w| (w.request, w.reply)).unzip();
     let answers = {
-        let call = pin!(decide(backend, &requests));
+        let call = pin!(decide(coalescer, &requests));
         let gone = pin!(join_all(replies.iter_mut().map(|r| r.closed())));
         match select(call, gone).await {
             Either::Left((answers, _)) => answers,
@@ -383,22 +433,23 @@ async fn send(backend: &RedisBackend, batch: Vec<Waiting>) {
 /// Decides `requests` in order: one call of the batch script, or single
 /// calls for a few; split by hash tag once the server has refused a call of
 /// several tags.
-async fn decide(backend: &RedisBackend, requests: &[RateRequest]) -> Vec<Result<RateReply>> {
-    let Some(coalescer) = backend.coalescer() else {
-        return join_all(requests.iter().map(|r| backend.check_one(r))).await;
-    };
-    if coalescer.split.load(Ordering::Relaxed) && !one_tag(requests) {
-        return decide_by_tag(backend, coalescer, requests).await;
+async fn decide<S: Sender>(
+    coalescer: &Coalescer<S>,
+    requests: &[RateRequest],
+) -> Vec<Result<RateReply>> {
+    let split = &coalescer.shared.split;
+    if split.load(Ordering::Relaxed) && !one_tag(requests) {
+        return decide_by_tag(coalescer, requests).await;
     }
-    match decide_together(backend, coalescer, requests).await {
+    match decide_together(coalescer, requests).await {
         Err(e)
             if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
                 && !one_tag(requests) =>
         {
             // Refused before it ran: nothing was decided.
             tracing::info!("a call of several hash tags was refused (CROSSSLOT): coalesced checks go one call per tag from now on");
-            coalescer.split.store(true, Ordering::Relaxed);
-            decide_by_tag(backend, coalescer, requests).await
+            split.store(true, Ordering::Relaxed);
+            decide_by_tag(coalescer, requests).await
         }
         Err(e) => requests
             .iter()
@@ -415,23 +466,22 @@ fn one_tag(requests: &[RateRequest]) -> bool {
 
 /// One call of the batch script, or single calls for fewer than the
 /// threshold; the call's own error is returned whole.
-async fn decide_together(
-    backend: &RedisBackend,
-    coalescer: &Coalescer,
+async fn decide_together<S: Sender>(
+    coalescer: &Coalescer<S>,
     requests: &[RateRequest],
 ) -> redis::RedisResult<Vec<Result<RateReply>>> {
-    if requests.len() < coalescer.config.script_threshold() {
+    let sender = &coalescer.sender;
+    if requests.len() < coalescer.shared.config.script_threshold() {
         // Few checks: single calls, sent together (pipelined by the
         // connection).
-        return Ok(join_all(requests.iter().map(|r| backend.check_one(r))).await);
+        return Ok(join_all(requests.iter().map(|r| sender.one(r))).await);
     }
-    backend.check_batch(requests).await
+    sender.batch(requests).await
 }
 
 /// One call per hash tag (each in arrival order), sent together.
-async fn decide_by_tag(
-    backend: &RedisBackend,
-    coalescer: &Coalescer,
+async fn decide_by_tag<S: Sender>(
+    coalescer: &Coalescer<S>,
     requests: &[RateRequest],
 ) -> Vec<Result<RateReply>> {
     let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
@@ -444,7 +494,7 @@ async fn decide_by_tag(
     }
     let decided = join_all(groups.iter().map(|(_, members)| async move {
         let group: Vec<RateRequest> = members.iter().map(|&i| requests[i].clone()).collect();
-        match decide_together(backend, coalescer, &group).await {
+        match decide_together(coalescer, &group).await {
             Ok(answers) => answers,
             Err(e) => group.iter().map(|_| Err(redis_error(e.clone()))).collect(),
         }
@@ -487,5 +537,115 @@ mod tests {
         assert_eq!(c.calls_limit(), 1);
         assert_eq!(Coalescing::default().max_batch(4).script_threshold(), 4);
         assert_eq!(Coalescing::default().script_threshold(), 8);
+    }
+
+    /// A sender that records its calls; single calls wait for the gate.
+    #[derive(Clone, Default)]
+    struct Fake {
+        calls: Arc<Mutex<Vec<Vec<u64>>>>,
+        gate: Arc<tokio::sync::Notify>,
+        cross_slot: bool,
+    }
+
+    /// Each check's answer carries its nonce, so a check can tell its own.
+    fn answer(r: &RateRequest) -> Result<RateReply> {
+        Ok(RateReply::new(true, smallvec::smallvec![]).at(r.nonce))
+    }
+
+    impl Sender for Fake {
+        fn one<'a>(&'a self, r: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+            Box::pin(async move {
+                self.calls.lock().unwrap().push(vec![r.nonce]);
+                if r.nonce == 0 {
+                    self.gate.notified().await;
+                }
+                answer(r)
+            })
+        }
+
+        fn batch<'a>(
+            &'a self,
+            rs: &'a [RateRequest],
+        ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>> {
+            Box::pin(async move {
+                if self.cross_slot && !one_tag(rs) {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot),
+                        "CROSSSLOT",
+                    )));
+                }
+                self.calls
+                    .lock()
+                    .unwrap()
+                    .push(rs.iter().map(|r| r.nonce).collect());
+                Ok(rs.iter().map(answer).collect())
+            })
+        }
+    }
+
+    fn request(subject: &str, nonce: u64) -> RateRequest {
+        RateRequest {
+            algorithm: crate::store::Algorithm::Gcra,
+            keys: vec![format!("tg:api:gcra:{{{subject}}}")],
+            quotas: Arc::from([crate::quota::Quota::per_second(1)]),
+            cost: 1,
+            now_micros: None,
+            nonce,
+        }
+    }
+
+    /// Checks arriving while the one turn is taken wait, then go out as one
+    /// batch in arrival order, each with its own answer.
+    async fn queued_checks_share_one_call(fake: Fake, subjects: &[&str]) -> Vec<Vec<u64>> {
+        let c = Coalescer::new(
+            fake.clone(),
+            Coalescing::default().max_calls_in_flight(1),
+            false,
+            None,
+        );
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.check(&request("a", 0)).await }
+        });
+        let mut rest = Vec::new();
+        for (i, s) in subjects.iter().enumerate() {
+            let (c, r) = (c.clone(), request(s, i as u64 + 1));
+            rest.push(tokio::spawn(async move { c.check(&r).await }));
+        }
+        // Wait until every later check is queued behind the first.
+        while c.lock().main.queue.len() < subjects.len() {
+            tokio::task::yield_now().await;
+        }
+        fake.gate.notify_one();
+        assert_eq!(first.await.unwrap().unwrap().now_micros, 0);
+        for (i, r) in rest.into_iter().enumerate() {
+            assert_eq!(r.await.unwrap().unwrap().now_micros, i as u64 + 1);
+        }
+        let calls = fake.calls.lock().unwrap().clone();
+        calls
+    }
+
+    #[tokio::test]
+    async fn waiting_checks_go_out_together_in_order() {
+        let subjects = ["a"; 10];
+        let calls = queued_checks_share_one_call(Fake::default(), &subjects).await;
+        assert_eq!(calls, [vec![0], (1..=10).collect::<Vec<_>>()]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_call_of_several_tags_is_split_by_tag() {
+        let fake = Fake {
+            cross_slot: true,
+            ..Fake::default()
+        };
+        let subjects: Vec<&str> = (0..16).map(|i| ["a", "b"][i % 2]).collect();
+        let calls = queued_checks_share_one_call(fake, &subjects).await;
+        // Refused whole, then one call per tag, each in arrival order.
+        let mut rest = calls[1..].to_vec();
+        rest.sort();
+        assert_eq!(calls[0], [0]);
+        let odd: Vec<u64> = (1..=16).step_by(2).collect();
+        let even: Vec<u64> = (2..=16).step_by(2).collect();
+        assert_eq!(rest, [odd, even]);
     }
 }

@@ -7,12 +7,8 @@
 //! ([`Interval`]): no rate is rounded. The empty instant is at or before now
 //! (≤ 0) while it counts.
 
-use super::{ceil_micros, div_euclid, rem_euclid, Instant, Interval, Outcome, Refund, Slot, Step};
-
-/// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = rate_script!("token_bucket");
-/// Its refund script.
-pub(crate) const REFUND: &str = refund_script!("token_bucket");
+use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Refund, Slot, Step};
+use crate::quota::Interval;
 
 /// One quota's step. `capacity` tokens, one token every exact interval.
 /// With `req.commit`, admitted tokens are taken.

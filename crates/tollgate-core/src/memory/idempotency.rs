@@ -6,21 +6,13 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::backend::{ClaimReply, ClaimRequest, IdempotencyBackend, RecordKeys};
-use super::StoredResponse;
-use crate::backend::MemoryBackend;
+use super::state::{micros, Holder, MemoryLocks, Record};
+use super::MemoryBackend;
 use crate::error::Result;
-use crate::lock::memory::{micros, Holder, MemoryLocks};
-use crate::lock::AcquireRequest;
-use crate::FencingToken;
-
-/// One record: in flight (no response yet) or completed.
-pub(crate) struct Record {
-    fingerprint: String,
-    fence: u64,
-    done: Option<StoredResponse>,
-    pub(crate) expires_at: u64,
-}
+use crate::store::{
+    AcquireRequest, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend, RecordKeys,
+    StoredResponse,
+};
 
 impl MemoryLocks {
     fn claim(&self, req: &ClaimRequest, now: u64) -> ClaimReply {

@@ -1,127 +1,33 @@
-//! Lock state of the memory backend: the same semantics as the scripts,
-//! timed by the backend's clock.
+//! The Rust twin of `lua/lock_*.lua` for the memory store: the same
+//! semantics as the scripts, timed by the store's clock.
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::broadcast;
 
-use super::backend::{
-    AcquireReply, AcquireRequest, Holders, LockBackend, LockKeys, ReleaseEvent, ReleaseEvents,
-};
-use super::permits::memory::PermitSet;
-use super::settings::RELEASE_MARKER_TTL;
-use super::FencingToken;
-use crate::backend::MemoryBackend;
+use super::state::{micros, Fence, Holder, MemoryLocks, State};
+use super::MemoryBackend;
 use crate::error::Result;
-use crate::idempotency::memory::Record;
-
-/// How many release notifications a slow subscriber may fall behind before
-/// it is told to resync.
-const EVENT_CAPACITY: usize = 1024;
-
-/// Locks held in memory.
-pub(crate) struct MemoryLocks {
-    state: Mutex<State>,
-    events: broadcast::Sender<String>,
-}
-
-#[derive(Default)]
-pub(crate) struct State {
-    /// Lock key → holder.
-    pub(crate) held: HashMap<String, Holder>,
-    /// Fence key → last fence and its expiry.
-    fences: HashMap<String, Fence>,
-    /// Semaphore (and fair lock) key → its holders and queue.
-    pub(crate) permits: HashMap<String, PermitSet>,
-    /// Idempotency record key → the record.
-    pub(crate) records: HashMap<String, Record>,
-    /// Release marker key ([`LockKeys::release_marker`]) → its expiry (µs):
-    /// the tokens that released a lock or permits lately.
-    released: HashMap<String, u64>,
-    ops: u64,
-    next_sweep: u64,
-}
-
-pub(crate) struct Holder {
-    pub(crate) token: String,
-    /// Expiry on the backend clock, µs.
-    pub(crate) expires_at: u64,
-}
-
-struct Fence {
-    value: u64,
-    expires_at: u64,
-}
-
-impl Default for MemoryLocks {
-    fn default() -> Self {
-        MemoryLocks {
-            state: Mutex::new(State::default()),
-            events: broadcast::channel(EVENT_CAPACITY).0,
-        }
-    }
-}
-
-impl fmt::Debug for MemoryLocks {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.lock();
-        f.debug_struct("MemoryLocks")
-            .field("held", &s.held.len())
-            .field("fences", &s.fences.len())
-            .field("released", &s.released.len())
-            .finish()
-    }
-}
-
-pub(crate) fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
-}
+use crate::lock::RELEASE_MARKER_TTL;
+use crate::store::{
+    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys, ReleaseEvent,
+    ReleaseEvents,
+};
 
 impl MemoryLocks {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        // Entries are replaced whole, so a poisoned lock is still consistent.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The live holder of `key` at `now`, dropping an expired one.
-    pub(crate) fn live<'a>(state: &'a mut State, key: &str, now: u64) -> Option<&'a mut Holder> {
-        if state.held.get(key).is_some_and(|h| h.expires_at <= now) {
-            state.held.remove(key);
-        }
-        state.held.get_mut(key)
-    }
-
-    pub(crate) fn sweep(state: &mut State, now: u64) {
-        state.ops += 1;
-        if state.ops >= state.next_sweep {
-            state.held.retain(|_, h| h.expires_at > now);
-            state.fences.retain(|_, f| f.expires_at > now);
-            Self::sweep_permits(state, now);
-            state.records.retain(|_, r| r.expires_at > now);
-            state.released.retain(|_, expires_at| *expires_at > now);
-            let live = state.held.len()
-                + state.fences.len()
-                + state.permits.len()
-                + state.records.len()
-                + state.released.len();
-            state.next_sweep = state.ops + (live as u64).max(1024);
-        }
-    }
-
     pub(crate) fn acquire(&self, req: &AcquireRequest, now: u64) -> Result<AcquireReply> {
         let mut state = self.lock();
         Self::sweep(&mut state, now);
         if state.permits.contains_key(&req.keys.lock) {
             // Redis answers WRONGTYPE: a fair and an unfair locker on one name.
-            return Err(crate::Error::Backend(crate::BackendError::new(format!(
-                "WRONGTYPE: {} holds permits, not a lock",
-                req.keys.lock
-            ))));
+            return Err(crate::error::Error::Backend(
+                crate::error::BackendError::new(format!(
+                    "WRONGTYPE: {} holds permits, not a lock",
+                    req.keys.lock
+                )),
+            ));
         }
         if let Some(h) = Self::live(&mut state, &req.keys.lock, now) {
             if h.token != req.token {
@@ -365,6 +271,10 @@ impl LockBackend for MemoryBackend {
     ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
         let events = self.locks().events(channel_prefix);
         Some(futures_util::future::ready(Ok(events)).boxed())
+    }
+
+    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
+        std::sync::Arc::new(MemoryBackend::new())
     }
 
     fn lock_kind(&self) -> &'static str {

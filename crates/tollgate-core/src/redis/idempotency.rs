@@ -6,27 +6,22 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::Value;
 
-use super::backend::{ClaimReply, ClaimRequest, IdempotencyBackend, RecordKeys};
-use super::StoredResponse;
-use crate::backend::redis::lua;
-use crate::backend::RedisBackend;
+use super::reply::{self, parse_flag, pttl};
+use super::scripts::{IDEM_ABANDON, IDEM_CLAIM, IDEM_COMPLETE};
+use super::RedisBackend;
 use crate::error::{Error, Result};
-use crate::lock::backend::millis_ceil;
-use crate::FencingToken;
+use crate::store::{
+    millis_ceil, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend, RecordKeys,
+    StoredResponse,
+};
 
-lua!(IDEM_CLAIM, include_str!("../../lua/idem_claim.lua"));
-lua!(IDEM_COMPLETE, include_str!("../../lua/idem_complete.lua"));
-lua!(IDEM_ABANDON, include_str!("../../lua/idem_abandon.lua"));
+/// An integer reply, or `None`.
+fn int(value: &Value) -> Option<i64> {
+    reply::int(value).ok()
+}
 
 fn protocol(what: &str, value: &Value) -> Error {
     Error::Protocol(format!("unexpected {what} reply {value:?}"))
-}
-
-fn int(value: &Value) -> Option<i64> {
-    match value {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    }
 }
 
 fn bytes(value: &Value) -> Option<Option<&[u8]>> {
@@ -49,13 +44,9 @@ fn parse_claim(value: Value) -> Result<ClaimReply> {
             }),
             _ => Err(bad()),
         },
-        [flag, same, pttl] if int(flag) == Some(0) => Ok(ClaimReply::InFlight {
+        [flag, same, ms] if int(flag) == Some(0) => Ok(ClaimReply::InFlight {
             same_payload: int(same).ok_or_else(bad)? == 1,
-            pttl: match int(pttl).ok_or_else(bad)? {
-                -2 => Some(Duration::ZERO),
-                n if n >= 0 => Some(Duration::from_millis(n as u64)),
-                _ => None,
-            },
+            pttl: pttl(int(ms).ok_or_else(bad)?),
         }),
         [flag, same, rest @ ..] if int(flag) == Some(2) => {
             // Lua stops an array at its first nil: a missing field ends it.
@@ -84,14 +75,6 @@ fn parse_claim(value: Value) -> Result<ClaimReply> {
             })
         }
         _ => Err(bad()),
-    }
-}
-
-fn parse_flag(value: Value) -> Result<bool> {
-    match int(&value) {
-        Some(0) => Ok(false),
-        Some(1) => Ok(true),
-        _ => Err(protocol("flag", &value)),
     }
 }
 

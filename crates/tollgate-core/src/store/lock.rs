@@ -8,9 +8,50 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
-use super::FencingToken;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
+
+/// A fencing token: strictly increasing per lock name, across all holders,
+/// processes and Redis restarts (see the [module docs](crate::lock) for the
+/// guarantee and its assumption). The protected resource remembers the
+/// highest token it has seen and refuses writes that carry a lower one.
+///
+/// ```
+/// use tollgate_core::FencingToken;
+///
+/// let old = FencingToken(1_700_000_000_000_000);
+/// let new = FencingToken(1_700_000_000_000_001);
+/// assert!(new > old);
+/// assert_eq!(new.get(), 1_700_000_000_000_001);
+/// assert_eq!(new.to_string(), "1700000000000001");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// The token as an integer.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl From<FencingToken> for u64 {
+    fn from(token: FencingToken) -> u64 {
+        token.0
+    }
+}
+
+impl From<u64> for FencingToken {
+    fn from(token: u64) -> FencingToken {
+        FencingToken(token)
+    }
+}
 
 /// The keys and channel of one lock name: `<prefix>:lock:{<name>}`, its fence
 /// key `<prefix>:lock:{<name>}:fence` (same hash tag, so the same cluster
@@ -289,13 +330,17 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// not counted). Backends without semaphores keep the default, an error.
     fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
         let _ = keys;
-        Box::pin(std::future::ready(Err(crate::Error::InvalidConfig(
+        Box::pin(std::future::ready(Err(crate::error::Error::InvalidConfig(
             format!(
                 "the {} backend does not support semaphores",
                 self.lock_kind()
             ),
         ))))
     }
+
+    /// A store in this process to hold permits on while this one is down:
+    /// the local semaphore of [`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback).
+    fn local_lock(&self) -> Arc<dyn LockBackend>;
 
     /// A short name for logs: `"memory"`, `"redis"`, `"cluster"`, ….
     fn lock_kind(&self) -> &'static str;
@@ -347,8 +392,26 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         (**self).permits_in_use(keys)
     }
 
+    fn local_lock(&self) -> Arc<dyn LockBackend> {
+        (**self).local_lock()
+    }
+
     fn lock_kind(&self) -> &'static str {
         (**self).lock_kind()
+    }
+}
+
+/// `(limit, weight, fair)` of a permit name; an error for a lock's keys.
+pub(crate) fn shape(keys: &LockKeys) -> Result<(u32, u32, bool)> {
+    match keys.holders {
+        Holders::Permits {
+            limit,
+            weight,
+            fair,
+        } => Ok((limit, weight, fair)),
+        Holders::One => Err(Error::InvalidConfig(
+            "a lock name was passed to a permit operation".into(),
+        )),
     }
 }
 

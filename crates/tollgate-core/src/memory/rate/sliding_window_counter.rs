@@ -4,11 +4,6 @@
 
 use super::{Outcome, Refund, Slot, Step};
 
-/// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = rate_script!("sliding_window_counter");
-/// Its refund script.
-pub(crate) const REFUND: &str = refund_script!("sliding_window_counter");
-
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
     let w = req.now / period;

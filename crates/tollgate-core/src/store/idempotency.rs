@@ -6,10 +6,108 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use super::{Fingerprint, StoredResponse};
+use sha2::{Digest, Sha256};
+
+use super::lock::{FencingToken, LockBackend, LockKeys};
 use crate::error::Result;
-use crate::lock::{LockBackend, LockKeys};
-use crate::FencingToken;
+
+/// What identifies a request's payload: a SHA-256 digest (of the method,
+/// path and query, content type and body, as the layer computes it).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// The SHA-256 of `bytes`.
+    pub fn of(bytes: &[u8]) -> Fingerprint {
+        Fingerprint(Sha256::digest(bytes).into())
+    }
+
+    /// A digest computed elsewhere (e.g. incrementally over a body).
+    pub fn from_digest(digest: [u8; 32]) -> Fingerprint {
+        Fingerprint(digest)
+    }
+
+    /// Lower-case hex, as stored.
+    pub fn to_hex(&self) -> String {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut s = String::with_capacity(64);
+        for b in self.0 {
+            s.push(char::from(HEX[usize::from(b >> 4)]));
+            s.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+        s
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", &self.to_hex()[..16])
+    }
+}
+
+/// A stored response: the status, the headers the caller chose to keep
+/// (an allow-list: never `Set-Cookie`), and the body — or no body when it
+/// was too large to store, in which case the record only says the request
+/// completed and cannot be replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredResponse {
+    /// The HTTP status code.
+    pub status: u16,
+    /// Header names (lower case) and values, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body, byte for byte; `None`: completed, but not replayable.
+    pub body: Option<Vec<u8>>,
+}
+
+impl StoredResponse {
+    /// A replayable response.
+    pub fn new(status: u16, headers: Vec<(String, Vec<u8>)>, body: Vec<u8>) -> Self {
+        StoredResponse {
+            status,
+            headers,
+            body: Some(body),
+        }
+    }
+
+    /// A completed request whose response was not kept (too large).
+    pub fn not_replayable(status: u16) -> Self {
+        StoredResponse {
+            status,
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+
+    /// Headers as stored: `name NUL value NUL …` (HTTP header names and
+    /// values cannot contain NUL).
+    pub(crate) fn encode_headers(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in &self.headers {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+            out.extend_from_slice(value);
+            out.push(0);
+        }
+        out
+    }
+
+    /// The inverse of [`encode_headers`](Self::encode_headers); `None` for a
+    /// value that is not one.
+    pub(crate) fn decode_headers(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+        if bytes.is_empty() {
+            return Some(Vec::new());
+        }
+        let parts: Vec<&[u8]> = bytes.strip_suffix(&[0])?.split(|b| *b == 0).collect();
+        if !parts.len().is_multiple_of(2) {
+            return None;
+        }
+        parts
+            .chunks(2)
+            .map(|kv| Some((String::from_utf8(kv[0].to_vec()).ok()?, kv[1].to_vec())))
+            .collect()
+    }
+}
 
 /// The keys of one idempotency record: the lease's lock keys
 /// (`<prefix>:idem:{<key>}`, its fence and release channel) and the record

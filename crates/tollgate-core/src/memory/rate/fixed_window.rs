@@ -1,12 +1,7 @@
 //! Fixed window aligned to the epoch. The Redis script is
-//! `lua/fixed_window.lua`; this file is its twin for the memory backend.
+//! `lua/fixed_window.lua`; this file is its twin for the memory store.
 
 use super::{Outcome, Refund, Slot, Step};
-
-/// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = rate_script!("fixed_window");
-/// Its refund script.
-pub(crate) const REFUND: &str = refund_script!("fixed_window");
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {

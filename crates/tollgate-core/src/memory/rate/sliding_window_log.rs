@@ -1,19 +1,9 @@
 //! Sliding window log: one entry per admitted unit, exact. The Redis script is
-//! `lua/sliding_window_log.lua`; this file is its twin for the memory backend.
+//! `lua/sliding_window_log.lua`; this file is its twin for the memory store.
 
 use std::collections::VecDeque;
 
 use super::{Outcome, Refund, Slot, Step};
-
-/// The Lua script, after the shared prelude.
-pub(crate) const SCRIPT: &str = rate_script!("sliding_window_log");
-/// Its refund script.
-pub(crate) const REFUND: &str = refund_script!("sliding_window_log");
-
-/// The largest limit the log accepts: it keeps one entry per admitted unit,
-/// and memory and CPU grow with the limit. Larger limits belong to the
-/// sliding window counter.
-pub const MAX_LOG_LIMIT: u64 = 10_000;
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {

@@ -1,0 +1,256 @@
+//! Rate limits in memory: [`RateBackend`] for [`MemoryBackend`], each check
+//! and refund decided by the algorithms' twins ([`twin`]) on one shard.
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use smallvec::smallvec;
+
+use super::{lock, Entry, MemoryBackend, Shard};
+use crate::error::Result;
+use crate::quota::Quota;
+use crate::store::{
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
+};
+
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
+pub(crate) mod sliding_window_counter;
+pub(crate) mod sliding_window_log;
+#[cfg(test)]
+mod step_tests;
+pub(crate) mod token_bucket;
+mod twin;
+
+pub(crate) use self::twin::*;
+
+impl MemoryBackend {
+    fn check_now(&self, req: &RateRequest) -> RateReply {
+        let now = req
+            .now_micros
+            .unwrap_or_else(|| self.inner.clock.now_micros());
+        let Some(first) = req.keys.first() else {
+            return RateReply::new(true, smallvec![]);
+        };
+        let mut shard = lock(self.shard_for(first));
+        shard.tick(now);
+        if let ([key], [q]) = (&req.keys[..], &req.quotas[..]) {
+            let (allowed, outcome) =
+                Self::check_one(&mut shard, key, q, req.algorithm, req.cost, now);
+            return RateReply::new(allowed, smallvec![outcome]).at(now);
+        }
+        // Each key's live entry is taken out whole, keeping its owned key so
+        // that putting it back allocates nothing.
+        let mut held: Vec<(Option<String>, u64)> = Vec::with_capacity(req.keys.len());
+        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(req.keys.len());
+        for k in &req.keys {
+            match shard.map.remove_entry(k) {
+                Some((owned, e)) if e.expires_at > now => {
+                    held.push((Some(owned), e.expires_at));
+                    slots.push(Some(e.slot));
+                }
+                Some((owned, _expired)) => {
+                    held.push((Some(owned), 0));
+                    slots.push(None);
+                }
+                None => {
+                    held.push((None, 0));
+                    slots.push(None);
+                }
+            }
+        }
+        let alg = req.algorithm;
+        let mut outcomes: Outcomes = slots
+            .iter_mut()
+            .zip(req.quotas.iter())
+            .map(|(slot, q)| alg.step(slot, now, req.cost, q, false))
+            .collect();
+        let allowed = outcomes.iter().all(|o| o.retry_after_micros == 0);
+        if allowed {
+            outcomes = slots
+                .iter_mut()
+                .zip(req.quotas.iter())
+                .map(|(slot, q)| alg.step(slot, now, req.cost, q, true))
+                .collect();
+        }
+        for (((key, slot), outcome), (owned, old_expiry)) in
+            req.keys.iter().zip(slots).zip(&outcomes).zip(held)
+        {
+            let Some(slot) = slot else { continue };
+            if matches!(&slot, Slot::Log(l) if l.is_empty()) {
+                continue;
+            }
+            // An admitted write sets a fresh TTL; a denied check keeps the old
+            // one, exactly as the scripts leave the key untouched.
+            let expires_at = if allowed {
+                now + outcome.ttl_micros.max(1)
+            } else {
+                old_expiry
+            };
+            if expires_at > now {
+                let key = owned.unwrap_or_else(|| key.clone());
+                shard.map.insert(key, Entry { slot, expires_at });
+            }
+        }
+        RateReply::new(allowed, outcomes).at(now)
+    }
+
+    /// The refund scripts' twin: the marker first (at most once per charge,
+    /// living as long as the refund could matter), then each quota's refund
+    /// on its live entry.
+    fn refund_now(&self, req: &RefundRequest) -> bool {
+        let now = req
+            .now_micros
+            .unwrap_or_else(|| self.inner.clock.now_micros());
+        let until = req.at_micros.saturating_add(req.span_micros);
+        if until <= now {
+            return false;
+        }
+        let mut shard = lock(self.shard_for(&req.marker));
+        if shard
+            .map
+            .get(&req.marker)
+            .is_some_and(|e| e.expires_at > now)
+        {
+            return false;
+        }
+        shard.map.insert(
+            req.marker.clone(),
+            Entry {
+                slot: Slot::Marker,
+                expires_at: until,
+            },
+        );
+        let r = Refund {
+            now,
+            cost: req.cost,
+            at: req.at_micros,
+        };
+        for (i, (key, q)) in req.keys.iter().zip(req.quotas.iter()).enumerate() {
+            // A quota whose own span has passed may have refilled: nothing.
+            let span = req
+                .quota_spans_micros
+                .get(i)
+                .copied()
+                .unwrap_or(req.span_micros);
+            if req.at_micros.saturating_add(span) <= now {
+                continue;
+            }
+            let Some(entry) = shard.map.get_mut(key).filter(|e| e.expires_at > now) else {
+                continue;
+            };
+            let mut slot = Some(std::mem::replace(&mut entry.slot, Slot::Marker));
+            let ttl = req.algorithm.refund(&mut slot, r, q);
+            match slot {
+                Some(slot) => {
+                    entry.slot = slot;
+                    if let Some(ttl) = ttl {
+                        entry.expires_at = now + ttl.max(1);
+                    }
+                }
+                None => {
+                    shard.map.remove(key);
+                }
+            }
+        }
+        true
+    }
+
+    /// [`check_now`](Self::check_now) for one quota (the common case): the
+    /// same steps on the entry in place (one lookup, no vectors).
+    fn check_one(
+        shard: &mut Shard,
+        key: &str,
+        q: &Quota,
+        alg: Algorithm,
+        cost: u64,
+        now: u64,
+    ) -> (bool, Outcome) {
+        let params = alg.params(q);
+        let peek = Step {
+            now,
+            cost,
+            commit: false,
+        };
+        let commit = Step {
+            commit: true,
+            ..peek
+        };
+        // A peek, then the commit when it admits (as check_now steps every
+        // quota); one committing step where that is the same.
+        let step = |slot: &mut Option<Slot>| {
+            if alg.commit_decides() {
+                let outcome = alg.step_with(slot, commit, params);
+                return (outcome.retry_after_micros == 0, outcome);
+            }
+            let outcome = alg.step_with(slot, peek, params);
+            if outcome.retry_after_micros == 0 {
+                (true, alg.step_with(slot, commit, params))
+            } else {
+                (false, outcome)
+            }
+        };
+        if let Some(entry) = shard.map.get_mut(key) {
+            let expired = entry.expires_at <= now;
+            let mut slot = (!expired).then(|| std::mem::replace(&mut entry.slot, Slot::Marker));
+            let (allowed, outcome) = step(&mut slot);
+            // As in check_now: an admitted write sets a fresh TTL, a denial
+            // keeps the old one; an empty log or a lapsed entry is dropped.
+            let expires_at = if allowed {
+                now + outcome.ttl_micros.max(1)
+            } else {
+                entry.expires_at
+            };
+            match slot {
+                Some(slot)
+                    if expires_at > now && !matches!(&slot, Slot::Log(l) if l.is_empty()) =>
+                {
+                    entry.slot = slot;
+                    entry.expires_at = expires_at;
+                }
+                _ => {
+                    shard.map.remove(key);
+                }
+            }
+            return (allowed, outcome);
+        }
+        let mut slot = None;
+        let (allowed, outcome) = step(&mut slot);
+        if allowed {
+            if let Some(slot) = slot {
+                if !matches!(&slot, Slot::Log(l) if l.is_empty()) {
+                    let expires_at = now + outcome.ttl_micros.max(1);
+                    shard.map.insert(key.to_owned(), Entry { slot, expires_at });
+                }
+            }
+        }
+        (allowed, outcome)
+    }
+}
+
+impl RateBackend for MemoryBackend {
+    fn check_rate<'a>(&'a self, req: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        let reply = self.check_now(req);
+        async move { Ok(reply) }.boxed()
+    }
+
+    fn check_rate_now(&self, req: &RateRequest) -> Option<Result<RateReply>> {
+        Some(Ok(self.check_now(req)))
+    }
+
+    fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        let done = self.refund_now(req);
+        async move { Ok(done) }.boxed()
+    }
+
+    fn refund_rate_now(&self, req: &RefundRequest) -> Option<Result<bool>> {
+        Some(Ok(self.refund_now(req)))
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn RateBackend> {
+        std::sync::Arc::new(MemoryBackend::new())
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+}

@@ -1,0 +1,181 @@
+//! The Rust twins of the rate-limit scripts: each algorithm's step and
+//! refund over a key's [`Slot`], figure for figure what `lua/<name>.lua`
+//! and `lua/<name>_refund.lua` do on Redis, and the exact arithmetic they
+//! share.
+
+use std::collections::VecDeque;
+
+use super::{fixed_window, gcra, sliding_window_counter, sliding_window_log, token_bucket};
+use crate::quota::{Interval, Quota};
+use crate::store::{Algorithm, Outcome};
+
+/// The twins of an algorithm's scripts.
+pub(crate) trait Twin {
+    /// Whether one committing [`step`](Twin::step) decides exactly as a
+    /// peek followed, when the peek admits, by a committing step: true of
+    /// the algorithms whose step commits exactly when its peek would report
+    /// no wait (`retry_after` 0 ⟺ the cost fits), and otherwise reports
+    /// the peek's figures. A single-quota check then steps once.
+    /// The sliding windows keep the peek.
+    fn commit_decides(&self) -> bool;
+
+    /// The twin of the script, for one quota.
+    fn step(
+        &self,
+        slot: &mut Option<Slot>,
+        now: u64,
+        cost: u64,
+        q: &Quota,
+        commit: bool,
+    ) -> Outcome;
+
+    /// [`step`](Twin::step) with the quota's [`params`](Algorithm::params)
+    /// already made: a check that steps one quota twice (a peek, then the
+    /// commit) reduces its interval once.
+    fn step_with(&self, slot: &mut Option<Slot>, req: Step, params: (u64, Interval)) -> Outcome;
+
+    /// The twin of the refund script, for one quota: the new TTL (µs) when
+    /// the state was rewritten with one, `None` to keep it (or when the slot
+    /// was emptied).
+    fn refund(&self, slot: &mut Option<Slot>, r: Refund, q: &Quota) -> Option<u64>;
+}
+
+impl Twin for Algorithm {
+    fn commit_decides(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::Gcra | Algorithm::TokenBucket | Algorithm::FixedWindow
+        )
+    }
+
+    fn step(
+        &self,
+        slot: &mut Option<Slot>,
+        now: u64,
+        cost: u64,
+        q: &Quota,
+        commit: bool,
+    ) -> Outcome {
+        self.step_with(slot, Step { now, cost, commit }, self.params(q))
+    }
+
+    fn step_with(&self, slot: &mut Option<Slot>, req: Step, (a, b): (u64, Interval)) -> Outcome {
+        // The windows' periods are whole µs (`per_micro` is 1).
+        match self {
+            Algorithm::FixedWindow => fixed_window::step(slot, req, (a, b.ticks)),
+            Algorithm::SlidingWindowLog => sliding_window_log::step(slot, req, (a, b.ticks)),
+            Algorithm::SlidingWindowCounter => {
+                sliding_window_counter::step(slot, req, (a, b.ticks))
+            }
+            Algorithm::TokenBucket => token_bucket::step(slot, req, (a, b)),
+            Algorithm::Gcra => gcra::step(slot, req, (a, b)),
+        }
+    }
+
+    fn refund(&self, slot: &mut Option<Slot>, r: Refund, q: &Quota) -> Option<u64> {
+        let (a, b) = self.params(q);
+        match self {
+            Algorithm::FixedWindow => fixed_window::refund(slot, r, (a, b.ticks)),
+            Algorithm::SlidingWindowLog => sliding_window_log::refund(slot, r, (a, b.ticks)),
+            Algorithm::SlidingWindowCounter => {
+                sliding_window_counter::refund(slot, r, (a, b.ticks))
+            }
+            Algorithm::TokenBucket => token_bucket::refund(slot, r, (a, b)),
+            Algorithm::Gcra => gcra::refund(slot, r, (a, b)),
+        }
+    }
+}
+
+/// A refund as an algorithm's twin sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refund {
+    pub(crate) now: u64,
+    pub(crate) cost: u64,
+    pub(crate) at: u64,
+}
+
+/// An instant as the buckets store it, exactly: whole microseconds (`floor`,
+/// signed: a fresh bucket's empty instant may precede the epoch under a fake
+/// clock) plus `frac` units of `1/per_micro` µs, `0 ≤ frac < per_micro`.
+/// Kept relative to now in those units (`rel`), the scripts' arithmetic
+/// stays far below 2^53; only whole microseconds are ever absolute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Instant {
+    pub(crate) micros: i64,
+    pub(crate) frac: u64,
+}
+
+impl Instant {
+    /// `rel` units of `1/per` µs after `now` (negative: before).
+    pub(crate) fn at(now: u64, rel: i128, per: u64) -> Instant {
+        let per = i128::from(per);
+        Instant {
+            micros: (i128::from(now) + div_euclid(rel, per)) as i64,
+            frac: rem_euclid(rel, per) as u64,
+        }
+    }
+
+    /// How far after `now` this instant lies, in units of `1/per` µs.
+    pub(crate) fn rel(self, now: u64, per: u64) -> i128 {
+        (i128::from(self.micros) - i128::from(now)) * i128::from(per) + i128::from(self.frac)
+    }
+}
+
+/// `units` of `1/per` µs in whole microseconds, rounded up (never early):
+/// every figure a bucket reports.
+pub(crate) fn ceil_micros(units: i128, per: u64) -> u64 {
+    let per = i128::from(per);
+    // Floor division plus one unless exact: ceil for negatives too.
+    let q = div_euclid(units, per) + i128::from(rem_euclid(units, per) != 0);
+    q.max(0) as u64
+}
+
+/// `a.div_euclid(b)`, in 64 bits when both fit (the usual case): the same
+/// quotient, without the 128-bit division routine, which dominated a memory
+/// check's arithmetic (issue #15). Panics as `i128::div_euclid` does.
+#[inline]
+pub(crate) fn div_euclid(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        // i64::MIN / -1 overflows in 64 bits (not in 128): left to i128.
+        (Ok(a), Ok(b)) if b != -1 => i128::from(a.div_euclid(b)),
+        _ => a.div_euclid(b),
+    }
+}
+
+/// `a.rem_euclid(b)`, in 64 bits when both fit (see [`div_euclid`]).
+#[inline]
+pub(crate) fn rem_euclid(a: i128, b: i128) -> i128 {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) if b != -1 => i128::from(a.rem_euclid(b)),
+        _ => a.rem_euclid(b),
+    }
+}
+
+/// One request as an algorithm's in-memory step sees it: `cost` units at
+/// `now` (µs). With `commit`, an admitted cost is taken (written to the
+/// slot); without, the step only reports the figures as they stand. The
+/// quota's side is the pair of [`Algorithm::params`], named by each step
+/// after its own script.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Step {
+    pub(crate) now: u64,
+    pub(crate) cost: u64,
+    pub(crate) commit: bool,
+}
+
+/// State of one key in the memory backend.
+#[derive(Debug, Clone)]
+pub(crate) enum Slot {
+    /// A refund's marker, or a placeholder while an entry is stepped.
+    Marker,
+    /// GCRA's TAT or the token bucket's empty instant.
+    At(Instant),
+    /// Fixed window (previous unused) or sliding counter.
+    Window {
+        window: u64,
+        previous: u64,
+        count: u64,
+    },
+    /// Sliding log, sorted.
+    Log(VecDeque<u64>),
+}

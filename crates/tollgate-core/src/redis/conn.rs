@@ -1,0 +1,136 @@
+//! The connection behind a [`RedisBackend`](super::RedisBackend): one
+//! cloneable handle whatever the deployment, and the one way a script is
+//! sent on it.
+
+use std::any::Any;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
+
+use super::scripts::LuaScript;
+use crate::error::{redis_error, Result};
+
+/// The connection behind a [`RedisBackend`]. The usual kinds are variants,
+/// so a call clones a handle and dispatches with a `match` — no allocation
+/// and no virtual call per command; only a connection brought by the user
+/// is boxed.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Manager(ConnectionManager),
+    Cluster(ClusterConnection),
+    #[cfg(feature = "sentinel")]
+    Sentinel(super::sentinel::SentinelConnection),
+    Other(Box<dyn DynConnection>),
+}
+
+/// A user's connection, boxed: `ConnectionLike` plus a clone into a box.
+pub(crate) trait DynConnection: ConnectionLike + Send + Sync {
+    fn clone_box(&self) -> Box<dyn DynConnection>;
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> DynConnection for C {
+    fn clone_box(&self) -> Box<dyn DynConnection> {
+        Box::new(self.clone())
+    }
+}
+
+impl Clone for Box<dyn DynConnection> {
+    fn clone(&self) -> Self {
+        (**self).clone_box()
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Manager(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(c) => c.req_packed_command(cmd),
+            Conn::Other(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Manager(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Other(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Manager(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+            #[cfg(feature = "sentinel")]
+            Conn::Sentinel(c) => c.get_db(),
+            Conn::Other(c) => c.get_db(),
+        }
+    }
+}
+
+/// Takes `conn` out as a `T` if that is its type (a connection handed to
+/// [`RedisBackend::from_connection`] that is one of the usual kinds gets
+/// its own variant, unboxed).
+pub(super) fn downcast<C: 'static, T: 'static>(conn: C) -> Result<T, C> {
+    let mut slot = Some(conn);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
+        Some(t) => Ok(t.take().expect("just filled")),
+        None => Err(slot.expect("not taken")),
+    }
+}
+
+impl Conn {
+    /// Runs a script: `EVALSHA`, and on `NOSCRIPT` (after a restart, a
+    /// failover or `SCRIPT FLUSH`) `EVAL` once, which also loads it. No other
+    /// error is retried. `fill` adds the keys and arguments after `numkeys`.
+    pub(crate) async fn invoke(
+        &self,
+        script: &LuaScript,
+        fill: impl Fn(&mut Cmd),
+    ) -> Result<Value> {
+        self.invoke_raw(script, fill).await.map_err(redis_error)
+    }
+
+    /// [`invoke`](Self::invoke) with redis-rs's error (a batch answers each
+    /// check with a copy of it).
+    pub(crate) async fn invoke_raw(
+        &self,
+        script: &LuaScript,
+        fill: impl Fn(&mut Cmd),
+    ) -> redis::RedisResult<Value> {
+        let mut conn = self.clone();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.sha.as_str());
+        fill(&mut cmd);
+        match cmd.query_async::<Value>(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(script.body);
+                fill(&mut cmd);
+                cmd.query_async::<Value>(&mut conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn downcast_takes_only_its_own_type() {
+        assert_eq!(downcast::<u32, u32>(7), Ok(7));
+        assert_eq!(downcast::<u32, u64>(7), Err(7));
+    }
+}

@@ -1,0 +1,181 @@
+//! Every script tollgate sends to Redis, named once: which `lua/*.lua` file
+//! each operation runs, and each algorithm's place in the batch script.
+
+use std::sync::LazyLock;
+
+use crate::rate::Algorithm;
+
+/// A Lua script and its SHA1, computed once.
+#[derive(Debug)]
+pub(crate) struct LuaScript {
+    pub(crate) sha: String,
+    pub(crate) body: &'static str,
+}
+
+impl LuaScript {
+    /// A script from its source (use with `include_str!`).
+    pub(crate) fn new(body: &'static str) -> Self {
+        LuaScript {
+            sha: redis::Script::new(body).get_hash().to_owned(),
+            body,
+        }
+    }
+}
+
+/// A script's body as it is sent: a rate algorithm's arguments
+/// (`lua/rate_args.lua`), the shared prelude, then the algorithm; a refund
+/// adds the refund prelude. Every script is sent whole, so each carries
+/// its preludes.
+macro_rules! rate_body {
+    (check $file:literal) => {
+        concat!(
+            include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_prelude.lua"),
+            include_str!(concat!("../../lua/", $file, ".lua"))
+        )
+    };
+    (refund $file:literal) => {
+        concat!(
+            include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_prelude.lua"),
+            include_str!("../../lua/refund_prelude.lua"),
+            include_str!(concat!("../../lua/", $file, "_refund.lua"))
+        )
+    };
+    (batched $file:literal) => {
+        concat!(
+            "local function ",
+            $file,
+            "(KEYS, ARGV)\n",
+            include_str!(concat!("../../lua/", $file, ".lua")),
+            "\nend\n"
+        )
+    };
+}
+
+/// One row per algorithm: its file, its check and refund scripts, and its
+/// place in the batch script's `decide` table (the row's order).
+macro_rules! rate_scripts {
+    ($($alg:ident => $file:literal),* $(,)?) => {
+        /// The batch script (`lua/rate_batch.lua`): many checks, any
+        /// algorithms, one call. Its functions are the single scripts' own
+        /// bodies, so a coalesced decision runs the very code a single call does.
+        pub(crate) const BATCH_BODY: &str = concat!(
+            "local now, cost, n\n",
+            include_str!("../../lua/rate_prelude.lua"),
+            $(rate_body!(batched $file),)*
+            "local decide = {", $($file, ", ",)* "}\n",
+            include_str!("../../lua/rate_batch.lua"),
+        );
+
+        /// An algorithm's check script.
+        pub(crate) fn check(algorithm: Algorithm) -> &'static LuaScript {
+            match algorithm {
+                $(Algorithm::$alg => {
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(check $file)));
+                    &S
+                })*
+            }
+        }
+
+        /// An algorithm's refund script.
+        pub(crate) fn refund(algorithm: Algorithm) -> &'static LuaScript {
+            match algorithm {
+                $(Algorithm::$alg => {
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(refund $file)));
+                    &S
+                })*
+            }
+        }
+
+        /// An algorithm's file, `lua/<file>.lua`.
+        #[cfg(test)]
+        pub(crate) fn file(algorithm: Algorithm) -> &'static str {
+            match algorithm {
+                $(Algorithm::$alg => $file,)*
+            }
+        }
+
+        /// An algorithm's place (from 1) in the batch script's `decide` table.
+        pub(crate) fn batch_id(algorithm: Algorithm) -> u8 {
+            let rows = [$(Algorithm::$alg),*];
+            let at = rows.iter().position(|a| *a == algorithm);
+            at.map_or(0, |i| i as u8 + 1)
+        }
+    };
+}
+
+rate_scripts! {
+    FixedWindow => "fixed_window",
+    SlidingWindowLog => "sliding_window_log",
+    SlidingWindowCounter => "sliding_window_counter",
+    TokenBucket => "token_bucket",
+    Gcra => "gcra",
+}
+
+/// Declares the scripts of the other operations, one `lua/<file>.lua` each.
+macro_rules! scripts {
+    ($($name:ident => $file:literal),* $(,)?) => {
+        $(
+            #[doc = concat!("`lua/", $file, ".lua`.")]
+            pub(crate) static $name: LazyLock<LuaScript> =
+                LazyLock::new(|| LuaScript::new(include_str!(concat!("../../lua/", $file, ".lua"))));
+        )*
+    };
+}
+
+/// The batch script, loaded.
+pub(crate) static RATE_BATCH: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(BATCH_BODY));
+
+scripts! {
+    LOCK_ACQUIRE => "lock_acquire",
+    LOCK_RELEASE => "lock_release",
+    LOCK_EXTEND => "lock_extend",
+    LOCK_FENCE_RAISE => "lock_fence_raise",
+    PERMIT_ACQUIRE => "permit_acquire",
+    PERMIT_RELEASE => "permit_release",
+    PERMIT_EXTEND => "permit_extend",
+    PERMIT_COUNT => "permit_count",
+    IDEM_CLAIM => "idem_claim",
+    IDEM_COMPLETE => "idem_complete",
+    IDEM_ABANDON => "idem_abandon",
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each algorithm's batch id picks, in the batch script, a function
+    /// whose body is that algorithm's check script.
+    #[test]
+    fn batch_ids_pick_each_algorithms_own_function() {
+        let table = BATCH_BODY
+            .lines()
+            .find_map(|l| l.strip_prefix("local decide = {"))
+            .expect("the decide table");
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            let id = usize::from(batch_id(alg));
+            assert!(id >= 1, "{alg:?}");
+            let name = table.split(", ").nth(id - 1).expect("a row");
+            assert_eq!(name, file(alg));
+            // The single script is the preludes then the algorithm's own body;
+            // the batch wraps that same body in the function it picks.
+            let preludes = concat!(
+                include_str!("../../lua/rate_args.lua"),
+                include_str!("../../lua/rate_prelude.lua")
+            );
+            let own = check(alg)
+                .body
+                .strip_prefix(preludes)
+                .expect("the preludes");
+            let function = format!("local function {name}(KEYS, ARGV)\n{own}\nend\n");
+            assert!(BATCH_BODY.contains(&function), "{alg:?}");
+        }
+    }
+}

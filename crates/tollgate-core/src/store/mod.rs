@@ -1,0 +1,24 @@
+//! The store traits: what a capability asks of the place its state lives,
+//! and the requests and replies the two sides exchange.
+//!
+//! [`RedisBackend`](crate::RedisBackend) answers each with one Lua script on
+//! Redis (standalone, Sentinel, Cluster); [`MemoryBackend`](crate::MemoryBackend)
+//! with the scripts' Rust twins in this process; [`Backend`](crate::Backend)
+//! is either, chosen at run time. The same behaviour suite runs against every
+//! store.
+
+mod idempotency;
+mod lock;
+mod rate;
+
+pub use self::idempotency::{
+    ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
+};
+pub(crate) use self::lock::{millis_ceil, shape};
+pub use self::lock::{
+    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys, ReleaseEvent,
+    ReleaseEvents,
+};
+pub use self::rate::{
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
+};

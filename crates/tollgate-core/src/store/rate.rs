@@ -1,0 +1,291 @@
+//! [`RateBackend`]: one rate-limit decision or refund, as a store makes it,
+//! and the vocabulary the two sides share ([`Algorithm`], [`Outcome`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use smallvec::SmallVec;
+
+use crate::error::Result;
+use crate::quota::{Interval, Quota};
+
+/// Which rate-limit algorithm a limiter runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// A counter per epoch-aligned window.
+    FixedWindow,
+    /// An exact log of admissions in the last period.
+    SlidingWindowLog,
+    /// Weighted previous window plus current window.
+    SlidingWindowCounter,
+    /// Continuous refill up to a capacity.
+    TokenBucket,
+    /// Generic cell rate algorithm.
+    Gcra,
+}
+
+impl Algorithm {
+    /// A short stable name, used in default policy names, metrics and in
+    /// every key the algorithm writes (see [`RateLimiter::keys_for`](crate::RateLimiter::keys_for)).
+    pub fn short_name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindowLog => "swl",
+            Algorithm::SlidingWindowCounter => "swc",
+            Algorithm::TokenBucket => "tb",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Whether the algorithm uses the quota's burst.
+    pub fn uses_burst(&self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+
+    /// The two arguments the script takes for a quota: (limit, period) for
+    /// the windows, (burst, exact emission interval) for the buckets.
+    pub(crate) fn params(&self, q: &Quota) -> (u64, Interval) {
+        if self.uses_burst() {
+            let (ticks, per_micro) = q.interval_fraction();
+            (q.burst(), Interval { ticks, per_micro })
+        } else {
+            (q.limit(), Interval::micros(q.period_micros()))
+        }
+    }
+
+    /// The most one request may cost under `q`.
+    pub fn capacity(&self, q: &Quota) -> u64 {
+        // `params(q).0`, without reducing the interval (a gcd per call).
+        if self.uses_burst() {
+            q.burst()
+        } else {
+            q.limit()
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::FixedWindow => "fixed window",
+            Algorithm::SlidingWindowLog => "sliding window log",
+            Algorithm::SlidingWindowCounter => "sliding window counter",
+            Algorithm::TokenBucket => "token bucket",
+            Algorithm::Gcra => "GCRA",
+        })
+    }
+}
+
+/// What one quota said about one request, in microseconds; the common form of
+/// a script's reply and of its Rust twin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Units left after this request (before it, when denied).
+    pub remaining: u64,
+    /// Microseconds until the quota is back to full.
+    pub reset_after_micros: u64,
+    /// Microseconds until this request could be admitted; 0 when admitted.
+    pub retry_after_micros: u64,
+    /// Microseconds until more of the quota is made available (draft-10's
+    /// `t`): the next unit of a bucket, the end of a fixed window, the next
+    /// unit that fits a sliding window; 0 when the quota is full (for a
+    /// fixed window, its end).
+    pub next_after_micros: u64,
+    /// Microseconds the written state must live (memory backend only).
+    pub(crate) ttl_micros: u64,
+}
+
+impl Outcome {
+    pub(crate) fn allowed(remaining: u64, reset: u64, ttl: u64, next: u64) -> Self {
+        Outcome {
+            remaining,
+            reset_after_micros: reset,
+            retry_after_micros: 0,
+            next_after_micros: next,
+            ttl_micros: ttl,
+        }
+    }
+
+    /// The figures as they stand, without taking the cost; `retry` is 0
+    /// when this quota alone would admit the cost.
+    pub(crate) fn current(remaining: u64, reset: u64, retry: u64, next: u64) -> Self {
+        Outcome {
+            remaining,
+            reset_after_micros: reset,
+            retry_after_micros: retry,
+            next_after_micros: next,
+            ttl_micros: 0,
+        }
+    }
+
+    /// Builds an outcome from a script's four figures.
+    pub fn from_reply(
+        remaining: u64,
+        reset_after_micros: u64,
+        retry_after_micros: u64,
+        next_after_micros: u64,
+    ) -> Self {
+        Outcome {
+            remaining,
+            reset_after_micros,
+            retry_after_micros,
+            next_after_micros,
+            ttl_micros: 0,
+        }
+    }
+}
+
+/// One rate-limit decision to make: the keys (one per quota, one hash tag),
+/// the quotas, the cost, and optionally the time.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RateRequest {
+    /// The algorithm to run.
+    pub algorithm: Algorithm,
+    /// One key per quota, all sharing one hash tag.
+    pub keys: Vec<String>,
+    /// The quotas, in the same order as `keys` (shared with the limiter:
+    /// no copy per check).
+    pub quotas: Arc<[Quota]>,
+    /// Units this request takes.
+    pub cost: u64,
+    /// The time of the decision (µs since the epoch), or `None` for the
+    /// backend's own clock (Redis `TIME`).
+    pub now_micros: Option<u64>,
+    /// A random value that makes log entries unique.
+    pub nonce: u64,
+}
+
+/// A refund of one admitted check, for every quota (see
+/// [`RateLimiter::refund`](crate::RateLimiter::refund)).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RefundRequest {
+    /// The algorithm that charged.
+    pub algorithm: Algorithm,
+    /// The marker that makes the refund apply at most once (same hash tag).
+    pub marker: String,
+    /// One key per quota, as the check's.
+    pub keys: Vec<String>,
+    /// The quotas, as the check's.
+    pub quotas: Arc<[Quota]>,
+    /// Units to give back.
+    pub cost: u64,
+    /// The time of the refund (µs), or `None` for the backend's own clock.
+    pub now_micros: Option<u64>,
+    /// The check's id (its log entries carry it).
+    pub id: u64,
+    /// When the check was decided (µs, the backend's clock).
+    pub at_micros: u64,
+    /// How long after `at_micros` a refund can still change anything (µs):
+    /// the longest of the quotas' spans.
+    pub span_micros: u64,
+    /// Per quota, how long after `at_micros` its refund may still give
+    /// (µs); empty when every quota's span is `span_micros` (the windows).
+    /// A token bucket's or GCRA's quota stops one its own time after the
+    /// check, however long the others' run.
+    pub quota_spans_micros: Vec<u64>,
+}
+
+/// One [`Outcome`] per quota, the first held inline: a single-quota reply
+/// allocates nothing.
+pub type Outcomes = SmallVec<[Outcome; 1]>;
+
+/// A backend's answer to a [`RateRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateReply {
+    /// Whether every quota admitted the cost (and it was taken).
+    pub allowed: bool,
+    /// One outcome per quota.
+    pub outcomes: Outcomes,
+    /// The time the backend decided at (µs since the epoch): a refund of
+    /// this decision gives back to the window charged then.
+    pub now_micros: u64,
+}
+
+impl RateReply {
+    /// A reply from its parts, decided at time 0 (see [`at`](Self::at)).
+    pub fn new(allowed: bool, outcomes: impl Into<Outcomes>) -> Self {
+        Self {
+            allowed,
+            outcomes: outcomes.into(),
+            now_micros: 0,
+        }
+    }
+
+    /// The reply, decided at `now_micros`.
+    pub fn at(mut self, now_micros: u64) -> Self {
+        self.now_micros = now_micros;
+        self
+    }
+}
+
+/// Where rate-limit state lives. Implemented by [`RedisBackend`](crate::RedisBackend) and
+/// [`MemoryBackend`](crate::MemoryBackend); a decision is atomic across all its keys.
+pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
+    /// Makes one decision, atomically, in one round trip.
+    fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>>;
+
+    /// Makes the decision at once when no I/O is needed (an in-process
+    /// backend), or returns `None` to go through [`check_rate`](Self::check_rate).
+    /// The default is `None`.
+    fn check_rate_now(&self, request: &RateRequest) -> Option<Result<RateReply>> {
+        let _ = request;
+        None
+    }
+
+    /// Gives back what one admitted check took, at most once per
+    /// [`RefundRequest::marker`]: `Ok(true)` when given back. The default
+    /// refuses (a backend written before refunds existed).
+    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        let _ = request;
+        Box::pin(async {
+            Err(crate::error::Error::InvalidConfig(
+                "this rate-limit backend does not support refunds".into(),
+            ))
+        })
+    }
+
+    /// The refund at once when no I/O is needed, like
+    /// [`check_rate_now`](Self::check_rate_now). The default is `None`.
+    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
+        let _ = request;
+        None
+    }
+
+    /// A store in this process to decide on while this one is down: the
+    /// local limiter of [`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback).
+    fn local_rate(&self) -> Arc<dyn RateBackend>;
+
+    /// A short name for logs: `"memory"`, `"redis"`, ….
+    fn kind(&self) -> &'static str;
+}
+
+impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
+    fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        (**self).check_rate(request)
+    }
+
+    fn check_rate_now(&self, request: &RateRequest) -> Option<Result<RateReply>> {
+        (**self).check_rate_now(request)
+    }
+
+    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+        (**self).refund_rate(request)
+    }
+
+    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
+        (**self).refund_rate_now(request)
+    }
+
+    fn local_rate(&self) -> Arc<dyn RateBackend> {
+        (**self).local_rate()
+    }
+
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+}
