@@ -6,6 +6,7 @@
 //! cargo run --example gateway                                   # in memory
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example gateway  # standalone Redis
 //! REDIS_CLUSTER=127.0.0.1:7000,127.0.0.1:7001 cargo run --example gateway
+//! REDIS_SENTINELS=127.0.0.1:26379 REDIS_SENTINEL_SERVICE=mymaster cargo run --example gateway --features sentinel
 //! TOLLGATE_ADDR=127.0.0.1:3001 cargo run --example gateway      # another port
 //! ```
 //!
@@ -23,17 +24,11 @@
 
 use std::process::ExitCode;
 
-use tollgate::MemoryBackend;
-
 mod app;
 #[path = "../support/mod.rs"]
 mod support;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    support::run("gateway", |redis| match redis {
-        Some(redis) => app::router(redis),
-        None => app::router(MemoryBackend::new()),
-    })
-    .await
+    support::run("gateway", app::router).await
 }

@@ -5,6 +5,7 @@
 //! cargo run --example quickstart                                   # in memory
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart  # standalone Redis
 //! REDIS_CLUSTER=127.0.0.1:7000,127.0.0.1:7001 cargo run --example quickstart
+//! REDIS_SENTINELS=127.0.0.1:26379 REDIS_SENTINEL_SERVICE=mymaster cargo run --example quickstart --features sentinel
 //! TOLLGATE_ADDR=127.0.0.1:3001 cargo run --example quickstart      # another port
 //! ```
 //!
@@ -19,17 +20,11 @@
 
 use std::process::ExitCode;
 
-use tollgate::MemoryBackend;
-
 mod app;
 #[path = "../support/mod.rs"]
 mod support;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    support::run("quickstart", |redis| match redis {
-        Some(redis) => app::router(redis),
-        None => app::router(MemoryBackend::new()),
-    })
-    .await
+    support::run("quickstart", app::router).await
 }

@@ -7,38 +7,30 @@ use std::process::ExitCode;
 
 use axum::Router;
 use tokio::net::TcpListener;
-use tollgate::{Error, RateBackend, RedisBackend};
+use tollgate::Backend;
+use tracing_subscriber::EnvFilter;
 
-/// The Redis backend the environment names, if any: `REDIS_CLUSTER`
-/// (comma-separated `host:port` seeds) selects a cluster, else `REDIS_URL` a
-/// standalone Redis; `None` means this process's memory.
+/// Runs the example `name`: logs tollgate's warnings to stderr (`RUST_LOG`
+/// overrides the level), listens on `TOLLGATE_ADDR` (default
+/// `127.0.0.1:3000`), builds its router with `build` on the backend the
+/// environment names ([`Backend::from_env`]: `REDIS_CLUSTER`,
+/// `REDIS_SENTINELS` or `REDIS_URL`, else memory), prints
+/// `listening on http://<addr> (backend: <kind>)` and serves until Ctrl-C.
 ///
 /// A standalone Redis is connected lazily: the server starts (and its limits
 /// fail open, its locks answer 503) while Redis is down, and recovers on its
 /// own when Redis is back. A cluster must be reachable at start, to learn its
 /// slots.
-pub(crate) async fn redis_from_env() -> Result<Option<RedisBackend>, Error> {
-    let var = |name| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    if let Some(seeds) = var("REDIS_CLUSTER") {
-        let seeds = seeds.split(',').map(str::trim).filter(|s| !s.is_empty());
-        return Ok(Some(RedisBackend::connect_cluster(seeds).await?));
-    }
-    var("REDIS_URL")
-        .map(|url| RedisBackend::connect_lazy(&url))
-        .transpose()
-}
-
-/// Runs the example `name`: listens on `TOLLGATE_ADDR` (default
-/// `127.0.0.1:3000`), builds its router with `build` on the backend the
-/// environment names (`None`: memory), prints
-/// `listening on http://<addr> (backend: <kind>)` and serves until Ctrl-C.
-pub(crate) async fn run(
-    name: &str,
-    build: impl FnOnce(Option<RedisBackend>) -> Router,
-) -> ExitCode {
+pub(crate) async fn run(name: &str, build: impl FnOnce(Backend) -> Router) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
-    let redis = match redis_from_env().await {
-        Ok(redis) => redis,
+    let backend = match Backend::from_env().await {
+        Ok(backend) => backend,
         Err(e) => {
             eprintln!("{name}: cannot set up the backend: {e}");
             return ExitCode::FAILURE;
@@ -54,8 +46,8 @@ pub(crate) async fn run(
     let local = listener
         .local_addr()
         .expect("a bound listener has an address");
-    let kind = redis.as_ref().map_or("memory", |r| r.kind());
-    let router = build(redis);
+    let kind = backend.kind();
+    let router = build(backend);
     println!("listening on http://{local} (backend: {kind})");
     match serve(listener, router).await {
         Ok(()) => ExitCode::SUCCESS,
