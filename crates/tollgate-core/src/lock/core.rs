@@ -374,9 +374,12 @@ impl Core {
             first_ttl,
             handle,
         });
-        let busy = |pttl| Error::Busy {
+        // The wait a refusal suggests: the name's typical hold, within the
+        // holder's remaining lease.
+        let hold_times = &self.instances.hold_times;
+        let busy = |pttl: Option<Duration>| Error::Busy {
             name: ctx.name.clone(),
-            retry_after: pttl,
+            retry_after: pttl.map(|p| hold_times.hint(&ctx.keys.lock, p)),
         };
         let Some(bound) = bound else {
             return match self.attempt_detached(&ctx).await? {

@@ -13,6 +13,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::runtime::Handle;
 use tokio::sync::mpsc;
 
+use super::hold_times::HoldTimes;
 use super::options::MAX_LOCK_DURATION;
 use super::settings::Settings;
 use super::util::{join, new_token};
@@ -34,6 +35,9 @@ pub(crate) struct Instances {
     pub(crate) waiters: Waiters,
     /// Per instance: skip it for a moment after a failure (Redlock only).
     health: Vec<Health>,
+    /// How long names are held, from this process's releases: the wait a
+    /// refusal suggests.
+    pub(crate) hold_times: HoldTimes,
 }
 
 impl fmt::Debug for Instances {
@@ -164,6 +168,7 @@ impl Instances {
             timeout: s.timeout,
             waiters,
             health: (0..n).map(|_| Health::default()).collect(),
+            hold_times: HoldTimes::default(),
         }
     }
 

@@ -132,6 +132,8 @@ pub(crate) struct LeaseShared {
     token: String,
     fence: FencingToken,
     hold_until: Option<Instant>,
+    /// When the acquire that granted it was sent.
+    acquired_at: Instant,
     status: AtomicU8,
     timing: Mutex<Timing>,
     /// Serializes renewals and extends.
@@ -172,6 +174,10 @@ impl LeaseShared {
         let was = self.status.swap(RELEASED, Ordering::AcqRel);
         if was == RELEASED {
             return false;
+        }
+        if was == HELD {
+            let held = self.acquired_at.elapsed();
+            self.instances.hold_times.record(&self.keys.lock, held);
         }
         self.fire();
         true
@@ -326,6 +332,7 @@ impl Lease {
             hold_until: options
                 .max_hold_duration()
                 .and_then(|cap| granted.start.checked_add(cap)),
+            acquired_at: granted.start,
             status: AtomicU8::new(HELD),
             timing: Mutex::new(Timing {
                 deadline,

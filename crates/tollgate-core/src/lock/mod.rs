@@ -134,10 +134,11 @@
 //! In a database the check is one conditional write, e.g.
 //! `UPDATE files SET body = $1, fence = $2 WHERE id = $3 AND fence <= $2`.
 
-// Dependencies run one way (a DAG): util and options are leaves; waiters
+// Dependencies run one way (a DAG): util, options and hold_times are leaves; waiters
 // use util; instances use waiters; lease uses instances; core uses lease
 // and instances; locker uses core.
 pub(crate) mod core;
+mod hold_times;
 mod instances;
 mod lease;
 mod locker;

@@ -251,3 +251,29 @@ pub(crate) async fn huge_durations_are_refused_not_panics<F: Fixture>(f: &F) {
     assert!(next.release().await.unwrap());
     f.assert_no_immortal_keys();
 }
+
+/// A refusal hints how long holders of the name typically keep it (as this
+/// locker saw them release it), not the holder's whole lease: a 30 s lease
+/// for work that takes a few hundred milliseconds hints well under 30 s.
+pub(crate) async fn busy_hints_the_typical_hold<F: Fixture>(f: &F) {
+    let prefix = prefix("hint");
+    let a = f.builder().await.prefix(&prefix).build().unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let unknown = |e: Error| match e {
+        Error::Busy { retry_after, .. } => retry_after.expect("the holder's lease"),
+        other => panic!("{other}"),
+    };
+    // Nothing seen yet: the holder's remaining lease.
+    let first = a.try_acquire("h", &opts).await.unwrap();
+    let hint = unknown(a.try_acquire("h", &opts).await.unwrap_err());
+    assert!(hint > Duration::from_secs(20), "{hint:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(first.release().await.unwrap());
+    // One hold of about 300 ms seen: the next refusal hints about that.
+    let _second = a.try_acquire("h", &opts).await.unwrap();
+    let hint = unknown(a.try_acquire("h", &opts).await.unwrap_err());
+    assert!(
+        hint >= Duration::from_millis(300) && hint < Duration::from_secs(10),
+        "{hint:?}"
+    );
+}

@@ -196,6 +196,11 @@ macro_rules! behaviour_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn busy_hints_the_typical_hold() {
+            lock_common::busy_hints_the_typical_hold(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fill_once_computes_once() {
             lock_common::fill_once_computes_once(&$fixture).await;
         }
