@@ -15,8 +15,8 @@ use super::{KeyError, KeyExtractor};
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, RouteKey};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, RouteKey};
 ///
 /// let req = Request::post("/orders?x=1").body(()).unwrap().into_parts().0;
 /// assert_eq!(RouteKey::new().extract(&req).unwrap(), Some(Subject::new("/orders")));
@@ -117,8 +117,8 @@ fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
 /// # async fn main() {
 /// use axum::{body::Body, routing::get, Router};
 /// use http::{request::Parts, Request};
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, PathParam};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, PathParam};
 /// use tower::ServiceExt;
 ///
 /// let app = Router::new().route(
@@ -175,8 +175,8 @@ impl KeyExtractor for PathParam {
 /// # async fn main() {
 /// use axum::{body::Body, routing::post, Router};
 /// use http::{request::Parts, Request};
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, RouteParams};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, RouteParams};
 /// use tower::ServiceExt;
 ///
 /// let app = Router::new().route(
