@@ -48,6 +48,7 @@
 //!     .with_state(locker);
 //! # let _ = app;
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod limit;

@@ -94,6 +94,7 @@
 //! at WARN. Subjects appear only
 //! as [`Subject::digest`](tollgate_core::Subject::digest), never raw: they
 //! may be IP addresses or API keys.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod body;

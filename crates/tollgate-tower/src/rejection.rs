@@ -582,6 +582,7 @@ impl Rejection {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum_core::response::IntoResponse for Rejection {
     fn into_response(self) -> axum_core::response::Response {
         // Like axum's own rejections, each one is traced.

@@ -133,6 +133,7 @@ fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
 /// # }
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathParam {
     name: std::sync::Arc<str>,
@@ -149,6 +150,7 @@ impl PathParam {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl KeyExtractor for PathParam {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;
@@ -191,10 +193,12 @@ impl KeyExtractor for PathParam {
 /// # }
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RouteParams;
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl KeyExtractor for RouteParams {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;
