@@ -20,9 +20,9 @@
 //!   `tollgate-tower` made for this request, for handlers that show the
 //!   remaining budget.
 //!
-//! Every extractor fails with `tollgate_tower`'s [`Rejection`], the same
-//! type and the same answers as the tower layers (see
-//! [`tollgate_tower::rejection`] for the table): 409 + `Retry-After` for a
+//! Every extractor fails with [`Rejection`], the same type and the same
+//! answers as the tower layers (see
+//! [`tollgate::tower::rejection`](tollgate_tower::rejection) for the table): 409 + `Retry-After` for a
 //! busy lock, 429 + `Retry-After` for a rate limit, 413 for a cost the limit
 //! can never admit, the key extractor's status when the request lacks what
 //! the key is made of, 503 + `Retry-After: 1` when the backend is
@@ -31,9 +31,9 @@
 //!
 //! ```
 //! use axum::{routing::post, Router};
-//! use tollgate_axum::HeldLock;
-//! use tollgate_core::{Locker, MemoryBackend};
-//! use tollgate_tower::key::RouteParams;
+//! use tollgate::{Locker, MemoryBackend};
+//! use tollgate::tower::key::RouteParams;
+//! use tollgate::axum::HeldLock;
 //!
 //! /// One lock per job id: `HeldLock<RouteParams>` locks the route and its
 //! /// path parameters, with no impl to write.
@@ -48,6 +48,7 @@
 //!     .with_state(locker);
 //! # let _ = app;
 //! ```
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod limit;

@@ -27,9 +27,9 @@ use tollgate_tower::rejection::Rejection;
 ///
 /// ```
 /// use axum::extract::FromRef;
-/// use tollgate_axum::RateLimitPolicy;
-/// use tollgate_core::RateLimiter;
-/// use tollgate_tower::key::HeaderKey;
+/// use tollgate::RateLimiter;
+/// use tollgate::tower::key::HeaderKey;
+/// use tollgate::axum::RateLimitPolicy;
 ///
 /// #[derive(Clone, FromRef)]
 /// struct AppState {
@@ -66,12 +66,12 @@ pub trait RateLimitPolicy<S>: 'static {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// # async fn main() -> Result<(), tollgate::Error> {
     /// use axum::{body::Body, routing::post, Router};
     /// use http::{request::Parts, Request, StatusCode};
-    /// use tollgate_axum::{RateLimitPolicy, RateLimited};
-    /// use tollgate_core::{Algorithm, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
-    /// use tollgate_tower::key::HeaderKey;
+    /// use tollgate::{Algorithm, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
+    /// use tollgate::tower::key::HeaderKey;
+    /// use tollgate::axum::{RateLimitPolicy, RateLimited};
     /// use tower::ServiceExt;
     ///
     /// /// Exports per API key, by plan: `X-Plan` set by the gateway in front.
@@ -155,11 +155,11 @@ pub trait RateLimitPolicy<S>: 'static {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// # async fn main() -> Result<(), tollgate::Error> {
 /// use axum::{body::Body, routing::post, Router};
 /// use http::{Request, StatusCode};
-/// use tollgate_axum::{RateLimitPolicy, RateLimited};
-/// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
+/// use tollgate::{MemoryBackend, Quota, RateLimiter, Subject};
+/// use tollgate::axum::{RateLimitPolicy, RateLimited};
 /// use tower::ServiceExt;
 ///
 /// /// One budget for all sign-ups.
@@ -257,7 +257,7 @@ where
 /// `reset_after()`).
 ///
 /// ```
-/// # use tollgate_axum::RateLimited;
+/// # use tollgate::axum::RateLimited;
 /// fn show<P>(limited: &RateLimited<P>) -> String {
 ///     format!("{} left of {}", limited.remaining(), limited.decision().limit)
 /// }
@@ -293,7 +293,7 @@ impl<P> IntoResponseParts for RateLimited<P> {
 /// # async fn main() {
 /// use axum::{body::Body, routing::get, Router};
 /// use http::{Request, StatusCode};
-/// use tollgate_axum::RateLimitStatus;
+/// use tollgate::axum::RateLimitStatus;
 /// use tower::ServiceExt;
 ///
 /// async fn show(status: RateLimitStatus) -> String {
@@ -325,7 +325,7 @@ impl RateLimitStatus {
     /// The layer's decision.
     ///
     /// ```
-    /// # use tollgate_axum::RateLimitStatus;
+    /// # use tollgate::axum::RateLimitStatus;
     /// fn left(status: &RateLimitStatus) -> u64 {
     ///     status.decision().remaining
     /// }
@@ -337,7 +337,7 @@ impl RateLimitStatus {
     /// Units left under the strictest quota.
     ///
     /// ```
-    /// # use tollgate_axum::RateLimitStatus;
+    /// # use tollgate::axum::RateLimitStatus;
     /// fn left(status: &RateLimitStatus) -> u64 {
     ///     status.remaining()
     /// }
@@ -350,7 +350,7 @@ impl RateLimitStatus {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use tollgate_axum::RateLimitStatus;
+    /// # use tollgate::axum::RateLimitStatus;
     /// fn reset(status: &RateLimitStatus) -> Duration {
     ///     status.reset_after()
     /// }
@@ -362,8 +362,8 @@ impl RateLimitStatus {
     /// The decision, owned.
     ///
     /// ```
-    /// # use tollgate_axum::RateLimitStatus;
-    /// # use tollgate_core::Decision;
+    /// # use tollgate::Decision;
+    /// # use tollgate::axum::RateLimitStatus;
     /// fn take(status: RateLimitStatus) -> Decision {
     ///     status.into_decision()
     /// }

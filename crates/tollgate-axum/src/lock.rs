@@ -26,9 +26,9 @@ use tollgate_tower::rejection::{Middleware, Rejection};
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_axum::LockResource;
-/// use tollgate_core::{LockOptions, Subject};
-/// use tollgate_tower::key::PathParam;
+/// use tollgate::{LockOptions, Subject};
+/// use tollgate::tower::key::PathParam;
+/// use tollgate::axum::LockResource;
 ///
 /// /// `/tenants/{tenant}/invoices/{id}`: one lock per invoice.
 /// struct Invoice;
@@ -102,9 +102,9 @@ impl<S> LockResource<S> for RouteParams {
 /// # async fn main() {
 /// use axum::{body::Body, routing::post, Router};
 /// use http::{Request, StatusCode};
-/// use tollgate_axum::{HeldLock, LockResource};
-/// use tollgate_core::{Locker, MemoryBackend, Subject};
-/// use tollgate_tower::key::PathParam;
+/// use tollgate::{Locker, MemoryBackend, Subject};
+/// use tollgate::tower::key::PathParam;
+/// use tollgate::axum::{HeldLock, LockResource};
 /// use tower::ServiceExt;
 ///
 /// /// `job:{id}`.
@@ -199,9 +199,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
     /// let lock: HeldLock<()> = HeldLock::from_lease(lease);
@@ -221,9 +221,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let first = HeldLock::<()>::from_lease(locker.try_acquire("x", &LockOptions::new()).await?);
@@ -241,9 +241,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("reports", &LockOptions::new()).await?;
     /// assert_eq!(HeldLock::<()>::from_lease(lease).name(), "reports");
@@ -257,9 +257,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
     /// assert!(HeldLock::<()>::from_lease(lease).is_held());
@@ -273,10 +273,10 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// # async fn main() -> Result<(), tollgate::Error> {
     /// use std::time::Duration;
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let opts = LockOptions::new().ttl(Duration::from_secs(10));
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &opts).await?;
@@ -293,9 +293,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
     /// let lock = HeldLock::<()>::from_lease(lease);
@@ -316,9 +316,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
     /// assert!(HeldLock::<()>::from_lease(lease).release().await?);
@@ -332,9 +332,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
     /// let lock = HeldLock::<()>::from_lease(lease);
@@ -350,9 +350,9 @@ impl<R> HeldLock<R> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_axum::HeldLock;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::axum::HeldLock;
     ///
     /// let lease = Locker::new(MemoryBackend::new()).try_acquire("x", &LockOptions::new()).await?;
     /// let lease = HeldLock::<()>::from_lease(lease).into_lease();

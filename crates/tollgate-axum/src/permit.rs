@@ -22,9 +22,9 @@ use tollgate_tower::rejection::Rejection;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_axum::PermitResource;
-/// use tollgate_core::LockOptions;
-/// use tollgate_tower::key::HeaderKey;
+/// use tollgate::LockOptions;
+/// use tollgate::tower::key::HeaderKey;
+/// use tollgate::axum::PermitResource;
 ///
 /// /// At most N exports in flight per tenant.
 /// struct Exports;
@@ -84,12 +84,12 @@ pub trait PermitResource<S>: 'static {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// # async fn main() -> Result<(), tollgate::Error> {
 /// use axum::{body::Body, routing::post, Router};
 /// use http::{Request, StatusCode};
-/// use tollgate_axum::{HeldPermit, PermitResource};
-/// use tollgate_core::{MemoryBackend, Semaphore};
-/// use tollgate_tower::key::GlobalKey;
+/// use tollgate::{MemoryBackend, Semaphore};
+/// use tollgate::tower::key::GlobalKey;
+/// use tollgate::axum::{HeldPermit, PermitResource};
 /// use tower::ServiceExt;
 ///
 /// /// Two renders at a time, fleet-wide.

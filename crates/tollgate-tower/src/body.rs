@@ -19,7 +19,7 @@ use crate::hold::Gate;
 /// error a body ends with when its lock's lease is lost mid-stream.
 ///
 /// ```
-/// let e: tollgate_tower::BoxError = "boom".into();
+/// let e: tollgate::tower::BoxError = "boom".into();
 /// assert_eq!(e.to_string(), "boom");
 /// ```
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -128,7 +128,7 @@ pin_project! {
     /// ```
     /// use bytes::Bytes;
     /// use http_body::Body as _;
-    /// use tollgate_tower::ResponseBody;
+    /// use tollgate::tower::ResponseBody;
     ///
     /// let body: ResponseBody<http_body_util::Empty<Bytes>> = ResponseBody::full("busy\n");
     /// assert_eq!(body.size_hint().exact(), Some(5));

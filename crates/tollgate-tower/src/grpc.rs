@@ -25,7 +25,7 @@ const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-det
 /// Which wire protocol rejections are shaped for.
 ///
 /// ```
-/// use tollgate_tower::grpc::Protocol;
+/// use tollgate::tower::grpc::Protocol;
 ///
 /// let grpc = http::HeaderValue::from_static("application/grpc+proto");
 /// let mut headers = http::HeaderMap::new();
@@ -64,7 +64,7 @@ impl Protocol {
 /// gets which).
 ///
 /// ```
-/// use tollgate_tower::grpc::GrpcCode;
+/// use tollgate::tower::grpc::GrpcCode;
 /// assert_eq!(GrpcCode::Aborted.code(), 10);
 /// assert_eq!(GrpcCode::ResourceExhausted.code(), 8);
 /// ```
@@ -111,7 +111,7 @@ impl GrpcCode {
     ///
     /// ```
     /// use http::StatusCode;
-    /// use tollgate_tower::grpc::GrpcCode;
+    /// use tollgate::tower::grpc::GrpcCode;
     /// assert_eq!(GrpcCode::from_http(StatusCode::UNAUTHORIZED), GrpcCode::Unauthenticated);
     /// ```
     pub fn from_http(status: StatusCode) -> Self {

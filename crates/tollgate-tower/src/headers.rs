@@ -50,7 +50,7 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_tower::headers::retry_after_secs;
+/// use tollgate::tower::headers::retry_after_secs;
 ///
 /// assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
 /// assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
@@ -68,7 +68,7 @@ pub fn retry_after_secs(d: Duration) -> u64 {
 /// window.
 ///
 /// ```
-/// use tollgate_tower::headers::concurrency_policy;
+/// use tollgate::tower::headers::concurrency_policy;
 ///
 /// assert_eq!(concurrency_policy("generate", 2), r#""generate";q=2;qu="concurrent-requests""#);
 /// ```
@@ -85,11 +85,11 @@ pub fn concurrency_policy(name: &str, permits: u32) -> HeaderValue {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
-/// use tollgate_tower::headers::{HeaderFormat, RateLimitHeaders};
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{MemoryBackend, Quota, RateLimiter};
+/// use tollgate::tower::headers::{HeaderFormat, RateLimitHeaders};
 ///
-/// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::FixedWindow)
+/// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate::Algorithm::FixedWindow)
 ///     .quota(Quota::per_minute(100))
 ///     .name("api")
 ///     .build()?;
@@ -178,9 +178,9 @@ impl RateLimitHeaders {
     /// not know. Characters outside printable ASCII become `_`.
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
-    /// use tollgate_tower::headers::RateLimitHeaders;
+    /// # fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{MemoryBackend, Quota, RateLimiter};
+    /// use tollgate::tower::headers::RateLimitHeaders;
     ///
     /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1000))?;
     /// let h = RateLimitHeaders::new(&limiter).quota_unit("tokens");
@@ -196,9 +196,9 @@ impl RateLimitHeaders {
     /// The same format and quota unit for another limiter's quotas.
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
-    /// use tollgate_tower::headers::{HeaderFormat, RateLimitHeaders};
+    /// # fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{MemoryBackend, Quota, RateLimiter};
+    /// use tollgate::tower::headers::{HeaderFormat, RateLimitHeaders};
     ///
     /// let free = RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(10))?;
     /// let pro = RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(100))?;
@@ -228,9 +228,9 @@ impl RateLimitHeaders {
     /// read and the problem body's `violated-policies` lists them.
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
-    /// use tollgate_tower::headers::RateLimitHeaders;
+    /// # fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter};
+    /// use tollgate::tower::headers::RateLimitHeaders;
     ///
     /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
     ///     .quota(Quota::per_second(2))

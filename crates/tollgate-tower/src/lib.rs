@@ -40,8 +40,8 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::{body::Body, routing::get, Router};
 //! use http::{Request, StatusCode};
-//! use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
-//! use tollgate_tower::RateLimitLayer;
+//! use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter};
+//! use tollgate::tower::RateLimitLayer;
 //! use tower::ServiceExt;
 //!
 //! let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::TokenBucket)
@@ -94,6 +94,7 @@
 //! at WARN. Subjects appear only
 //! as [`Subject::digest`](tollgate_core::Subject::digest), never raw: they
 //! may be IP addresses or API keys.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod body;

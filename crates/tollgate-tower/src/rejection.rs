@@ -58,11 +58,11 @@ mod problem;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
-/// use tollgate_tower::rejection::{Rejection, QUOTA_EXCEEDED};
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{MemoryBackend, Quota, RateLimiter};
+/// use tollgate::tower::rejection::{Rejection, QUOTA_EXCEEDED};
 ///
-/// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::FixedWindow)
+/// let limiter = RateLimiter::builder(MemoryBackend::new(), tollgate::Algorithm::FixedWindow)
 ///     .quota(Quota::per_minute(1))
 ///     .name("api")
 ///     .build()?;
@@ -81,8 +81,8 @@ pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-type
 ///
 /// ```
 /// use http::StatusCode;
-/// use tollgate_tower::grpc::GrpcCode;
-/// use tollgate_tower::rejection::RejectionReason;
+/// use tollgate::tower::grpc::GrpcCode;
+/// use tollgate::tower::rejection::RejectionReason;
 ///
 /// assert_eq!(RejectionReason::Busy.status(), StatusCode::CONFLICT);
 /// assert_eq!(RejectionReason::RateLimited.grpc_code(), GrpcCode::ResourceExhausted);
@@ -170,7 +170,7 @@ impl RejectionReason {
 /// unavailable backend.
 ///
 /// ```
-/// use tollgate_tower::rejection::Middleware;
+/// use tollgate::tower::rejection::Middleware;
 /// assert_ne!(Middleware::RateLimit, Middleware::Lock);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,7 +194,7 @@ pub enum Middleware {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_tower::rejection::{Rejection, RejectionReason};
+/// use tollgate::tower::rejection::{Rejection, RejectionReason};
 ///
 /// let r = Rejection::busy(Some(Duration::from_millis(1200)));
 /// assert_eq!(r.reason(), RejectionReason::Busy);
@@ -275,9 +275,9 @@ impl Rejection {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
-    /// use tollgate_tower::rejection::{Rejection, RejectionReason};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{MemoryBackend, Quota, RateLimiter};
+    /// use tollgate::tower::rejection::{Rejection, RejectionReason};
     ///
     /// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(1))?;
     /// limiter.check("k").await?;
@@ -311,7 +311,7 @@ impl Rejection {
     /// (`capacity`): 413, without `Retry-After`.
     ///
     /// ```
-    /// use tollgate_tower::rejection::Rejection;
+    /// use tollgate::tower::rejection::Rejection;
     ///
     /// let r = Rejection::cost_exceeds_capacity(50, 10);
     /// assert_eq!(r.default_response().status(), 413);
@@ -347,7 +347,7 @@ impl Rejection {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate_tower::rejection::Rejection;
+    /// use tollgate::tower::rejection::Rejection;
     ///
     /// let r = Rejection::too_many_in_flight(Some(Duration::from_millis(300)), None);
     /// let res = r.default_response();
@@ -371,8 +371,8 @@ impl Rejection {
     /// The backend of `middleware` is unavailable: 503 with `Retry-After: 1`.
     ///
     /// ```
-    /// use tollgate_core::Error;
-    /// use tollgate_tower::rejection::{Middleware, Rejection};
+    /// use tollgate::Error;
+    /// use tollgate::tower::rejection::{Middleware, Rejection};
     ///
     /// let r = Rejection::unavailable(Middleware::Lock, Some(Error::CircuitOpen));
     /// assert_eq!(r.message(), "lock service unavailable");
@@ -426,7 +426,7 @@ impl Rejection {
     /// The request lacks what its key is made of: 400 with `message`.
     ///
     /// ```
-    /// use tollgate_tower::rejection::Rejection;
+    /// use tollgate::tower::rejection::Rejection;
     /// assert_eq!(Rejection::bad_request("missing x-api-key").default_response().status(), 400);
     /// ```
     pub fn bad_request(message: impl Into<Cow<'static, str>>) -> Self {
@@ -436,7 +436,7 @@ impl Rejection {
     /// The server is misconfigured: 500 with `message` (say what to add).
     ///
     /// ```
-    /// use tollgate_tower::rejection::Rejection;
+    /// use tollgate::tower::rejection::Rejection;
     /// assert_eq!(Rejection::misconfigured("add the layer").default_response().status(), 500);
     /// ```
     pub fn misconfigured(message: impl Into<Cow<'static, str>>) -> Self {
@@ -582,6 +582,7 @@ impl Rejection {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl axum_core::response::IntoResponse for Rejection {
     fn into_response(self) -> axum_core::response::Response {
         // Like axum's own rejections, each one is traced.

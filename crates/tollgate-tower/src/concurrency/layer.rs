@@ -13,9 +13,9 @@ use crate::middleware::Answer;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{LockOptions, MemoryBackend, Semaphore};
-/// use tollgate_tower::concurrency::{ConcurrencyLimitLayer, HoldUntil};
-/// use tollgate_tower::key::HeaderKey;
+/// use tollgate::{LockOptions, MemoryBackend, Semaphore};
+/// use tollgate::tower::concurrency::{ConcurrencyLimitLayer, HoldUntil};
+/// use tollgate::tower::key::HeaderKey;
 ///
 /// let permits = Semaphore::new(MemoryBackend::new(), 4)?;
 /// let layer = ConcurrencyLimitLayer::new(permits, HeaderKey::new("x-api-key"))
@@ -24,7 +24,7 @@ use crate::middleware::Answer;
 ///     .options(LockOptions::new().ttl(Duration::from_secs(30)).wait(Duration::from_secs(2)))
 ///     .hold_until(HoldUntil::BodyEnd);
 /// # let _ = layer;
-/// # Ok::<(), tollgate_core::Error>(())
+/// # Ok::<(), tollgate::Error>(())
 /// ```
 pub type ConcurrencyLimitLayer<K> = HoldLayer<K, ForPermits>;
 

@@ -40,9 +40,9 @@
 //! use std::time::Duration;
 //! use axum::{body::Body, routing::post, Router};
 //! use http::{Request, StatusCode};
-//! use tollgate_core::{LockOptions, MemoryBackend, Semaphore};
-//! use tollgate_tower::key::HeaderKey;
-//! use tollgate_tower::ConcurrencyLimitLayer;
+//! use tollgate::{LockOptions, MemoryBackend, Semaphore};
+//! use tollgate::tower::key::HeaderKey;
+//! use tollgate::tower::ConcurrencyLimitLayer;
 //! use tower::ServiceExt;
 //!
 //! // One export per tenant at a time (the tenant from a trusted header).
@@ -56,7 +56,7 @@
 //!
 //! assert_eq!(app.clone().oneshot(req()).await?.status(), StatusCode::OK);
 //! // While another export of acme runs (here: a permit taken directly)...
-//! let key = tollgate_core::Subject::compound(["export", &tollgate_tower::key::KeyExtractor::extract(
+//! let key = tollgate::Subject::compound(["export", &tollgate::tower::key::KeyExtractor::extract(
 //!     &HeaderKey::new("x-tenant"), &req().into_parts().0)?.unwrap().as_encoded().to_owned()]);
 //! let running = exports.try_acquire(key, &LockOptions::new()).await?;
 //! let res = app.oneshot(req()).await?;
@@ -92,10 +92,10 @@ pub type ConcurrencyLimit<S, K> = crate::hold::Hold<S, K>;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{LockOptions, MemoryBackend, Semaphore, Subject};
-/// use tollgate_tower::concurrency::acquire;
-/// use tollgate_tower::headers::concurrency_policy;
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{LockOptions, MemoryBackend, Semaphore, Subject};
+/// use tollgate::tower::concurrency::acquire;
+/// use tollgate::tower::headers::concurrency_policy;
 ///
 /// let one = Semaphore::new(MemoryBackend::new(), 1)?;
 /// let policy = concurrency_policy("jobs", 1);

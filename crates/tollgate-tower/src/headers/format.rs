@@ -18,7 +18,7 @@ use super::{
 /// so a later revision of the draft is one more variant and one more row.
 ///
 /// ```
-/// use tollgate_tower::headers::HeaderFormat;
+/// use tollgate::tower::headers::HeaderFormat;
 ///
 /// assert_eq!(HeaderFormat::default(), HeaderFormat::Draft10);
 /// assert_eq!(HeaderFormat::Draft10.field_names().collect::<Vec<_>>(), ["ratelimit-policy", "ratelimit"]);

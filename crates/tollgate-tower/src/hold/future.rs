@@ -28,9 +28,9 @@ pin_project! {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::convert::Infallible;
     /// use http::Request;
-    /// use tollgate_core::{Locker, MemoryBackend};
-    /// use tollgate_tower::key::GlobalKey;
-    /// use tollgate_tower::LockLayer;
+    /// use tollgate::{Locker, MemoryBackend};
+    /// use tollgate::tower::key::GlobalKey;
+    /// use tollgate::tower::LockLayer;
     /// use tower::{service_fn, Layer, Service, ServiceExt};
     ///
     /// let mut svc = LockLayer::new(Locker::new(MemoryBackend::new()), GlobalKey)

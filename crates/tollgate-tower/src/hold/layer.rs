@@ -83,9 +83,9 @@ impl<K, M: HoldKind> HoldLayer<K, M> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate_core::{Error, LockOptions, Locker, MemoryBackend};
-    /// use tollgate_tower::key::GlobalKey;
-    /// use tollgate_tower::LockLayer;
+    /// use tollgate::{Error, LockOptions, Locker, MemoryBackend};
+    /// use tollgate::tower::key::GlobalKey;
+    /// use tollgate::tower::LockLayer;
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let ok = LockLayer::new(locker.clone(), GlobalKey).try_options(LockOptions::new().ttl(Duration::from_secs(10)));

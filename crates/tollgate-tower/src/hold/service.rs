@@ -49,9 +49,9 @@ impl fmt::Debug for Shared {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate_core::{FencingToken, Locker, MemoryBackend};
-/// use tollgate_tower::key::GlobalKey;
-/// use tollgate_tower::LockLayer;
+/// use tollgate::{FencingToken, Locker, MemoryBackend};
+/// use tollgate::tower::key::GlobalKey;
+/// use tollgate::tower::LockLayer;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 ///
 /// let svc = ServiceBuilder::new()

@@ -27,10 +27,10 @@ const MIB: usize = 1024 * 1024;
 /// ```
 /// use std::time::Duration;
 /// use http::{HeaderName, StatusCode};
-/// use tollgate_core::idempotency::IdempotencyStore;
-/// use tollgate_core::{LockOptions, MemoryBackend};
-/// use tollgate_tower::idempotency::{IdempotencyLayer, OnUnavailable};
-/// use tollgate_tower::key::HeaderKey;
+/// use tollgate::idempotency::IdempotencyStore;
+/// use tollgate::{LockOptions, MemoryBackend};
+/// use tollgate::tower::idempotency::{IdempotencyLayer, OnUnavailable};
+/// use tollgate::tower::key::HeaderKey;
 ///
 /// let store = IdempotencyStore::builder(MemoryBackend::new())
 ///     .record_ttl(Duration::from_secs(3600))
@@ -42,7 +42,7 @@ const MIB: usize = 1024 * 1024;
 ///     .replay_headers([http::header::CONTENT_TYPE, HeaderName::from_static("x-order-id")])
 ///     .on_unavailable(OnUnavailable::Deny);
 /// # let _ = layer;
-/// # Ok::<(), tollgate_core::Error>(())
+/// # Ok::<(), tollgate::Error>(())
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer<K> {

@@ -65,10 +65,10 @@
 //! use axum::{body::Body, routing::post, Router};
 //! use http::{Request, StatusCode};
 //! use http_body_util::BodyExt;
-//! use tollgate_core::idempotency::IdempotencyStore;
-//! use tollgate_core::MemoryBackend;
-//! use tollgate_tower::key::HeaderKey;
-//! use tollgate_tower::IdempotencyLayer;
+//! use tollgate::idempotency::IdempotencyStore;
+//! use tollgate::MemoryBackend;
+//! use tollgate::tower::key::HeaderKey;
+//! use tollgate::tower::IdempotencyLayer;
 //! use tower::ServiceExt;
 //!
 //! let store = IdempotencyStore::new(MemoryBackend::new());
@@ -150,7 +150,7 @@ pub enum OnUnavailable {
 ///
 /// ```
 /// use http::StatusCode;
-/// use tollgate_tower::idempotency::default_store_when;
+/// use tollgate::tower::idempotency::default_store_when;
 ///
 /// assert!(default_store_when(StatusCode::CREATED));
 /// assert!(default_store_when(StatusCode::UNPROCESSABLE_ENTITY));

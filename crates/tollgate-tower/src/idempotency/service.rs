@@ -65,9 +65,9 @@ impl Shared {
 /// use bytes::Bytes;
 /// use http::{Request, Response, StatusCode};
 /// use http_body_util::Full;
-/// use tollgate_core::idempotency::IdempotencyStore;
-/// use tollgate_core::{MemoryBackend, Subject};
-/// use tollgate_tower::IdempotencyLayer;
+/// use tollgate::idempotency::IdempotencyStore;
+/// use tollgate::{MemoryBackend, Subject};
+/// use tollgate::tower::IdempotencyLayer;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 ///
 /// let svc = ServiceBuilder::new()

@@ -10,7 +10,7 @@ use super::ip::{mask_v4, mask_v6};
 /// is a block of one.
 ///
 /// ```
-/// use tollgate_tower::key::Cidr;
+/// use tollgate::tower::key::Cidr;
 ///
 /// let net: Cidr = "10.0.0.0/8".parse().unwrap();
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
@@ -124,7 +124,7 @@ impl From<IpAddr> for Cidr {
 /// A string that is not an IP address block.
 ///
 /// ```
-/// use tollgate_tower::key::Cidr;
+/// use tollgate::tower::key::Cidr;
 ///
 /// let err = "not-an-ip".parse::<Cidr>().unwrap_err();
 /// assert!(err.to_string().contains("not-an-ip"));

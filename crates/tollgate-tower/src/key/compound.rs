@@ -10,8 +10,8 @@ use super::{KeyError, KeyExtractor};
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{GlobalKey, HeaderKey, KeyExtractor, Or};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{GlobalKey, HeaderKey, KeyExtractor, Or};
 ///
 /// let key = Or::new(HeaderKey::new("x-tenant").plain().optional(), GlobalKey);
 /// let req = Request::get("/").body(()).unwrap().into_parts().0;

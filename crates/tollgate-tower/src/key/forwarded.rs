@@ -18,7 +18,7 @@ use super::{KeyError, KeyExtractor};
 /// does not manage would let clients choose their own key.
 ///
 /// ```
-/// use tollgate_tower::key::{ClientIp, ForwardedHeader};
+/// use tollgate::tower::key::{ClientIp, ForwardedHeader};
 ///
 /// let key = ClientIp::trusted_proxies(["10.0.0.0/8"])
 ///     .unwrap()
@@ -64,8 +64,8 @@ pub enum ForwardedHeader {
 /// ```
 /// use std::net::SocketAddr;
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{ClientIp, KeyExtractor};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{ClientIp, KeyExtractor};
 ///
 /// let key = ClientIp::trusted_proxies(["10.0.0.0/8", "fd00::/8"]).unwrap();
 ///

@@ -22,8 +22,8 @@ use super::{KeyError, KeyExtractor, Or};
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{HeaderKey, KeyExtractor};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{HeaderKey, KeyExtractor};
 ///
 /// let key = HeaderKey::new("x-tenant").plain();
 /// let req = Request::get("/").header("x-tenant", "acme").body(()).unwrap().into_parts().0;
@@ -125,8 +125,8 @@ fn hash_hex(value: &[u8]) -> String {
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{ExtensionKey, KeyExtractor, PeerIp};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{ExtensionKey, KeyExtractor, PeerIp};
 ///
 /// #[derive(Clone)]
 /// struct UserId(u64);

@@ -16,7 +16,7 @@ use super::{KeyError, KeyExtractor};
 /// ```
 /// use std::net::SocketAddr;
 /// use http::Request;
-/// use tollgate_tower::key::peer_addr;
+/// use tollgate::tower::key::peer_addr;
 ///
 /// let mut req = Request::get("/").body(()).unwrap().into_parts().0;
 /// assert_eq!(peer_addr(&req), None);
@@ -152,8 +152,8 @@ fn check_prefix(family: &str, prefix: u8, max: u8) {
 /// ```
 /// use std::net::SocketAddr;
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, PeerIp};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, PeerIp};
 ///
 /// let key = PeerIp::new();
 /// let mut req = Request::get("/").body(()).unwrap().into_parts().0;

@@ -51,8 +51,8 @@ pub use self::route::{PathParam, RouteParams};
 ///
 /// ```
 /// use http::{request::Parts, Request};
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyError, KeyExtractor};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyError, KeyExtractor};
 ///
 /// // Limit by tenant, taken from the path; `/health` is not limited.
 /// let by_tenant = |req: &Parts| -> Result<Option<Subject>, KeyError> {
@@ -93,7 +93,7 @@ where
 ///
 /// ```
 /// use http::StatusCode;
-/// use tollgate_tower::key::KeyError;
+/// use tollgate::tower::key::KeyError;
 ///
 /// let e = KeyError::unauthorized("missing API key");
 /// assert_eq!(e.status(), StatusCode::UNAUTHORIZED);
@@ -155,8 +155,8 @@ impl std::error::Error for KeyError {}
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{GlobalKey, KeyExtractor};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{GlobalKey, KeyExtractor};
 ///
 /// let req = Request::get("/").body(()).unwrap().into_parts().0;
 /// assert_eq!(GlobalKey.extract(&req).unwrap(), Some(Subject::new("global")));
@@ -175,8 +175,8 @@ impl KeyExtractor for GlobalKey {
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::KeyExtractor;
+/// use tollgate::Subject;
+/// use tollgate::tower::key::KeyExtractor;
 ///
 /// let (req, ()) = Request::get("/").body(()).unwrap().into_parts();
 /// assert_eq!(Subject::new("job").extract(&req).unwrap(), Some(Subject::new("job")));

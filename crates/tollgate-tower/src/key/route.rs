@@ -15,8 +15,8 @@ use super::{KeyError, KeyExtractor};
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, RouteKey};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, RouteKey};
 ///
 /// let req = Request::post("/orders?x=1").body(()).unwrap().into_parts().0;
 /// assert_eq!(RouteKey::new().extract(&req).unwrap(), Some(Subject::new("/orders")));
@@ -117,8 +117,8 @@ fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
 /// # async fn main() {
 /// use axum::{body::Body, routing::get, Router};
 /// use http::{request::Parts, Request};
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, PathParam};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, PathParam};
 /// use tower::ServiceExt;
 ///
 /// let app = Router::new().route(
@@ -133,6 +133,7 @@ fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
 /// # }
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathParam {
     name: std::sync::Arc<str>,
@@ -149,6 +150,7 @@ impl PathParam {
 }
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl KeyExtractor for PathParam {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;
@@ -175,8 +177,8 @@ impl KeyExtractor for PathParam {
 /// # async fn main() {
 /// use axum::{body::Body, routing::post, Router};
 /// use http::{request::Parts, Request};
-/// use tollgate_core::Subject;
-/// use tollgate_tower::key::{KeyExtractor, RouteParams};
+/// use tollgate::Subject;
+/// use tollgate::tower::key::{KeyExtractor, RouteParams};
 /// use tower::ServiceExt;
 ///
 /// let app = Router::new().route(
@@ -191,10 +193,12 @@ impl KeyExtractor for PathParam {
 /// # }
 /// ```
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RouteParams;
 
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl KeyExtractor for RouteParams {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;

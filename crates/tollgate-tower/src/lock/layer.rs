@@ -12,9 +12,9 @@ use crate::middleware::Answer;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{LockOptions, Locker, MemoryBackend};
-/// use tollgate_tower::key::HeaderKey;
-/// use tollgate_tower::lock::{HoldUntil, LockLayer, OnLeaseLost};
+/// use tollgate::{LockOptions, Locker, MemoryBackend};
+/// use tollgate::tower::key::HeaderKey;
+/// use tollgate::tower::lock::{HoldUntil, LockLayer, OnLeaseLost};
 ///
 /// let options = LockOptions::new()
 ///     .ttl(Duration::from_secs(10))

@@ -24,17 +24,18 @@
 //! request is answered **503** (gRPC ABORTED); see [`OnLeaseLost`].
 //!
 //! Before reaching for a lock, prefer a unique constraint, an idempotency
-//! key or a single-writer design (see `tollgate_core::lock`); a lock
-//! protects data only together with the fencing token.
+//! key or a single-writer design (see
+//! [`tollgate::lock`](tollgate_core::lock)); a lock protects data only
+//! together with the fencing token.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::{body::Body, extract::Path, routing::post, Extension, Router};
 //! use http::{Request, StatusCode};
-//! use tollgate_core::{FencingToken, Locker, MemoryBackend};
-//! use tollgate_tower::key::PathParam;
-//! use tollgate_tower::LockLayer;
+//! use tollgate::{FencingToken, Locker, MemoryBackend};
+//! use tollgate::tower::key::PathParam;
+//! use tollgate::tower::LockLayer;
 //! use tower::ServiceExt;
 //!
 //! async fn import(Path(id): Path<u32>, Extension(fence): Extension<FencingToken>) -> String {
@@ -78,7 +79,7 @@ pub use tollgate_core::{FencingToken, LeaseLost};
 /// How long the lease is held.
 ///
 /// ```
-/// use tollgate_tower::lock::HoldUntil;
+/// use tollgate::tower::lock::HoldUntil;
 /// assert_eq!(HoldUntil::default(), HoldUntil::Response);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,7 +97,7 @@ pub enum HoldUntil {
 /// What happens when the lease is lost while the request is being handled.
 ///
 /// ```
-/// use tollgate_tower::lock::OnLeaseLost;
+/// use tollgate::tower::lock::OnLeaseLost;
 /// assert_eq!(OnLeaseLost::default(), OnLeaseLost::Cancel);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -29,8 +29,8 @@ pin_project! {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::convert::Infallible;
     /// use http::Request;
-    /// use tollgate_core::{MemoryBackend, Quota};
-    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate::{MemoryBackend, Quota};
+    /// use tollgate::tower::RateLimitLayer;
     /// use tower::{service_fn, Layer, Service, ServiceExt};
     ///
     /// let mut svc = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))

@@ -29,9 +29,9 @@ use crate::rejection::Rejection;
 /// use std::time::Duration;
 /// use axum::{body::Body, routing::get, Router};
 /// use http::{Request, StatusCode};
-/// use tollgate_core::{Algorithm, FailurePolicy, ManualClock, MemoryBackend, Quota, RateLimiter};
-/// use tollgate_tower::key::HeaderKey;
-/// use tollgate_tower::RateLimitLayer;
+/// use tollgate::{Algorithm, FailurePolicy, ManualClock, MemoryBackend, Quota, RateLimiter};
+/// use tollgate::tower::key::HeaderKey;
+/// use tollgate::tower::RateLimitLayer;
 /// use tower::ServiceExt;
 ///
 /// // 2 per second and 100 per hour, checked together in one round trip.
@@ -76,9 +76,9 @@ use crate::rejection::Rejection;
 /// use std::net::SocketAddr;
 /// use axum::{body::Body, routing::post, Router};
 /// use http::{Request, StatusCode};
-/// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
-/// use tollgate_tower::key::PeerIp;
-/// use tollgate_tower::RateLimitLayer;
+/// use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter};
+/// use tollgate::tower::key::PeerIp;
+/// use tollgate::tower::RateLimitLayer;
 /// use tower::ServiceExt;
 ///
 /// // One store for the whole app, as one Redis would be.
@@ -159,9 +159,9 @@ impl RateLimitLayer {
     /// can serve the middleware and handler-level checks.
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{Algorithm, FailurePolicy, MemoryBackend, Quota, RateLimiter};
-    /// use tollgate_tower::RateLimitLayer;
+    /// # fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Algorithm, FailurePolicy, MemoryBackend, Quota, RateLimiter};
+    /// use tollgate::tower::RateLimitLayer;
     ///
     /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
     ///     .quota(Quota::per_minute(600))
@@ -193,7 +193,7 @@ impl RateLimitLayer {
     /// extensions, beside the [`Decision`](tollgate_core::Decision).
     /// Replacing the table ([`Plans::replace`], through any clone of
     /// `plans`) applies from the next request on, without a restart; see
-    /// [`tollgate_core::rate::plans`] for what happens to stored state.
+    /// [`tollgate::rate::plans`](tollgate_core::rate::plans) for what happens to stored state.
     /// The plan is chosen when the service is called, and checked when the
     /// response future is polled, as with one limiter.
     ///
@@ -202,13 +202,13 @@ impl RateLimitLayer {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use axum::{body::Body, routing::get, Extension, Router};
     /// use http::{request::Parts, Request, StatusCode};
-    /// use tollgate_core::{Algorithm, MemoryBackend, Plan, PlanTable, Plans, Quota, RateLimiter};
-    /// use tollgate_tower::key::HeaderKey;
-    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate::{Algorithm, MemoryBackend, Plan, PlanTable, Plans, Quota, RateLimiter};
+    /// use tollgate::tower::key::HeaderKey;
+    /// use tollgate::tower::RateLimitLayer;
     /// use tower::ServiceExt;
     ///
     /// let backend = MemoryBackend::new();
-    /// let table = |free, pro| -> Result<PlanTable, tollgate_core::Error> {
+    /// let table = |free, pro| -> Result<PlanTable, tollgate::Error> {
     ///     let limiter = |name: &str, n| {
     ///         RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
     ///             .quota(Quota::per_minute(n))
@@ -279,8 +279,8 @@ impl RateLimitLayer {
         /// quota's rate.
         ///
         /// ```
-        /// use tollgate_core::{MemoryBackend, Quota};
-        /// use tollgate_tower::RateLimitLayer;
+        /// use tollgate::{MemoryBackend, Quota};
+        /// use tollgate::tower::RateLimitLayer;
         ///
         /// let layer = RateLimitLayer::token_bucket(
         ///     MemoryBackend::new(),
@@ -293,8 +293,8 @@ impl RateLimitLayer {
         /// GCRA: the token bucket's admissions, as a schedule.
         ///
         /// ```
-        /// use tollgate_core::{MemoryBackend, Quota};
-        /// use tollgate_tower::RateLimitLayer;
+        /// use tollgate::{MemoryBackend, Quota};
+        /// use tollgate::tower::RateLimitLayer;
         ///
         /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(10));
         /// # let _ = layer;
@@ -304,8 +304,8 @@ impl RateLimitLayer {
         /// A fixed window: a counter per epoch-aligned window.
         ///
         /// ```
-        /// use tollgate_core::{MemoryBackend, Quota};
-        /// use tollgate_tower::RateLimitLayer;
+        /// use tollgate::{MemoryBackend, Quota};
+        /// use tollgate::tower::RateLimitLayer;
         ///
         /// let layer = RateLimitLayer::fixed_window(MemoryBackend::new(), Quota::per_minute(100));
         /// # let _ = layer;
@@ -315,8 +315,8 @@ impl RateLimitLayer {
         /// A sliding window log: exact, one entry per admitted unit.
         ///
         /// ```
-        /// use tollgate_core::{MemoryBackend, Quota};
-        /// use tollgate_tower::RateLimitLayer;
+        /// use tollgate::{MemoryBackend, Quota};
+        /// use tollgate::tower::RateLimitLayer;
         ///
         /// let layer = RateLimitLayer::sliding_window_log(MemoryBackend::new(), Quota::per_minute(100));
         /// # let _ = layer;
@@ -326,8 +326,8 @@ impl RateLimitLayer {
         /// A sliding window counter: previous and current window, weighted.
         ///
         /// ```
-        /// use tollgate_core::{MemoryBackend, Quota};
-        /// use tollgate_tower::RateLimitLayer;
+        /// use tollgate::{MemoryBackend, Quota};
+        /// use tollgate::tower::RateLimitLayer;
         ///
         /// let layer = RateLimitLayer::sliding_window_counter(MemoryBackend::new(), Quota::per_hour(1000));
         /// # let _ = layer;
@@ -383,9 +383,9 @@ impl<K, C> RateLimitLayer<K, C> {
     /// fields to it.
     ///
     /// ```
-    /// use tollgate_core::{MemoryBackend, Quota};
-    /// use tollgate_tower::headers::HeaderFormat;
-    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate::{MemoryBackend, Quota};
+    /// use tollgate::tower::headers::HeaderFormat;
+    /// use tollgate::tower::RateLimitLayer;
     ///
     /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))
     ///     .header_format(HeaderFormat::Legacy);
@@ -401,8 +401,8 @@ impl<K, C> RateLimitLayer<K, C> {
     /// [`RateLimitHeaders::quota_unit`]).
     ///
     /// ```
-    /// use tollgate_core::{MemoryBackend, Quota};
-    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate::{MemoryBackend, Quota};
+    /// use tollgate::tower::RateLimitLayer;
     ///
     /// // 1 MB per minute of request bodies, charged by Content-Length.
     /// let layer = RateLimitLayer::token_bucket(MemoryBackend::new(), Quota::per_minute(1_000_000))
@@ -447,9 +447,9 @@ impl<K, C> RateLimitLayer<K, C> {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use axum::{body::Body, routing::post, Router};
     /// use http::{Request, StatusCode};
-    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
-    /// use tollgate_tower::key::HeaderKey;
-    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter};
+    /// use tollgate::tower::key::HeaderKey;
+    /// use tollgate::tower::RateLimitLayer;
     /// use tower::ServiceExt;
     ///
     /// // 3 failed logins a minute per user; a right password costs nothing.
@@ -512,9 +512,9 @@ impl<K, C> RateLimitLayer<K, C> {
     /// ```
     /// use bytes::Bytes;
     /// use http::request::Parts;
-    /// use tollgate_core::{MemoryBackend, Quota};
-    /// use tollgate_tower::rejection::{Rejection, RejectionReason};
-    /// use tollgate_tower::RateLimitLayer;
+    /// use tollgate::{MemoryBackend, Quota};
+    /// use tollgate::tower::rejection::{Rejection, RejectionReason};
+    /// use tollgate::tower::RateLimitLayer;
     ///
     /// // A JSON body of its own instead of the default problem document.
     /// let layer = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))

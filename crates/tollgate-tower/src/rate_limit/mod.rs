@@ -2,9 +2,9 @@
 //!
 //! ```
 //! use axum::{routing::get, Router};
-//! use tollgate_core::{MemoryBackend, Quota};
-//! use tollgate_tower::key::PeerIp;
-//! use tollgate_tower::RateLimitLayer;
+//! use tollgate::{MemoryBackend, Quota};
+//! use tollgate::tower::key::PeerIp;
+//! use tollgate::tower::RateLimitLayer;
 //!
 //! let app: Router = Router::new()
 //!     .route("/", get(|| async { "hello" }))
@@ -94,7 +94,7 @@ pub use self::service::RateLimit;
 ///
 /// ```
 /// use http::{request::Parts, Request};
-/// use tollgate_tower::rate_limit::RequestCost;
+/// use tollgate::tower::rate_limit::RequestCost;
 ///
 /// // Bulk endpoints cost one unit per item.
 /// let cost = |req: &Parts| -> u64 {

@@ -24,7 +24,7 @@ use tollgate_core::{Charge, RateLimiter, Subject};
 ///
 /// ```
 /// use http::{HeaderMap, StatusCode};
-/// use tollgate_tower::rate_limit::CountResponse;
+/// use tollgate::tower::rate_limit::CountResponse;
 ///
 /// /// Counts only UNAUTHENTICATED (16) answers.
 /// struct Unauthenticated;

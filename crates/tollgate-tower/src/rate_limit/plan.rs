@@ -23,11 +23,11 @@ use crate::headers::RateLimitHeaders;
 ///
 /// ```
 /// use http::{request::Parts, Request};
-/// use tollgate_core::{MemoryBackend, PlanTable, Quota, RateLimiter};
-/// use tollgate_tower::rate_limit::PlanSelector;
+/// use tollgate::{MemoryBackend, PlanTable, Quota, RateLimiter};
+/// use tollgate::tower::rate_limit::PlanSelector;
 ///
 /// let limiter = |name: &str| {
-///     RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::TokenBucket)
+///     RateLimiter::builder(MemoryBackend::new(), tollgate::Algorithm::TokenBucket)
 ///         .quota(Quota::per_minute(10))
 ///         .name(name)
 ///         .build()
@@ -74,10 +74,10 @@ where
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::{MemoryBackend, PlanTable, Quota, RateLimiter};
-/// use tollgate_tower::rate_limit::{PlanHeader, PlanSelector};
+/// use tollgate::{MemoryBackend, PlanTable, Quota, RateLimiter};
+/// use tollgate::tower::rate_limit::{PlanHeader, PlanSelector};
 ///
-/// let limiter = |name: &str| RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::Gcra)
+/// let limiter = |name: &str| RateLimiter::builder(MemoryBackend::new(), tollgate::Algorithm::Gcra)
 ///     .quota(Quota::per_minute(10)).name(name).build().unwrap();
 /// let table = PlanTable::builder()
 ///     .plan("free", limiter("free"))
@@ -118,14 +118,14 @@ impl PlanSelector for PlanHeader {
 ///
 /// ```
 /// use http::Request;
-/// use tollgate_core::{MemoryBackend, PlanTable, Quota, RateLimiter};
-/// use tollgate_tower::rate_limit::{PlanExtension, PlanSelector};
+/// use tollgate::{MemoryBackend, PlanTable, Quota, RateLimiter};
+/// use tollgate::tower::rate_limit::{PlanExtension, PlanSelector};
 ///
 /// /// What the authentication layer knows about the caller.
 /// #[derive(Clone)]
 /// struct Account { tier: String }
 ///
-/// let limiter = |name: &str| RateLimiter::builder(MemoryBackend::new(), tollgate_core::Algorithm::Gcra)
+/// let limiter = |name: &str| RateLimiter::builder(MemoryBackend::new(), tollgate::Algorithm::Gcra)
 ///     .quota(Quota::per_minute(10)).name(name).build().unwrap();
 /// let table = PlanTable::builder()
 ///     .plan("free", limiter("free"))
@@ -155,7 +155,7 @@ where
     /// The extension's own text is the plan's name.
     ///
     /// ```
-    /// use tollgate_tower::rate_limit::PlanExtension;
+    /// use tollgate::tower::rate_limit::PlanExtension;
     ///
     /// /// Set by the authentication layer.
     /// #[derive(Clone)]

@@ -250,8 +250,8 @@ fn source_label(source: DecisionSource) -> &'static str {
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::convert::Infallible;
 /// use http::{Request, Response, StatusCode};
-/// use tollgate_core::{MemoryBackend, Quota};
-/// use tollgate_tower::RateLimitLayer;
+/// use tollgate::{MemoryBackend, Quota};
+/// use tollgate::tower::RateLimitLayer;
 /// use tower::{service_fn, ServiceBuilder, ServiceExt};
 ///
 /// let svc = ServiceBuilder::new()

@@ -14,7 +14,7 @@ impl Rejection {
     /// unknown).
     ///
     /// ```
-    /// use tollgate_tower::rejection::Rejection;
+    /// use tollgate::tower::rejection::Rejection;
     /// let res = Rejection::idempotency_in_flight(None).default_response();
     /// assert_eq!(res.status(), 409);
     /// assert_eq!(res.headers()["retry-after"], "1");
