@@ -21,6 +21,21 @@
 //! # Ok(()) }
 //! ```
 //!
+//! An application that runs on memory in development and on Redis in
+//! production names the store in its environment:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate::Error> {
+//! use tollgate::{Backend, Locker, Quota, RateLimiter};
+//!
+//! let backend = Backend::from_env().await?; // memory unless REDIS_URL etc. is set
+//! let limiter = RateLimiter::gcra(backend.clone(), Quota::per_second(10))?;
+//! let locker = Locker::new(backend);
+//! # let _ = (limiter, locker);
+//! # Ok(()) }
+//! ```
+//!
 //! # What is where
 //!
 //! Always available (no feature needed):
@@ -38,9 +53,13 @@
 //! - **Idempotency**: an [`IdempotencyStore`](idempotency::IdempotencyStore)
 //!   runs the first request with a key and stores its response for the
 //!   retries; see [`idempotency`].
-//! - **Backends**: [`MemoryBackend`] (one process: tests, single instances)
-//!   and [`RedisBackend`] (standalone and Cluster). Key layout and subjects:
-//!   [`keyspace`], [`Subject`].
+//! - **Stores**: [`Backend`] is the one an application picks at run time
+//!   ([`Backend::from_env`]: `REDIS_CLUSTER`, `REDIS_SENTINELS`, `REDIS_URL`,
+//!   else memory), and every capability accepts it; behind it,
+//!   [`MemoryBackend`] (one process: tests, single instances) and
+//!   [`RedisBackend`] (standalone and Cluster). The traits a store
+//!   implements are in [`store`]; what happens when it is down, in
+//!   [`failure`]. Key layout and subjects: [`keyspace`], [`Subject`].
 #![cfg_attr(
     feature = "sentinel",
     doc = "  Sentinel (feature `sentinel`): [`RedisBackend::sentinel`] and [`SentinelConnection`]."

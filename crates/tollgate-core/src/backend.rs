@@ -22,8 +22,8 @@ use crate::store::{
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{Backend, Locker, Quota, RateLimiter};
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{Backend, Locker, Quota, RateLimiter};
 ///
 /// // Memory unless REDIS_URL, REDIS_CLUSTER or REDIS_SENTINELS is set.
 /// let backend = Backend::from_env().await?;

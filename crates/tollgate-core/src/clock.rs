@@ -49,7 +49,7 @@ impl Clock for SystemClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{Clock, ManualClock};
+/// use tollgate::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new(1_000_000);
 /// clock.advance(Duration::from_millis(1500));

@@ -81,7 +81,7 @@ impl Error {
 /// own errors:
 ///
 /// ```
-/// use tollgate_core::{BackendError, Error};
+/// use tollgate::{BackendError, Error};
 ///
 /// let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
 /// let e = Error::from(BackendError::outage(io));

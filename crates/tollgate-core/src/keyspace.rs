@@ -37,7 +37,7 @@ pub const DEFAULT_PREFIX: &str = "tollgate";
 /// Who or what a limit or a lock applies to, already escaped for use in a key.
 ///
 /// ```
-/// use tollgate_core::Subject;
+/// use tollgate::Subject;
 ///
 /// // Component splits never collide.
 /// assert_ne!(
@@ -222,7 +222,7 @@ pub(crate) fn validate_component(what: &str, value: &str) -> Result<()> {
 /// Where a family of keys lives: a prefix and a policy name.
 ///
 /// ```
-/// use tollgate_core::{Keyspace, Subject};
+/// use tollgate::{Keyspace, Subject};
 ///
 /// let ks = Keyspace::new("app", "login").unwrap();
 /// assert_eq!(ks.key(&Subject::new("alice"), None), "app:login:{alice}");

@@ -57,7 +57,7 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::Quota;
+/// use tollgate::Quota;
 ///
 /// let q = Quota::per_second(10);
 /// assert_eq!(q.limit(), 10);
@@ -144,7 +144,7 @@ impl Quota {
     /// `n` per second. Infallible for a valid `n`, and usable in `const`:
     ///
     /// ```
-    /// use tollgate_core::Quota;
+    /// use tollgate::Quota;
     ///
     /// const API: Quota = Quota::per_second(10);
     /// assert_eq!(API.limit(), 10);
@@ -157,7 +157,7 @@ impl Quota {
     /// only at run time:
     ///
     /// ```compile_fail
-    /// const NONE: tollgate_core::Quota = tollgate_core::Quota::per_second(0);
+    /// const NONE: tollgate::Quota = tollgate::Quota::per_second(0);
     /// ```
     pub const fn per_second(n: u64) -> Quota {
         Self::literal(

@@ -52,8 +52,8 @@ pub(crate) const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_secs(1);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::failure::is_outage;
-/// use tollgate_core::{BackendError, Error};
+/// use tollgate::failure::is_outage;
+/// use tollgate::{BackendError, Error};
 ///
 /// assert!(is_outage(&Error::Timeout(Duration::from_millis(100))));
 /// assert!(is_outage(&Error::from(BackendError::outage("connection refused"))));

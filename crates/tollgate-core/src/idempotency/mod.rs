@@ -21,9 +21,9 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tollgate_core::Error> {
-//! use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore, StoredResponse};
-//! use tollgate_core::{MemoryBackend, Subject};
+//! # async fn main() -> Result<(), tollgate::Error> {
+//! use tollgate::idempotency::{Claim, Fingerprint, IdempotencyStore, StoredResponse};
+//! use tollgate::{MemoryBackend, Subject};
 //!
 //! let store = IdempotencyStore::new(MemoryBackend::new());
 //! let key = Subject::compound(["tenant-1", "POST /orders", "key-123"]);

@@ -46,9 +46,9 @@ const LOST: u8 = 2;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// # async fn main() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
-/// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+/// use tollgate::{LockOptions, Locker, MemoryBackend};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let lease = locker
@@ -411,9 +411,9 @@ impl Lease {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// # async fn main() -> Result<(), tollgate::Error> {
     /// use std::time::Duration;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let lease = locker.try_acquire("import", &LockOptions::new().renew(false)).await?;

@@ -22,9 +22,9 @@ use crate::store::{LockBackend, LockKeys};
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// # async fn main() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
-/// use tollgate_core::{Error, LockOptions, Locker, MemoryBackend};
+/// use tollgate::{Error, LockOptions, Locker, MemoryBackend};
 ///
 /// let locker = Locker::new(MemoryBackend::new());
 /// let opts = LockOptions::new().ttl(Duration::from_secs(10));
@@ -46,9 +46,9 @@ use crate::store::{LockBackend, LockKeys};
 /// On Redis:
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), tollgate_core::Error> {
+/// # async fn run() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
-/// use tollgate_core::{LockOptions, Locker, RedisBackend};
+/// use tollgate::{LockOptions, Locker, RedisBackend};
 ///
 /// let locker = Locker::new(RedisBackend::connect("redis://127.0.0.1:6379").await?);
 /// let lease = locker
@@ -116,9 +116,9 @@ impl Locker {
     /// independent masters, not as the only guard of correctness.
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tollgate_core::Error> {
+    /// # async fn run() -> Result<(), tollgate::Error> {
     /// use std::time::Duration;
-    /// use tollgate_core::{LockOptions, Locker, RedisBackend};
+    /// use tollgate::{LockOptions, Locker, RedisBackend};
     ///
     /// let mut instances = Vec::new();
     /// for url in ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"] {
@@ -137,13 +137,13 @@ impl Locker {
     /// kinds); at least one, and use an odd number, 3 or 5.
     ///
     /// ```
-    /// use tollgate_core::{Locker, MemoryBackend};
+    /// use tollgate::{Locker, MemoryBackend};
     ///
     /// let redlock = Locker::redlock((0..5).map(|_| MemoryBackend::new()))?;
     /// assert_eq!((redlock.instances(), redlock.quorum()), (5, 3));
     /// assert_eq!(redlock.backend_kind(), "redlock");
     /// assert!(Locker::redlock(Vec::<MemoryBackend>::new()).is_err());
-    /// # Ok::<(), tollgate_core::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn redlock<B: LockBackend>(instances: impl IntoIterator<Item = B>) -> Result<Locker> {
         Self::redlock_builder(instances).build()
@@ -208,10 +208,10 @@ impl Locker {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// # async fn main() -> Result<(), tollgate::Error> {
     /// use std::collections::HashMap;
     /// use std::sync::{Arc, Mutex};
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// let cache: Arc<Mutex<HashMap<&str, u64>>> = Arc::default();
@@ -219,7 +219,7 @@ impl Locker {
     ///     .fill_once(
     ///         "report:2024",
     ///         &LockOptions::new(),
-    ///         || async { Ok::<_, tollgate_core::Error>(cache.lock().unwrap().get("report").copied()) },
+    ///         || async { Ok::<_, tollgate::Error>(cache.lock().unwrap().get("report").copied()) },
     ///         || async { Ok(42) /* the expensive computation */ },
     ///         |v| {
     ///             cache.lock().unwrap().insert("report", v);
@@ -293,13 +293,13 @@ impl Locker {
     /// backend).
     ///
     /// ```
-    /// use tollgate_core::{Locker, MemoryBackend};
+    /// use tollgate::{Locker, MemoryBackend};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// assert_eq!((locker.instances(), locker.quorum()), (1, 1));
     /// let redlock = Locker::redlock((0..3).map(|_| MemoryBackend::new()))?;
     /// assert_eq!((redlock.instances(), redlock.quorum()), (3, 2));
-    /// # Ok::<(), tollgate_core::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn quorum(&self) -> usize {
         self.core.instances.quorum()
@@ -317,7 +317,7 @@ impl Locker {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
     ///
     /// let locker = Locker::new(MemoryBackend::new());
     /// assert!(locker.check_options(&LockOptions::new()).is_ok());
@@ -354,7 +354,7 @@ async fn release_quietly(lease: Lease) {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+/// use tollgate::{LockOptions, Locker, MemoryBackend};
 ///
 /// let locker = Locker::builder(MemoryBackend::new())
 ///     .prefix("billing")
@@ -364,7 +364,7 @@ async fn release_quietly(lease: Lease) {
 ///     .build()?;
 /// assert_eq!(locker.keys_for("run").lock, "billing:lock:{run}");
 /// assert!(Locker::builder(MemoryBackend::new()).prefix("a{b").build().is_err());
-/// # Ok::<(), tollgate_core::Error>(())
+/// # Ok::<(), tollgate::Error>(())
 /// ```
 ///
 /// The same builder makes a [`Semaphore`](super::Semaphore)

@@ -89,9 +89,9 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tollgate_core::Error> {
+//! # async fn main() -> Result<(), tollgate::Error> {
 //! use std::sync::Mutex;
-//! use tollgate_core::{FencingToken, LockOptions, Locker, MemoryBackend};
+//! use tollgate::{FencingToken, LockOptions, Locker, MemoryBackend};
 //!
 //! /// The protected resource: it keeps the highest fence it has accepted.
 //! #[derive(Default)]

@@ -38,7 +38,7 @@ enum MaxHold {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate_core::LockOptions;
+/// use tollgate::LockOptions;
 ///
 /// let opts = LockOptions::new()
 ///     .ttl(Duration::from_secs(10))

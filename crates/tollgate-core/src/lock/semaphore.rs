@@ -54,9 +54,9 @@ pub type SemaphoreBuilder = LockerBuilder<Semaphore>;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
+/// # async fn main() -> Result<(), tollgate::Error> {
 /// use std::time::Duration;
-/// use tollgate_core::{Error, LockOptions, MemoryBackend, Semaphore};
+/// use tollgate::{Error, LockOptions, MemoryBackend, Semaphore};
 ///
 /// let exports = Semaphore::new(MemoryBackend::new(), 2)?;
 /// let opts = LockOptions::new().ttl(Duration::from_secs(5));
@@ -140,9 +140,9 @@ impl LockerBuilder<Semaphore> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
+    /// # async fn main() -> Result<(), tollgate::Error> {
     /// use std::num::NonZeroU32;
-    /// use tollgate_core::{FailurePolicy, LockOptions, RedisBackend, Semaphore};
+    /// use tollgate::{FailurePolicy, LockOptions, RedisBackend, Semaphore};
     ///
     /// // A Redis nobody listens on: every acquire falls back to memory.
     /// let dead = RedisBackend::connect_lazy("redis://127.0.0.1:1")?;
@@ -174,7 +174,7 @@ impl Semaphore {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tollgate_core::{MemoryBackend, Semaphore};
+    /// use tollgate::{MemoryBackend, Semaphore};
     ///
     /// let gpus = Semaphore::builder(MemoryBackend::new(), 4)
     ///     .prefix("render")
@@ -184,7 +184,7 @@ impl Semaphore {
     /// assert_eq!((gpus.permits(), gpus.is_fair()), (4, true));
     /// assert_eq!(gpus.keys_for("farm").lock, "render:sem:{farm}");
     /// assert!(Semaphore::new(MemoryBackend::new(), 0).is_err());
-    /// # Ok::<(), tollgate_core::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn builder(backend: impl LockBackend, permits: u32) -> SemaphoreBuilder {
         let settings = Settings {
@@ -266,8 +266,8 @@ impl Semaphore {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{Error, LockOptions, MemoryBackend, Semaphore};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Error, LockOptions, MemoryBackend, Semaphore};
     ///
     /// let memory = Semaphore::new(MemoryBackend::new(), 10)?; // 10 GiB
     /// let opts = LockOptions::new();

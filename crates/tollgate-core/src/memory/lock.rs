@@ -192,8 +192,8 @@ impl MemoryBackend {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{LockOptions, Locker, MemoryBackend};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
     ///
     /// let backend = MemoryBackend::new();
     /// let locker = Locker::new(backend.clone());

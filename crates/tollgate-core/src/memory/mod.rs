@@ -29,8 +29,8 @@ const SHARDS: usize = 16;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{MemoryBackend, Quota, RateLimiter};
 ///
 /// let limiter = RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_second(2))?;
 /// assert!(limiter.check("alice").await?.allowed);

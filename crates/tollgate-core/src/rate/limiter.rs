@@ -24,8 +24,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter};
 ///
 /// // 10 per second AND 100 per hour, checked together.
 /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::SlidingWindowCounter)
@@ -102,7 +102,7 @@ impl RateLimiter {
     /// that share a name but not an algorithm never read each other's state.
     ///
     /// ```
-    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter, Subject};
+    /// use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter, Subject};
     ///
     /// let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
     ///     .quota(Quota::per_second(10))
@@ -110,7 +110,7 @@ impl RateLimiter {
     ///     .name("api")
     ///     .build()?;
     /// assert_eq!(limiter.keys_for(&Subject::new("alice")), ["app:api:gcra:{alice}"]);
-    /// # Ok::<(), tollgate_core::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn keys_for(&self, subject: &Subject) -> Vec<String> {
         let (ks, kind) = (&self.inner.keyspace, self.inner.algorithm.short_name());
@@ -145,7 +145,7 @@ impl RateLimiter {
     }
 
     /// Decides at once when no round trip is needed: on an in-process
-    /// backend ([`MemoryBackend`]), from the deny cache, for a cost that can
+    /// backend ([`MemoryBackend`](crate::MemoryBackend)), from the deny cache, for a cost that can
     /// never fit, or while the circuit is open. Otherwise returns the
     /// [`PendingCheck`] to [`send`](PendingCheck::send).
     ///
@@ -154,8 +154,8 @@ impl RateLimiter {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{MemoryBackend, Quota, RateLimiter, Subject};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{MemoryBackend, Quota, RateLimiter, Subject};
     ///
     /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1))?;
     /// let alice = Subject::new("alice");

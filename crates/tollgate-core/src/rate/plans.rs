@@ -4,8 +4,8 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tollgate_core::Error> {
-//! use tollgate_core::{Algorithm, ManualClock, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
+//! # async fn main() -> Result<(), tollgate::Error> {
+//! use tollgate::{Algorithm, ManualClock, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
 //!
 //! // A stopped clock keeps the figures exact.
 //! let backend = MemoryBackend::with_clock(ManualClock::new(1_800_000_000_000_000));
@@ -110,8 +110,8 @@ use crate::error::{Error, Result};
 /// Cheap to clone (two reference counts).
 ///
 /// ```
-/// # fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{MemoryBackend, PlanTable, Quota, RateLimiter};
+/// # fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{MemoryBackend, PlanTable, Quota, RateLimiter};
 ///
 /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(10))?;
 /// let table = PlanTable::builder().plan("free", limiter).default_plan("free").build()?;
@@ -154,8 +154,8 @@ impl fmt::Debug for Plan {
 /// holds and swaps.
 ///
 /// ```
-/// # fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{Algorithm, MemoryBackend, PlanTable, Quota, RateLimiter};
+/// # fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{Algorithm, MemoryBackend, PlanTable, Quota, RateLimiter};
 ///
 /// let backend = MemoryBackend::new();
 /// let limiter = |name: &str, n| {
@@ -221,8 +221,8 @@ impl PlanTable {
     /// `RateLimit-Policy` of each plan.
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{MemoryBackend, PlanTable, Quota, RateLimiter};
+    /// # fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{MemoryBackend, PlanTable, Quota, RateLimiter};
     ///
     /// let l = |n| RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(n));
     /// let table = PlanTable::builder().plan("a", l(1)?).plan("b", l(2)?).default_plan("a").build()?;
@@ -270,11 +270,11 @@ impl PlanTableBuilder {
     /// shared).
     ///
     /// ```
-    /// use tollgate_core::{Error, MemoryBackend, PlanTable, Quota, RateLimiter};
+    /// use tollgate::{Error, MemoryBackend, PlanTable, Quota, RateLimiter};
     ///
     /// let backend = MemoryBackend::new();
     /// let named = |name: &str, n| {
-    ///     RateLimiter::builder(backend.clone(), tollgate_core::Algorithm::Gcra)
+    ///     RateLimiter::builder(backend.clone(), tollgate::Algorithm::Gcra)
     ///         .quota(Quota::per_minute(n))
     ///         .name(name)
     ///         .build()
@@ -391,8 +391,8 @@ impl Plans {
     /// once the last reader is done with it).
     ///
     /// ```
-    /// # fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
+    /// # fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
     ///
     /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_minute(10))?;
     /// let plans = Plans::new(PlanTable::builder().plan("free", limiter).default_plan("free").build()?);
@@ -419,11 +419,11 @@ impl Plans {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{Algorithm, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Algorithm, MemoryBackend, PlanTable, Plans, Quota, RateLimiter};
     ///
     /// let backend = MemoryBackend::new();
-    /// let table = |alg| -> Result<PlanTable, tollgate_core::Error> {
+    /// let table = |alg| -> Result<PlanTable, tollgate::Error> {
     ///     let limiter = RateLimiter::builder(backend.clone(), alg)
     ///         .quota(Quota::per_minute(10))
     ///         .name("free")

@@ -12,8 +12,8 @@ use super::QuotaDecision;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{MemoryBackend, Quota, RateLimiter};
+/// # async fn main() -> Result<(), tollgate::Error> {
+/// use tollgate::{MemoryBackend, Quota, RateLimiter};
 ///
 /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(5))?;
 /// let d = limiter.check("alice").await?;

@@ -95,8 +95,8 @@ impl RateLimiter {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Algorithm, MemoryBackend, Quota, RateLimiter};
     ///
     /// // Login throttling: count failed attempts only.
     /// let logins = RateLimiter::sliding_window_log(MemoryBackend::new(), Quota::per_minute(3))?;

@@ -52,7 +52,7 @@ pub(crate) trait Sender: Clone + Send + Sync + 'static {
 /// ([`Coalescing::default`]); [`Coalescing::off`] sends each check alone.
 ///
 /// ```
-/// use tollgate_core::Coalescing;
+/// use tollgate::Coalescing;
 ///
 /// let c = Coalescing::default().max_batch(32).max_calls_in_flight(4);
 /// assert_eq!((c.batch_limit(), c.calls_limit()), (32, 4));

@@ -60,8 +60,8 @@ pub use self::sentinel::SentinelConnection;
 /// [`with_pubsub`](Self::with_pubsub) (set by `connect*`).
 ///
 /// ```no_run
-/// # async fn run() -> Result<(), tollgate_core::Error> {
-/// use tollgate_core::{Quota, RateLimiter, RedisBackend};
+/// # async fn run() -> Result<(), tollgate::Error> {
+/// use tollgate::{Quota, RateLimiter, RedisBackend};
 ///
 /// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
 /// let limiter = RateLimiter::gcra(backend, Quota::per_second(10))?;
@@ -168,12 +168,12 @@ impl RedisBackend {
     }
 
     /// A backend on the master `service` behind Redis Sentinel; follows
-    /// failovers (see [`SentinelConnection`](super::SentinelConnection)).
+    /// failovers (see [`SentinelConnection`]).
     /// Lock waiters poll instead of subscribing, so a failover never strands
     /// them on a stale subscription.
     #[cfg(feature = "sentinel")]
     pub fn sentinel<S: AsRef<str>>(sentinels: &[S], service: &str) -> Result<Self> {
-        let conn = super::SentinelConnection::new(sentinels, service)?;
+        let conn = SentinelConnection::new(sentinels, service)?;
         Ok(Self::with_conn(Conn::Sentinel(conn), "sentinel"))
     }
 
@@ -181,18 +181,18 @@ impl RedisBackend {
     /// connection that is `ConnectionLike + Clone + Send + Sync` (a
     /// connection manager, a cluster connection, a `MultiplexedConnection`,
     /// your own wrapper). Its kind is `"cluster"` for a cluster connection,
-    /// `"sentinel"` for a [`SentinelConnection`](super::SentinelConnection)
+    /// `"sentinel"` for a `SentinelConnection` (feature `sentinel`)
     /// and `"redis"` otherwise. Without [`with_pubsub`](Self::with_pubsub),
     /// lock waiters poll instead of waking on release notifications.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tollgate_core::RedisBackend;
+    /// use tollgate::RedisBackend;
     ///
     /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
     /// let conn = client.get_multiplexed_async_connection().await?;
     /// let backend = RedisBackend::from_connection(conn).with_pubsub(client);
-    /// assert_eq!(tollgate_core::RateBackend::kind(&backend), "redis");
+    /// assert_eq!(tollgate::RateBackend::kind(&backend), "redis");
     /// # Ok(()) }
     /// ```
     pub fn from_connection<C>(conn: C) -> Self
@@ -208,7 +208,7 @@ impl RedisBackend {
             Err(c) => c,
         };
         #[cfg(feature = "sentinel")]
-        let conn = match downcast::<C, super::SentinelConnection>(conn) {
+        let conn = match downcast::<C, SentinelConnection>(conn) {
             Ok(c) => return Self::with_conn(Conn::Sentinel(c), "sentinel"),
             Err(c) => c,
         };
@@ -252,8 +252,8 @@ impl RedisBackend {
     /// [`Coalescing::off`] sends one call per check.
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tollgate_core::Error> {
-    /// use tollgate_core::{Coalescing, RedisBackend};
+    /// # async fn run() -> Result<(), tollgate::Error> {
+    /// use tollgate::{Coalescing, RedisBackend};
     ///
     /// let backend = RedisBackend::connect("redis://127.0.0.1:6379")
     ///     .await?

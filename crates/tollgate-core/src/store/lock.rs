@@ -17,7 +17,7 @@ use crate::keyspace::{Keyspace, Subject};
 /// highest token it has seen and refuses writes that carry a lower one.
 ///
 /// ```
-/// use tollgate_core::FencingToken;
+/// use tollgate::FencingToken;
 ///
 /// let old = FencingToken(1_700_000_000_000_000);
 /// let new = FencingToken(1_700_000_000_000_001);
@@ -62,14 +62,14 @@ impl From<u64> for FencingToken {
 /// `…:queue` and `…:tickets` beside it.
 ///
 /// ```
-/// use tollgate_core::lock::LockKeys;
-/// use tollgate_core::{Keyspace, Subject};
+/// use tollgate::lock::LockKeys;
+/// use tollgate::{Keyspace, Subject};
 ///
 /// let keys = LockKeys::new(&Keyspace::new("app", "lock")?, &Subject::new("orders"));
 /// assert_eq!(keys.lock, "app:lock:{orders}");
 /// assert_eq!(keys.fence, "app:lock:{orders}:fence");
 /// assert_eq!(keys.channel, "app:lock:{orders}:released");
-/// # Ok::<(), tollgate_core::Error>(())
+/// # Ok::<(), tollgate::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -95,14 +95,14 @@ impl LockKeys {
     /// arrival order.
     ///
     /// ```
-    /// use tollgate_core::lock::{Holders, LockKeys};
-    /// use tollgate_core::{Keyspace, Subject};
+    /// use tollgate::lock::{Holders, LockKeys};
+    /// use tollgate::{Keyspace, Subject};
     ///
     /// let keys = LockKeys::permits(&Keyspace::new("app", "sem")?, &Subject::new("gpu"), 4, 1, true);
     /// assert_eq!(keys.lock, "app:sem:{gpu}");
     /// assert_eq!(keys.queue(), "app:sem:{gpu}:queue");
     /// assert_eq!(keys.holders, Holders::Permits { limit: 4, weight: 1, fair: true });
-    /// # Ok::<(), tollgate_core::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn permits(
         keyspace: &Keyspace,
@@ -144,17 +144,17 @@ impl LockKeys {
     }
 
     /// The marker a successful release of `token` leaves for
-    /// [`RELEASE_MARKER_TTL`](super::RELEASE_MARKER_TTL): `<lock>:released:<token>`
+    /// [`RELEASE_MARKER_TTL`](crate::lock::RELEASE_MARKER_TTL): `<lock>:released:<token>`
     /// (same hash tag, so the same cluster slot). A replay of that release
     /// finds it and reports "released" (see [`LockBackend::release_lock`]).
     ///
     /// ```
-    /// use tollgate_core::lock::LockKeys;
-    /// use tollgate_core::{Keyspace, Subject};
+    /// use tollgate::lock::LockKeys;
+    /// use tollgate::{Keyspace, Subject};
     ///
     /// let keys = LockKeys::new(&Keyspace::new("app", "lock")?, &Subject::new("orders"));
     /// assert_eq!(keys.release_marker("ab12"), "app:lock:{orders}:released:ab12");
-    /// # Ok::<(), tollgate_core::Error>(())
+    /// # Ok::<(), tollgate::Error>(())
     /// ```
     pub fn release_marker(&self, token: &str) -> String {
         format!("{}:released:{token}", self.lock)
@@ -287,7 +287,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///
     /// Idempotent per token: a successful release leaves a marker
     /// ([`LockKeys::release_marker`]) for
-    /// [`RELEASE_MARKER_TTL`](super::RELEASE_MARKER_TTL), so the same
+    /// [`RELEASE_MARKER_TTL`](crate::lock::RELEASE_MARKER_TTL), so the same
     /// release sent again in that time — a client retrying after the reply
     /// was lost, as the cluster client does — answers `true` again (and
     /// leaves whoever holds the name now alone), instead of telling the
