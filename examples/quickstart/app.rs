@@ -71,7 +71,8 @@ where
         .expect("a valid limiter");
     let limit = RateLimitLayer::new(limiter).key(PeerIp::new());
     Router::new()
-        .route("/", get(hello).layer(limit))
+        // route_layer: a wrong method is a plain 405 and takes no token.
+        .route("/", get(hello).route_layer(limit))
         .route("/jobs/{id}", post(run_job))
         .with_state(Locker::new(backend))
 }

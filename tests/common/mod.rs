@@ -96,6 +96,9 @@ pub(crate) fn assert_quota_exceeded(r: &Reply, wait: u64) {
 /// `GET /`: a bucket of 5 per client IP shared by both instances, refilled
 /// one token every 2 s; headers on every answer; 429 + `Retry-After`.
 pub(crate) async fn check_rate_limit(a: SocketAddr, b: SocketAddr) {
+    // A wrong method is a plain 405 and takes no token.
+    let r = send_from(None, a, Method::POST, "/").await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{r:?}");
     // Five in a row, spread over both instances: one shared bucket.
     let full = std::time::Instant::now();
     assert_hello(&get(a, "/").await, 4);

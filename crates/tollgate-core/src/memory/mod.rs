@@ -188,13 +188,7 @@ mod tests {
     async fn expired_entries_are_evicted_as_the_map_grows() {
         let clock = ManualClock::starting_now();
         let backend = MemoryBackend::with_clock(clock.clone());
-        for alg in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindowLog,
-            Algorithm::SlidingWindowCounter,
-            Algorithm::TokenBucket,
-            Algorithm::Gcra,
-        ] {
+        for alg in Algorithm::ALL {
             let l = RateLimiter::builder(backend.clone(), alg)
                 .quota(Quota::per_second(5))
                 .build()

@@ -153,13 +153,7 @@ mod tests {
             .lines()
             .find_map(|l| l.strip_prefix("local decide = {"))
             .expect("the decide table");
-        for alg in [
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindowLog,
-            Algorithm::SlidingWindowCounter,
-            Algorithm::TokenBucket,
-            Algorithm::Gcra,
-        ] {
+        for alg in Algorithm::ALL {
             let id = usize::from(batch_id(alg));
             assert!(id >= 1, "{alg:?}");
             let name = table.split(", ").nth(id - 1).expect("a row");

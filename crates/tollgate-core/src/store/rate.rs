@@ -27,6 +27,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in declaration order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+
     /// A short stable name, used in default policy names, metrics and in
     /// every key the algorithm writes (see [`RateLimiter::keys_for`](crate::RateLimiter::keys_for)).
     pub fn short_name(&self) -> &'static str {

@@ -24,16 +24,7 @@ fn one_committing_step_equals_peek_then_commit() {
         seed ^= seed << 17;
         seed % n
     };
-    for alg in [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-    ]
-    .into_iter()
-    .filter(Algorithm::commit_decides)
-    {
+    for alg in Algorithm::ALL.into_iter().filter(Algorithm::commit_decides) {
         for q in &quotas {
             let (mut a, mut b): (Option<Slot>, Option<Slot>) = (None, None);
             let mut now = 1_700_000_000_000_000u64;
