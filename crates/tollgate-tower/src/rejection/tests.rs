@@ -1,6 +1,18 @@
 //! The rejection table and default responses.
 
+use serde_json::Value;
+
 use super::*;
+
+/// The response's problem document, after checking its content type and
+/// that its `status` is the response's.
+fn problem_of(res: &Response<Bytes>) -> Value {
+    assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+    let v: Value = serde_json::from_slice(res.body())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", res.body()));
+    assert_eq!(v["status"], res.status().as_u16(), "{v}");
+    v
+}
 
 /// A busy lock's wait is whole seconds, rounded up, never 0, and 1 when
 /// unknown — the same answer from every constructor.
@@ -25,8 +37,11 @@ fn busy_rounds_up_and_is_never_zero() {
             let res = r.default_response();
             assert_eq!(res.status(), StatusCode::CONFLICT);
             assert_eq!(res.headers()[RETRY_AFTER], secs, "{wait:?}");
-            let body = format!("resource is busy; retry in {secs} s\n");
-            assert_eq!(res.body().as_ref(), body.as_bytes());
+            let body = format!(
+                r#"{{"type":"about:blank","title":"Conflict","status":409,"detail":"resource is busy; retry in {secs} s"}}"#
+            );
+            assert_eq!(std::str::from_utf8(res.body()).unwrap(), body);
+            problem_of(&res);
 
             // gRPC: ABORTED, the same wait in metadata and RetryInfo.
             let res = r
@@ -56,7 +71,13 @@ fn a_cost_beyond_capacity_is_413_without_retry_after() {
     .default_response();
     assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert!(!res.headers().contains_key(RETRY_AFTER));
-    assert_eq!(res.headers()[CONTENT_TYPE], "text/plain; charset=utf-8");
+    let v = problem_of(&res);
+    assert_eq!(v["type"], "about:blank");
+    assert_eq!(v["title"], "Payload Too Large");
+    assert_eq!(
+        v["detail"],
+        "request cost 5 exceeds the rate limit's capacity 2; it can never be admitted"
+    );
 }
 
 /// The table: every reason's HTTP status and gRPC code.
@@ -96,8 +117,8 @@ fn one_table_for_every_reason() {
     }
 }
 
-/// The idempotency layer's answers are problem+json (the other layers'
-/// bodies are unchanged text); gRPC requests still get trailers-only.
+/// The idempotency layer's answers are `about:blank` problems, as every
+/// other layer's; gRPC requests still get trailers-only.
 #[test]
 fn idempotency_rejections_are_problem_documents() {
     let cases = [
@@ -145,9 +166,12 @@ fn idempotency_rejections_are_problem_documents() {
         .for_protocol(Protocol::Grpc, &HeaderMap::new())
         .default_response();
     assert_eq!(grpc.headers()["grpc-status"], "9");
-    // Other layers' 503 keeps its text body.
+    // Another layer's 503 is the same kind of document.
     let res = Rejection::unavailable(Middleware::Lock, None).default_response();
-    assert_eq!(res.body().as_ref(), b"lock service unavailable\n");
+    assert_eq!(
+        std::str::from_utf8(res.body()).unwrap(),
+        r#"{"type":"about:blank","title":"Service Unavailable","status":503,"detail":"lock service unavailable"}"#
+    );
 }
 
 /// A rate limit's 429 is draft-10's quota-exceeded problem naming only the
