@@ -27,7 +27,9 @@
 //! can never admit, the key extractor's status when the request lacks what
 //! the key is made of, 503 + `Retry-After: 1` when the backend is
 //! unavailable, 500 with a message naming the missing piece for
-//! misconfiguration. gRPC requests get gRPC-shaped answers.
+//! misconfiguration. Every HTTP body is an RFC 9457
+//! `application/problem+json` document; gRPC requests get gRPC-shaped
+//! answers.
 //!
 //! ```
 //! use axum::{routing::post, Router};

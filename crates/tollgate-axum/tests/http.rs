@@ -18,7 +18,7 @@ use tollgate_testkit::http::loopback::post as post_;
 use tollgate_testkit::http::retry_after;
 use tollgate_testkit::{RedisCluster, RedisServer};
 
-use common::{memory_limiter, memory_locker, serve, Watched};
+use common::{memory_limiter, memory_locker, problem_detail, serve, Watched};
 
 // ------------------------------------------------------------------ checks
 
@@ -66,11 +66,11 @@ async fn busy_is_409(watched: Watched) {
     assert_eq!(r.status, StatusCode::CONFLICT);
     let ra = retry_after(&r);
     assert!((1..=20).contains(&ra), "Retry-After {ra}");
-    assert_eq!(r.headers["content-type"], "text/plain; charset=utf-8");
+    assert_eq!(r.headers["content-type"], "application/problem+json");
     assert_eq!(
-        r.body,
+        problem_detail(&r),
         // The same words as a LockLayer's 409 (one rejection model).
-        format!("resource is busy; retry in {ra} s\n")
+        format!("resource is busy; retry in {ra} s")
     );
     // A waiting resource gets it as soon as the holder releases: released
     // once the waiter was refused, so it waits.
@@ -202,16 +202,12 @@ async fn misconfiguration_is_500(locker: Locker) {
     let srv = serve(locker, memory_limiter()).await;
     let r = post_(srv.addr, "/bad/x").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let detail = problem_detail(&r);
     assert!(
-        r.body.starts_with("tollgate is misconfigured: "),
-        "{}",
-        r.body
+        detail.starts_with("tollgate is misconfigured: "),
+        "{detail}"
     );
-    assert!(
-        r.body.contains("TTL") || r.body.contains("ttl"),
-        "{}",
-        r.body
-    );
+    assert!(detail.contains("TTL") || detail.contains("ttl"), "{detail}");
     // A route without the parameter the resource is named after.
     let r = post_(srv.addr, "/noparam").await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{}", r.body);
@@ -351,7 +347,7 @@ async fn redis_unavailable_is_503_and_recovers() {
     );
     assert_eq!(retry_after(&r), 1);
     // The same words as a LockLayer's 503 (one rejection model).
-    assert_eq!(r.body, "lock service unavailable\n");
+    assert_eq!(problem_detail(&r), "lock service unavailable");
 
     server.stop();
     let r = post_(srv.addr, "/nowait/u2/0").await;

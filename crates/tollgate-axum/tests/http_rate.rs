@@ -16,7 +16,7 @@ use tollgate_testkit::http::retry_after;
 use tollgate_testkit::RedisServer;
 use tollgate_tower::RateLimitLayer;
 
-use common::{memory_limiter, memory_locker, serve};
+use common::{memory_limiter, memory_locker, problem_detail, serve};
 
 /// `RateLimited<P>`: admitted with headers, then 429 with `Retry-After`,
 /// the draft-10 headers and a text body; a missing key is 400.
@@ -65,7 +65,7 @@ async fn handler_rate_limit(limiter: RateLimiter) {
     // No key: 400.
     let r = send(srv.addr, Method::GET, "/limited", &[]).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert_eq!(r.body, "missing x-user header\n");
+    assert_eq!(problem_detail(&r), "missing x-user header");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,8 +115,8 @@ async fn cost_beyond_capacity_is_413_like_the_layer() {
     .await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.body);
     assert_eq!(
-        r.body,
-        "request cost 5 exceeds the rate limit's capacity 2; it can never be admitted\n"
+        problem_detail(&r),
+        "request cost 5 exceeds the rate limit's capacity 2; it can never be admitted"
     );
     assert!(!r.headers.contains_key("retry-after"));
     assert!(!r.headers.contains_key("ratelimit"));
@@ -161,7 +161,8 @@ async fn layer_decision_is_readable() {
 
     let r = send(srv.addr, Method::GET, "/unlayered", &[]).await;
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(r.body.contains("RateLimitLayer"), "{}", r.body);
+    let detail = problem_detail(&r);
+    assert!(detail.contains("RateLimitLayer"), "{detail}");
     let r = send(srv.addr, Method::GET, "/maybe", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body, "None");

@@ -208,6 +208,21 @@ fn header<'a>(a: &'a Answer, name: &str) -> Option<&'a str> {
     a.1.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
+/// The `detail` of an answer's body, after checking the body is an
+/// `about:blank` problem document of the answer's status.
+fn problem_detail(a: &Answer) -> String {
+    assert_eq!(header(a, "content-type"), Some("application/problem+json"));
+    let v: serde_json::Value = serde_json::from_slice(&a.2)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&a.2)));
+    assert_eq!(v["type"], "about:blank", "{v}");
+    assert_eq!(v["title"], a.0.canonical_reason().unwrap(), "{v}");
+    assert_eq!(v["status"], a.0.as_u16(), "{v}");
+    let detail = v["detail"].as_str();
+    detail
+        .unwrap_or_else(|| panic!("no detail in {v}"))
+        .to_owned()
+}
+
 /// Every reason both can give, on a live backend.
 async fn parity<B>(backend: B)
 where
@@ -261,13 +276,18 @@ where
         header(&costly, "ratelimit-policy"),
         Some(r#""parity";q=2;w=60"#)
     );
+    assert_eq!(
+        problem_detail(&costly),
+        "request cost 3 exceeds the rate limit's capacity 2; it can never be admitted"
+    );
 
     // No key: the extractor's status and message.
     let unkeyed = same_answer(&app, "GET", "/limit", &[]).await;
     assert_eq!(unkeyed.0, StatusCode::UNAUTHORIZED);
-    assert_eq!(unkeyed.2, b"missing x-user header\n");
+    assert_eq!(problem_detail(&unkeyed), "missing x-user header");
     let no_peer = same_answer(&app, "GET", "/peer", &[]).await;
     assert_eq!(no_peer.0, StatusCode::INTERNAL_SERVER_ERROR);
+    problem_detail(&no_peer);
 
     // Busy: 409 with the holder's remaining lease, rounded up.
     let holder = locker
@@ -282,8 +302,8 @@ where
     let wait: u64 = header(&busy, "retry-after").unwrap().parse().unwrap();
     assert!((20..=21).contains(&wait), "Retry-After {wait}");
     assert_eq!(
-        busy.2,
-        format!("resource is busy; retry in {wait} s\n").as_bytes()
+        problem_detail(&busy),
+        format!("resource is busy; retry in {wait} s")
     );
     holder.release().await.unwrap();
 
@@ -305,8 +325,8 @@ where
         Some(r#""slots";q=1;qu="concurrent-requests""#)
     );
     assert_eq!(
-        full.2,
-        format!("too many requests in flight; retry in {wait} s\n").as_bytes()
+        problem_detail(&full),
+        format!("too many requests in flight; retry in {wait} s")
     );
     // Another key is free, through either.
     for path in ["/layer/slots/10", "/ext/slots/10"] {
@@ -327,11 +347,11 @@ async fn unavailable_parity(backend: RedisBackend) {
     let limit = same_answer(&app, "GET", "/limit", &[("x-user", "carol")]).await;
     assert_eq!(limit.0, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&limit, "retry-after"), Some("1"));
-    assert_eq!(limit.2, b"rate limiter unavailable\n");
+    assert_eq!(problem_detail(&limit), "rate limiter unavailable");
     let lock = same_answer(&app, "POST", "/jobs/8", &[]).await;
     assert_eq!(lock.0, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&lock, "retry-after"), Some("1"));
-    assert_eq!(lock.2, b"lock service unavailable\n");
+    assert_eq!(problem_detail(&lock), "lock service unavailable");
     let slots = same_answer(&app, "POST", "/slots/1", &[]).await;
     assert_eq!(slots.0, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&slots, "retry-after"), Some("1"));

@@ -115,15 +115,15 @@ pin_project! {
     /// chunks it read, then the rest of the inner body as it comes.
     ///
     /// Like tower-http's `ResponseBody` types, it wraps the inner body so
-    /// that rejections can carry a text body whatever the inner body type
-    /// is. It works wherever the inner body works: axum's `Router::layer`
-    /// and tonic's `Server::builder().layer(..)` both accept it. A
-    /// [`Lock`](crate::lock::Lock) configured to hold its lease until the
-    /// body ends keeps the lease in here: it is released when the last frame
-    /// has been read (the end of the body waits for the release), or when
-    /// the body is dropped; if the lease is lost while the body streams, the
-    /// body ends with an error, so the client sees a broken response rather
-    /// than a truncated one.
+    /// that rejections can carry their problem document whatever the inner
+    /// body type is. It works wherever the inner body works: axum's
+    /// `Router::layer` and tonic's `Server::builder().layer(..)` both accept
+    /// it. A [`Lock`](crate::lock::Lock) configured to hold its lease until
+    /// the body ends keeps the lease in here: it is released when the last
+    /// frame has been read (the end of the body waits for the release), or
+    /// when the body is dropped; if the lease is lost while the body
+    /// streams, the body ends with an error, so the client sees a broken
+    /// response rather than a truncated one.
     ///
     /// ```
     /// use bytes::Bytes;

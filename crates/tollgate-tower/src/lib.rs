@@ -32,8 +32,8 @@
 //! (never in `poll_ready`), the inner service's error type passes through
 //! unchanged (axum needs `Infallible`) and every rejection is a response.
 //! The response body becomes [`ResponseBody<B>`](ResponseBody), which wraps
-//! the inner body so rejections can carry a short text body; axum routers
-//! and tonic servers accept it as they are.
+//! the inner body so rejections can carry their problem document; axum
+//! routers and tonic servers accept it as they are.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

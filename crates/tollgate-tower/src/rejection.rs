@@ -4,11 +4,12 @@
 //! One table ([`RejectionReason::status`], [`RejectionReason::grpc_code`])
 //! decides the status; one function ([`Rejection::default_response`]) builds
 //! the response. A layer and an extractor refusing a request for the same
-//! reason therefore answer with the same status, headers and body:
+//! reason therefore answer with the same status, headers and body (an
+//! `about:blank` problem unless the table names another type):
 //!
 //! | reason | HTTP | gRPC | `Retry-After` |
 //! |---|---|---|---|
-//! | [`RateLimited`](RejectionReason::RateLimited) | 429 (problem+json, [`QUOTA_EXCEEDED`]) | RESOURCE_EXHAUSTED | the decision's wait, ≥ 1 s |
+//! | [`RateLimited`](RejectionReason::RateLimited) | 429 ([`QUOTA_EXCEEDED`] problem) | RESOURCE_EXHAUSTED | the decision's wait, ≥ 1 s |
 //! | [`CostExceedsCapacity`](RejectionReason::CostExceedsCapacity) | 413 | RESOURCE_EXHAUSTED | none: waiting cannot help |
 //! | [`Unavailable`](RejectionReason::Unavailable) | 503 | UNAVAILABLE | 1 |
 //! | [`Busy`](RejectionReason::Busy) | 409 | ABORTED | the holder's remaining lease, or 1 when unknown |
@@ -21,19 +22,19 @@
 //! | [`InvalidIdempotencyKey`](RejectionReason::InvalidIdempotencyKey) | 400 | INVALID_ARGUMENT | none |
 //! | [`PayloadTooLarge`](RejectionReason::PayloadTooLarge) | 413 | RESOURCE_EXHAUSTED | none |
 //!
-//! `Retry-After` is whole seconds, rounded up, never 0. HTTP bodies are the
-//! [message](Rejection::message) and a newline, as `text/plain` — except
-//! two kinds of RFC 9457 `application/problem+json` documents:
+//! `Retry-After` is whole seconds, rounded up, never 0. Every HTTP body,
+//! whichever layer or extractor refused, is an RFC 9457
+//! `application/problem+json` document whose `detail` is the
+//! [message](Rejection::message):
 //!
 //! - a rate limit's 429 is draft-ietf-httpapi-ratelimit-headers-10's
 //!   quota-exceeded problem: `{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
 //!   "title":…,"status":429,"detail":<the message>,"violated-policies":[<names>]}`,
 //!   the names those of the `RateLimit-Policy` items whose quota denied
 //!   ([`Rejection::violated_policies`]);
-//! - the [idempotency layer](crate::idempotency)'s own rejections (the four
-//!   idempotency reasons above, and its 503), as the idempotency-key draft
-//!   shows them: `{"type":"about:blank","title":<the status' reason
-//!   phrase>,"status":<status>,"detail":<the message>}`.
+//! - every other reason is an `about:blank` problem, the form the
+//!   idempotency-key draft shows: `{"type":"about:blank","title":<the
+//!   status' reason phrase>,"status":<status>,"detail":<the message>}`.
 //!
 //! gRPC requests get a trailers-only response (see [`crate::grpc`]).
 
@@ -182,7 +183,7 @@ pub enum Middleware {
     Lock,
     /// A concurrency limit (layer or extractor).
     ConcurrencyLimit,
-    /// Idempotency keys (its rejections are `application/problem+json`).
+    /// Idempotency keys.
     Idempotency,
 }
 
@@ -202,7 +203,11 @@ pub enum Middleware {
 /// let res = r.default_response();
 /// assert_eq!(res.status(), 409);
 /// assert_eq!(res.headers()["retry-after"], "2");
-/// assert_eq!(res.body().as_ref(), b"resource is busy; retry in 2 s\n");
+/// assert_eq!(res.headers()["content-type"], "application/problem+json");
+/// assert_eq!(
+///     std::str::from_utf8(res.body()).unwrap(),
+///     r#"{"type":"about:blank","title":"Conflict","status":409,"detail":"resource is busy; retry in 2 s"}"#
+/// );
 /// ```
 pub struct Rejection {
     reason: RejectionReason,
@@ -508,7 +513,8 @@ impl Rejection {
         self.middleware
     }
 
-    /// The message sent in the body (HTTP) or `grpc-message` (gRPC).
+    /// The message sent as the problem body's `detail` (HTTP) or as
+    /// `grpc-message` (gRPC).
     pub fn message(&self) -> &str {
         &self.message
     }
@@ -558,17 +564,8 @@ impl Rejection {
             );
         }
         let status = self.reason.status();
-        let problem = "application/problem+json";
-        let (body, content_type) = match (self.reason, self.middleware) {
-            (RejectionReason::RateLimited, _) => (
-                problem::quota_exceeded(&self.message, &self.violated),
-                problem,
-            ),
-            (_, Some(Middleware::Idempotency)) => {
-                (problem::about_blank(status, &self.message), problem)
-            }
-            _ => (format!("{}\n", self.message), "text/plain; charset=utf-8"),
-        };
+        let violated = (self.reason == RejectionReason::RateLimited).then_some(&self.violated[..]);
+        let body = problem::document(status, &self.message, violated);
         let mut res = Response::new(Bytes::from(body));
         *res.status_mut() = status;
         let h = res.headers_mut();
@@ -576,7 +573,10 @@ impl Rejection {
             h.insert(RETRY_AFTER, HeaderValue::from(wait.as_secs()));
         }
         h.extend(self.headers.clone());
-        h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static(problem::CONTENT_TYPE),
+        );
         res
     }
 }

@@ -31,7 +31,7 @@ use tollgate_tower::ConcurrencyLimitLayer;
 use tower::{Layer, Service, ServiceExt};
 use tracing::instrument::WithSubscriber;
 
-use common::{send, unique, Reply};
+use common::{problem_detail, send, unique, Reply};
 
 /// Far above anything these tests wait for, far below a hang.
 const BOUND: Duration = Duration::from_secs(15);
@@ -317,8 +317,8 @@ fn assert_too_many(r: &Reply, policy_header: &str) -> u64 {
     assert!((1..=30).contains(&retry), "{r:?}");
     assert_eq!(r.expect_header("ratelimit-policy"), policy_header);
     assert_eq!(
-        r.body,
-        format!("too many requests in flight; retry in {retry} s\n")
+        problem_detail(r),
+        format!("too many requests in flight; retry in {retry} s")
     );
     retry
 }
@@ -614,7 +614,7 @@ async fn failure_policy(policy_kind: FailurePolicy, fault: Fault) {
             let d = bounded_send(&app, req("/work", &[("x-res", &r), ("x-id", "d")])).await;
             assert_eq!(d.status, StatusCode::SERVICE_UNAVAILABLE, "{d:?}");
             assert_eq!(d.header("retry-after"), Some("1"));
-            assert_eq!(d.body, "concurrency limiter unavailable\n");
+            assert_eq!(problem_detail(&d), "concurrency limiter unavailable");
             assert!(!p.events().contains(&"start d".to_owned()));
         }
         FailurePolicy::Fallback { instances } => {
@@ -807,7 +807,10 @@ async fn lost_permit_cancels_when_asked(env: Env) {
     env.delete(&sem_key).await;
     let a = join(a).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
-    assert!(a.body.starts_with("concurrency permit lost"), "{a:?}");
+    assert_eq!(
+        problem_detail(&a),
+        "concurrency permit lost while handling the request; the request was cancelled"
+    );
     // Answered without the gate ever opening: the handler was dropped.
     assert_eq!(p.events(), ["start a"]);
     assert_eq!(p.running(), 0, "the handler was dropped");
@@ -894,7 +897,7 @@ async fn a_request_that_cannot_be_keyed_gets_the_extractors_status() {
     );
     let r = send(&app, req("/work", &[("x-id", "a")])).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{r:?}");
-    assert_eq!(r.body, "missing x-res header\n");
+    assert_eq!(problem_detail(&r), "missing x-res header");
     assert!(r.header("retry-after").is_none());
     assert!(p.events().is_empty());
 }

@@ -17,7 +17,7 @@ use tollgate_testkit::RedisServer;
 use tollgate_tower::rejection::{Rejection, RejectionReason};
 use tollgate_tower::RateLimitLayer;
 
-use common::{get, send, unique, Reply};
+use common::{get, problem_detail, send, unique, Reply};
 
 /// Generous: far above the 100–300 ms timeouts used here, far below a hang.
 const BOUND: Duration = Duration::from_secs(5);
@@ -105,7 +105,7 @@ async fn deny_answers_503_while_redis_is_down_and_recovers_after_restart() {
     for _ in 0..5 {
         let r = bounded_send(&app).await;
         assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
-        assert_eq!(r.body, "rate limiter unavailable\n");
+        assert_eq!(problem_detail(&r), "rate limiter unavailable");
     }
     server.restart().unwrap();
     wait_for_backend(&app).await;

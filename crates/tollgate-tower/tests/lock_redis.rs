@@ -67,7 +67,7 @@ async fn redis_down_is_503_and_recovers() {
         .await
         .unwrap();
     assert_eq!(b.status, StatusCode::SERVICE_UNAVAILABLE, "{b:?}");
-    assert_eq!(b.body, "lock service unavailable\n");
+    assert_eq!(common::problem_detail(&b), "lock service unavailable");
     tokio::task::block_in_place(|| server.restart()).unwrap();
     let deadline = std::time::Instant::now() + BOUND;
     loop {

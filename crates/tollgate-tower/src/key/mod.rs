@@ -89,7 +89,7 @@ where
 
 /// Why a request could not be keyed; the request is answered with
 /// [`KeyError::status`] (mapped to a gRPC status for gRPC requests) and a
-/// short text body carrying [`KeyError::message`].
+/// problem document whose `detail` is [`KeyError::message`].
 ///
 /// ```
 /// use http::StatusCode;
@@ -136,7 +136,8 @@ impl KeyError {
         self.status
     }
 
-    /// The message sent in the response body.
+    /// The message sent as the problem body's `detail` (HTTP) or as
+    /// `grpc-message` (gRPC).
     pub fn message(&self) -> &str {
         &self.message
     }

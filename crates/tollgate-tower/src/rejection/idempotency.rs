@@ -1,5 +1,5 @@
-//! The [idempotency layer](crate::idempotency)'s rejections: RFC 9457
-//! `about:blank` problems (see the [table](super)).
+//! The [idempotency layer](crate::idempotency)'s rejections (see the
+//! [table](super)).
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -74,7 +74,7 @@ impl Rejection {
         )
     }
 
-    /// The request body could not be read: 400 (problem+json).
+    /// The request body could not be read: 400.
     pub(crate) fn unreadable_body() -> Self {
         Self::new(
             RejectionReason::Key {

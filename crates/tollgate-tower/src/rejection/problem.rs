@@ -1,48 +1,48 @@
-//! RFC 9457 problem documents: the idempotency layer's `about:blank`
-//! problems and the rate limit's draft-10 `quota-exceeded`.
+//! RFC 9457 problem documents, the HTTP body of every rejection: the rate
+//! limit's draft-10 `quota-exceeded` and `about:blank` for all other reasons.
 
 use http::StatusCode;
 
 use super::QUOTA_EXCEEDED;
+
+/// The content type of every rejection body.
+pub(super) const CONTENT_TYPE: &str = "application/problem+json";
 
 /// The draft's title for [`QUOTA_EXCEEDED`] (its example, spelled as in
 /// draft-10).
 const QUOTA_EXCEEDED_TITLE: &str =
     "Request cannot be satisfied as assigned quota has been exceeded";
 
-/// An `about:blank` problem: `type`, `title` (the status' reason phrase),
-/// `status`, `detail`.
-pub(super) fn about_blank(status: StatusCode, detail: &str) -> String {
-    let title = status.canonical_reason().unwrap_or("Error");
-    let mut out = String::with_capacity(80 + detail.len());
-    out.push_str(r#"{"type":"about:blank","title":"#);
+/// The problem document for a rejection with `status` and `detail`.
+///
+/// With `violated` (a rate limit's 429), draft-10's `quota-exceeded`
+/// problem whose extension member `violated-policies` names the
+/// `RateLimit-Policy` items whose quota denied; without, an `about:blank`
+/// problem titled with the status' reason phrase.
+pub(super) fn document(status: StatusCode, detail: &str, violated: Option<&[String]>) -> String {
+    let (kind, title) = match violated {
+        Some(_) => (QUOTA_EXCEEDED, QUOTA_EXCEEDED_TITLE),
+        None => ("about:blank", status.canonical_reason().unwrap_or("Error")),
+    };
+    let names: usize = violated.map_or(0, |v| v.iter().map(|n| n.len() + 3).sum());
+    let mut out = String::with_capacity(160 + detail.len() + names);
+    out.push_str(r#"{"type":"#);
+    push_json_string(&mut out, kind);
+    out.push_str(r#","title":"#);
     push_json_string(&mut out, title);
     out.push_str(&format!(r#","status":{},"detail":"#, status.as_u16()));
     push_json_string(&mut out, detail);
-    out.push('}');
-    out
-}
-
-/// A draft-10 `quota-exceeded` problem (429): `type`, `title`, `status`,
-/// `detail` and the extension member `violated-policies`, the names of the
-/// `RateLimit-Policy` items whose quota denied.
-pub(super) fn quota_exceeded(detail: &str, violated: &[String]) -> String {
-    let status = StatusCode::TOO_MANY_REQUESTS;
-    let mut out = String::with_capacity(200 + detail.len());
-    out.push_str(r#"{"type":"#);
-    push_json_string(&mut out, QUOTA_EXCEEDED);
-    out.push_str(r#","title":"#);
-    push_json_string(&mut out, QUOTA_EXCEEDED_TITLE);
-    out.push_str(&format!(r#","status":{},"detail":"#, status.as_u16()));
-    push_json_string(&mut out, detail);
-    out.push_str(r#","violated-policies":["#);
-    for (i, name) in violated.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
+    if let Some(violated) = violated {
+        out.push_str(r#","violated-policies":["#);
+        for (i, name) in violated.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_json_string(&mut out, name);
         }
-        push_json_string(&mut out, name);
+        out.push(']');
     }
-    out.push_str("]}");
+    out.push('}');
     out
 }
 

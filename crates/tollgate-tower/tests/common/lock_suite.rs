@@ -20,7 +20,7 @@ use tollgate_tower::lock::HoldUntil;
 use tollgate_tower::LockLayer;
 use tower::ServiceExt;
 
-use super::{send, Reply};
+use super::{problem_detail, send, Reply};
 
 /// Far above anything these tests wait for, far below a hang.
 pub const BOUND: Duration = Duration::from_secs(15);
@@ -192,7 +192,10 @@ pub async fn one_runs_the_other_gets_409(env: LockEnv) {
     assert_eq!(b.status, StatusCode::CONFLICT, "{b:?}");
     let retry: u64 = b.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=30).contains(&retry), "{retry}");
-    assert_eq!(b.body, format!("resource is busy; retry in {retry} s\n"));
+    assert_eq!(
+        problem_detail(&b),
+        format!("resource is busy; retry in {retry} s")
+    );
 
     // Another resource is not blocked by the first.
     let c = send(&app, req("/work", &r2, "c", false)).await;
@@ -292,8 +295,8 @@ pub async fn lost_lease_cancels_the_handler(env: LockEnv) {
     let a = join(a).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{a:?}");
     assert_eq!(
-        a.body,
-        "lock lost while handling the request; the request was cancelled\n"
+        problem_detail(&a),
+        "lock lost while handling the request; the request was cancelled"
     );
     // The handler was dropped (not left running): opening its gate cannot
     // make it finish.

@@ -38,6 +38,25 @@ pub use tollgate_testkit::http::in_process::{get, get_from, send};
 pub use tollgate_testkit::http::Reply;
 pub use tollgate_testkit::unique;
 
+/// The `detail` of a rejection's body, after checking the body is an
+/// `about:blank` problem document of the reply's status.
+pub fn problem_detail(r: &Reply) -> String {
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/problem+json"),
+        "{r:?}"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {r:?}"));
+    assert_eq!(v["type"], "about:blank", "{v}");
+    assert_eq!(v["title"], r.status.canonical_reason().unwrap(), "{v}");
+    assert_eq!(v["status"], r.status.as_u16(), "{v}");
+    let detail = v["detail"].as_str();
+    detail
+        .unwrap_or_else(|| panic!("no detail in {v}"))
+        .to_owned()
+}
+
 /// A standalone Redis shared by the tests of one binary (each test opens its
 /// own connection on its own runtime).
 pub fn shared_redis() -> &'static RedisServer {

@@ -16,7 +16,7 @@ use tollgate_tower::rejection::Rejection;
 use tollgate_tower::RateLimitLayer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-use super::{get, get_from, send, unique};
+use super::{get, get_from, problem_detail, send, unique};
 
 pub type Backend = Arc<dyn RateBackend>;
 
@@ -257,7 +257,10 @@ pub async fn cost_closure(backend: Backend) {
         r.header("ratelimit-policy"),
         Some(format!(r#""{name}";q=10;w=3600"#).as_str())
     );
-    assert!(r.body.contains("can never be admitted"), "{}", r.body);
+    assert_eq!(
+        problem_detail(&r),
+        "request cost 11 exceeds the rate limit's capacity 10; it can never be admitted"
+    );
 }
 
 /// tokio-rs/axum#2634: tower's RateLimit is per clone, so under axum it
@@ -410,7 +413,7 @@ pub async fn key_outcomes(backend: Backend) {
     );
     let r = send(&app, get("/")).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(r.body, "missing x-api-key header\n");
+    assert_eq!(problem_detail(&r), "missing x-api-key header");
     let with_key = |k: &str| {
         Request::get("/")
             .header("x-api-key", k)
