@@ -57,7 +57,10 @@ pub enum Error {
     Busy {
         /// The lock's name.
         name: String,
-        /// How long the current holder's lease still runs, when known.
+        /// A realistic wait before trying again, when known: the name's
+        /// typical hold as this process saw holds end (a moving average),
+        /// never beyond what the holder's lease still runs; that remaining
+        /// lease until a hold has been seen.
         retry_after: Option<Duration>,
     },
 }

@@ -12,8 +12,8 @@
 //! | [`RateLimited`](RejectionReason::RateLimited) | 429 ([`QUOTA_EXCEEDED`] problem) | RESOURCE_EXHAUSTED | the decision's wait, ≥ 1 s |
 //! | [`CostExceedsCapacity`](RejectionReason::CostExceedsCapacity) | 413 | RESOURCE_EXHAUSTED | none: waiting cannot help |
 //! | [`Unavailable`](RejectionReason::Unavailable) | 503 | UNAVAILABLE | 1 |
-//! | [`Busy`](RejectionReason::Busy) | 409 | ABORTED | the holder's remaining lease, or 1 when unknown |
-//! | [`TooManyInFlight`](RejectionReason::TooManyInFlight) | 429 | RESOURCE_EXHAUSTED | until the earliest permit expires, or 1 when unknown |
+//! | [`Busy`](RejectionReason::Busy) | 409 | ABORTED | the name's typical hold, within the holder's remaining lease (see [`Error::Busy`]), or 1 when unknown |
+//! | [`TooManyInFlight`](RejectionReason::TooManyInFlight) | 429 | RESOURCE_EXHAUSTED | the name's typical hold, within the earliest permit's expiry, or 1 when unknown |
 //! | [`LeaseLost`](RejectionReason::LeaseLost) | 503 | ABORTED | none |
 //! | [`Key`](RejectionReason::Key) | the extractor's status | matching code | none |
 //! | [`Internal`](RejectionReason::Internal) | 500 | INTERNAL | none |
