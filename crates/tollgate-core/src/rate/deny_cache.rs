@@ -1,6 +1,13 @@
 //! [`DenyCache`]: a limiter's local memory of recent denials, so a client
 //! that keeps retrying while denied costs no round trip until its wait is
 //! over.
+//!
+//! A cached denial answers only what the store would answer at that
+//! instant: the same cost (another cost has another wait), and only until
+//! the first figure the store reports can change other than by counting
+//! down — the next unit made available (`next_after`), which comes no later
+//! than the retry. Until then each remaining count stands and every wait
+//! counts down by the time since the reply.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +37,12 @@ struct DenyShard {
 }
 
 struct CachedDenial {
+    /// Until when it may answer (local clock), measured from before the
+    /// request was sent: never past the store's own deadline.
     until: u64,
+    /// When the reply came (local clock): waits count down from here, so
+    /// they are never shorter than the store's.
+    replied_at: u64,
     cost: u64,
     decision: Decision,
 }
@@ -63,26 +75,19 @@ impl DenyCache {
             shard.map.remove(key);
             return None;
         }
-        // A smaller cost may fit sooner than the cached wait: ask the backend.
-        if cost < entry.cost {
+        if cost != entry.cost {
             return None;
         }
         let mut d = entry.decision.clone();
-        let left = Duration::from_micros(entry.until - now);
-        // Every figure has run down by the time since the denial, so the
-        // quotas' `t` never points past the Retry-After this answer gives.
-        let elapsed = d.retry_after.unwrap_or_default().saturating_sub(left);
+        let elapsed = Duration::from_micros(now.saturating_sub(entry.replied_at));
+        let down = |t: Duration| t.saturating_sub(elapsed);
         for q in &mut d.quotas {
-            q.reset_after = q.reset_after.saturating_sub(elapsed);
-            q.next_after = q.next_after.saturating_sub(elapsed);
-            if let Some(r) = q.retry_after {
-                let r = r.saturating_sub(elapsed).max(Duration::from_micros(1));
-                q.retry_after = Some(r);
-                q.next_after = q.next_after.min(r);
-            }
+            q.reset_after = down(q.reset_after);
+            q.next_after = down(q.next_after);
+            q.retry_after = q.retry_after.map(|r| down(r).max(Duration::from_micros(1)));
         }
-        d.retry_after = Some(left);
-        d.reset_after = d.reset_after.max(left);
+        d.reset_after = down(d.reset_after);
+        d.retry_after = d.retry_after.map(|r| down(r).max(Duration::from_micros(1)));
         d.source = DecisionSource::DenyCache;
         Some(d)
     }
@@ -92,11 +97,29 @@ impl DenyCache {
         self.shard(key).map.remove(key);
     }
 
-    pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, d: &Decision) {
+    /// Forgets a denial that an admission of the same key made stale (it
+    /// took units the cached figures still count), at `now`. One atomic
+    /// load while nothing is cached.
+    pub(crate) fn forget(&self, key: &str, now: u64) {
+        if now < self.latest_until.load(Ordering::Relaxed) {
+            self.remove(key);
+        }
+    }
+
+    /// Remembers a denial of `cost`: the request was sent at `sent_at` and
+    /// answered at `replied_at` (local clock).
+    pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, replied_at: u64, d: &Decision) {
         let Some(retry) = d.retry_after else { return };
-        // Measured from before the request was sent: never later than the
-        // backend's own deadline.
-        let until = sent_at + retry.as_micros() as u64;
+        // The first change the countdown cannot follow: a unit made
+        // available (a quota with nothing used has no next unit to wait for).
+        let next = d
+            .quotas
+            .iter()
+            .map(|q| q.next_after)
+            .filter(|n| !n.is_zero())
+            .min()
+            .unwrap_or(retry);
+        let until = sent_at + retry.min(next).as_micros() as u64;
         let mut shard = self.shard(key);
         if shard.map.len() >= self.shard_capacity && !shard.map.contains_key(key) {
             if sent_at < shard.earliest {
@@ -117,6 +140,7 @@ impl DenyCache {
             key.to_owned(),
             CachedDenial {
                 until,
+                replied_at,
                 cost,
                 decision: d.clone(),
             },
@@ -145,17 +169,22 @@ mod tests {
     fn repeats_a_denial_until_it_runs_out() {
         let c = DenyCache::new(100);
         assert!(c.get("a", 1, 0).is_none(), "empty");
-        c.insert("a", 2, 1_000, &denial(500_000));
-        let d = c.get("a", 2, 101_000).expect("cached");
+        // Sent at 1 ms, answered at 2 ms: retry 500 ms, next unit in 300 ms.
+        let mut d = denial(500_000);
+        d.quotas[0].next_after = Duration::from_millis(300);
+        c.insert("a", 2, 1_000, 2_000, &d);
+        let d = c.get("a", 2, 102_000).expect("cached");
         assert_eq!(d.source, DecisionSource::DenyCache);
-        // Measured from before the request was sent.
+        // Counted down from the reply: never shorter than the store's wait.
         assert_eq!(d.retry_after, Some(Duration::from_micros(400_000)));
-        assert!(
-            c.get("a", 1, 101_000).is_none(),
-            "a smaller cost asks again"
-        );
-        assert!(c.get("b", 2, 101_000).is_none());
-        assert!(c.get("a", 2, 501_000).is_none(), "run out");
+        assert_eq!(d.quotas[0].next_after, Duration::from_micros(200_000));
+        assert_eq!(d.remaining, 0);
+        assert!(c.get("a", 1, 102_000).is_none(), "another cost asks again");
+        assert!(c.get("a", 3, 102_000).is_none(), "another cost asks again");
+        assert!(c.get("b", 2, 102_000).is_none());
+        // Measured from before the request was sent, up to the next unit.
+        assert!(c.get("a", 2, 300_999).is_some());
+        assert!(c.get("a", 2, 301_000).is_none(), "a unit came back");
     }
 
     #[test]
@@ -163,11 +192,11 @@ mod tests {
         let c = DenyCache::new(1);
         let mut allowed = denial(1_000);
         allowed.retry_after = None;
-        c.insert("x", 1, 0, &allowed);
+        c.insert("x", 1, 0, 0, &allowed);
         assert!(c.get("x", 1, 1).is_none());
         // One entry per shard: many keys never grow it past the shards.
         for i in 0..1_000 {
-            c.insert(&format!("k{i}"), 1, 0, &denial(1_000_000));
+            c.insert(&format!("k{i}"), 1, 0, 0, &denial(1_000_000));
         }
         let held: usize = c.shards.iter().map(|s| s.lock().unwrap().map.len()).sum();
         assert!(held <= DENY_SHARDS, "{held}");

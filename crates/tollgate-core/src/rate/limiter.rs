@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::deny_cache::DenyCache;
-use super::refund::next_id;
+use super::refund::{key_digest, next_id};
 use super::{Algorithm, Charge, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -301,15 +301,20 @@ impl RateLimiter {
                 id: request.nonce,
                 span_micros: inner.algorithm.refund_span(&d),
                 local: false,
+                key: key_digest(&request.keys[0]),
             });
         }
         if reply.allowed {
+            if let Some(cache) = &inner.deny_cache {
+                cache.forget(&request.keys[0], sent_at);
+            }
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
             // Middleware reports decisions at info; the plain API at debug.
             tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
             if let Some(cache) = &inner.deny_cache {
-                cache.insert(&request.keys[0], request.cost, sent_at, &d);
+                let replied_at = self.local_now();
+                cache.insert(&request.keys[0], request.cost, sent_at, replied_at, &d);
             }
         }
         d
