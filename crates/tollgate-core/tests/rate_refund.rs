@@ -65,6 +65,43 @@ async fn a_refund_gives_back_once() {
     }
 }
 
+/// A charge gives back only to the subject (and limiter) it was taken
+/// for: refunded for another, it is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_refunds_only_its_own_subject() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[three(alg)], &p, &clock);
+            let other = t.limiter(alg, &[three(alg)], &format!("{p}-other"), &clock);
+            let what = format!("{kind:?} {alg:?}");
+            let a = drain(&l, "a", 3).await;
+            drain(&l, "b", 3).await;
+            let charge = a[0].charge.expect("an admitted check has a charge");
+            let e = l.refund("b", &charge).await.unwrap_err();
+            assert!(
+                matches!(e, tollgate_core::Error::InvalidConfig(_)),
+                "{what}: {e}"
+            );
+            let e = other.refund("a", &charge).await.unwrap_err();
+            assert!(
+                matches!(e, tollgate_core::Error::InvalidConfig(_)),
+                "{what}: {e}"
+            );
+            assert!(
+                !l.check("b").await.unwrap().allowed,
+                "{what}: b got nothing"
+            );
+            // Its own subject still takes it, once.
+            assert!(l.refund("a", &charge).await.unwrap(), "{what}");
+            assert!(l.check("a").await.unwrap().allowed, "{what}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
 /// Never above capacity: a charge refunded after its quota refilled (or its
 /// window passed) gives nothing more than a full quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,9 @@ pub struct Charge {
     pub(crate) span_micros: u64,
     /// Taken by the outage fallback's local limiter, not the backend.
     pub(crate) local: bool,
+    /// The digest of the key it was taken under ([`key_digest`]): a charge
+    /// refunds only its own subject on its own limiter.
+    pub(crate) key: u64,
 }
 
 impl Charge {
@@ -54,6 +57,14 @@ impl Charge {
         self.cost = self.cost.min(cost);
         self
     }
+}
+
+/// A digest of a check's first key (its limiter and subject): FNV-1a,
+/// cheap on every admission; it tells apart keys, not adversaries.
+pub(crate) fn key_digest(key: &str) -> u64 {
+    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// A fresh id for a check: a random base per process (so processes sharing a
@@ -87,7 +98,9 @@ impl RateLimiter {
     /// than the longest quota's span (a window's period, two for the
     /// counter, a bucket's refill from empty), or of cost 0.
     ///
-    /// Errors: a backend failure, the limiter's timeout, or
+    /// Errors: [`Error::InvalidConfig`] for a charge taken for another
+    /// subject or by another limiter (nothing is given back); a backend
+    /// failure, the limiter's timeout, or
     /// [`Error::CircuitOpen`] while the circuit breaker skips a failing
     /// backend (refunds feed the breaker like checks). The failure policy
     /// does not apply: nothing is decided, and the charge stays. Retrying is
@@ -128,6 +141,11 @@ impl RateLimiter {
             };
         }
         let keys = self.keys_for(&subject);
+        if key_digest(&keys[0]) != charge.key {
+            return Err(Error::InvalidConfig(
+                "this charge was taken for another subject or by another limiter".into(),
+            ));
+        }
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&keys[0]);
         }
