@@ -2,6 +2,7 @@
 //! listener, the startup line and graceful shutdown. Included by each
 //! example's `main.rs` (`#[path = "../support/mod.rs"] mod support;`).
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
@@ -27,6 +28,7 @@ pub(crate) async fn run(name: &str, build: impl FnOnce(Backend) -> Router) -> Ex
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let addr = std::env::var("TOLLGATE_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let backend = match Backend::from_env().await {
