@@ -7,7 +7,8 @@
 -- (1 fixed window, 2 sliding log, 3 sliding counter, 4 token bucket,
 -- 5 GCRA), its number of keys k, its number of arguments m, then its own
 -- ARGV as a single call takes it (m values: now or '', cost, nonce, the
--- quotas' parameters). KEYS: every check's keys, in order. All keys hash to
+-- quotas' parameters, and its deadline if it has one). KEYS: every check's
+-- keys, in order. All keys hash to
 -- one slot (the same hash tag on a cluster).
 -- Returns one reply per check, in order: the single call's reply, or the
 -- error it raised as a string — one check's error fails that check only.
@@ -60,14 +61,20 @@ for d = 1, ARGV[1] + 0 do
     now = clock
   end
   cost, n = args[2] + 0, nk
-  local ok, reply = pcall(decide[ARGV[a] + 0], keys, args)
-  if ok then
-    out[d] = reply
-  elseif type(reply) == 'table' then
-    -- Redis 7 raises a command's error as {err = '...'}.
-    out[d] = tostring(reply.err)
+  -- As rate_deadline.lua: a check its caller no longer waits for is late.
+  local deadline = args[4 + 2 * nk]
+  if deadline and now > deadline + 0 then
+    out[d] = {-1, now}
   else
-    out[d] = tostring(reply)
+    local ok, reply = pcall(decide[ARGV[a] + 0], keys, args)
+    if ok then
+      out[d] = reply
+    elseif type(reply) == 'table' then
+      -- Redis 7 raises a command's error as {err = '...'}.
+      out[d] = tostring(reply.err)
+    else
+      out[d] = tostring(reply)
+    end
   end
   a, k = a + 3 + m, k + nk
 end

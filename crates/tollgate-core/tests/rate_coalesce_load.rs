@@ -177,7 +177,8 @@ async fn a_frozen_cluster_node_holds_up_only_its_own_subjects() {
         let l = patient.clone();
         stuck.push(tokio::spawn(async move { l.check(frozen_subject).await }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Every stuck check is in: a lane's 16 turns taken, the rest queued.
+    queued(&backend, 40 - 16).await;
     let mut healthy_tasks = Vec::new();
     for s in healthy.iter().cycle().take(200) {
         let (l, s) = (limiter.clone(), s.clone());
@@ -209,7 +210,7 @@ async fn a_runtime_shut_down_mid_batch_gives_its_turns_back() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::from_connection(server.connection_manager().await)
         .with_coalescing(Coalescing::default().max_calls_in_flight(1));
-    let limiter = strict_gcra(backend, Duration::from_millis(500));
+    let limiter = strict_gcra(backend.clone(), Duration::from_millis(500));
     limiter.check("warm").await.unwrap();
     server.pause();
     let other = tokio::runtime::Builder::new_multi_thread()
@@ -221,7 +222,8 @@ async fn a_runtime_shut_down_mid_batch_gives_its_turns_back() {
         let l = limiter.clone();
         other.spawn(async move { l.check(format!("b{i}")).await });
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The first of B's checks holds the turn, the others wait for it.
+    queued(&backend, 2).await;
     other.shutdown_background();
     server.resume();
     for i in 0..5 {
@@ -252,7 +254,7 @@ async fn a_turn_dropped_outside_a_runtime_fails_no_waiting_check() {
         );
         waiting.push(tokio::spawn(async move { b.check_rate(&r).await }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    queued(&backend, 5).await;
     std::thread::scope(|s| {
         s.spawn(move || drop(lone));
     });
@@ -347,7 +349,7 @@ async fn a_turn_passed_on_to_a_dead_runtime_comes_back() {
             .with_coalescing(Coalescing::default().max_calls_in_flight(1))
     };
     home.shutdown_background();
-    let limiter = strict_gcra(backend, Duration::from_secs(2));
+    let limiter = strict_gcra(backend.clone(), Duration::from_secs(2));
     limiter.check("warm").await.unwrap();
     server.pause();
     let mut tasks = Vec::new();
@@ -355,7 +357,7 @@ async fn a_turn_passed_on_to_a_dead_runtime_comes_back() {
         let l = limiter.clone();
         tasks.push(tokio::spawn(async move { l.check(format!("q{i}")).await }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    queued(&backend, 2).await;
     server.resume();
     let mut decided = 0;
     for t in tasks {
@@ -370,4 +372,13 @@ async fn a_turn_passed_on_to_a_dead_runtime_comes_back() {
         let d = limiter.check(format!("after{i}")).await.expect("decided");
         assert_eq!(d.source, DecisionSource::Backend);
     }
+}
+
+/// Waits until `n` checks wait for a turn on `backend`.
+async fn queued(backend: &RedisBackend, n: usize) {
+    tollgate_testkit::eventually(Duration::from_secs(10), "checks queued", || async {
+        (backend.checks_waiting() >= n).then_some(())
+    })
+    .await;
+    assert_eq!(backend.checks_waiting(), n);
 }

@@ -5,7 +5,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::deny_cache::DenyCache;
 use super::refund::{key_digest, next_id};
@@ -221,6 +221,7 @@ impl RateLimiter {
             now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
             // The log's member prefix, and every charge's refund id.
             nonce: next_id(),
+            deadline: None,
         };
         match inner.backend.check_rate_now(&request) {
             Some(outcome) => {
@@ -233,8 +234,9 @@ impl RateLimiter {
     }
 
     /// The round trip, bounded by the timeout.
-    async fn send(&self, prepared: Prepared, subject: &Subject) -> Result<Decision> {
+    async fn send(&self, mut prepared: Prepared, subject: &Subject) -> Result<Decision> {
         let inner = &self.inner;
+        prepared.request.deadline = Instant::now().checked_add(inner.timeout);
         let outcome = {
             let mut call = inner.backend.check_rate(&prepared.request);
             // A backend that answers on the first poll needs no timer (and

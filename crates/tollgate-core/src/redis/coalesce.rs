@@ -284,6 +284,12 @@ impl<S: Sender> Coalescer<S> {
         }
     }
 
+    /// How many checks wait for a turn, over every lane.
+    pub(crate) fn waiting(&self) -> usize {
+        let lanes = self.lock();
+        lanes.main.queue.len() + lanes.by_tag.values().map(|l| l.queue.len()).sum::<usize>()
+    }
+
     fn lock(&self) -> MutexGuard<'_, Lanes> {
         // Nothing panics while the lock is held; a poisoned lock still
         // holds consistent lanes.
@@ -414,8 +420,16 @@ async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
 /// One call for `batch` (or its single calls); each check gets its own
 /// answer. The call is abandoned once every check in it has given up.
 async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
-    let (requests, mut replies): (Vec<_>, Vec<_>) =
-        batch.into_iter().map(|w| (w.request, w.reply)).unzip();
+    // A check whose caller gave up while it waited (its timeout, a dropped
+    // future) was answered without it: it is never sent, so takes nothing.
+    let (requests, mut replies): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .filter(|w| !w.reply.is_closed())
+        .map(|w| (w.request, w.reply))
+        .unzip();
+    if requests.is_empty() {
+        return;
+    }
     let answers = {
         let call = pin!(decide(coalescer, &requests));
         let gone = pin!(join_all(replies.iter_mut().map(|r| r.closed())));
@@ -591,6 +605,7 @@ mod tests {
             cost: 1,
             now_micros: None,
             nonce,
+            deadline: None,
         }
     }
 
@@ -630,6 +645,54 @@ mod tests {
         let subjects = ["a"; 10];
         let calls = queued_checks_share_one_call(Fake::default(), &subjects).await;
         assert_eq!(calls, [vec![0], (1..=10).collect::<Vec<_>>()]);
+    }
+
+    #[tokio::test]
+    async fn checks_whose_callers_gave_up_are_never_sent() {
+        let fake = Fake::default();
+        let c = Coalescer::new(
+            fake.clone(),
+            Coalescing::default().max_calls_in_flight(1),
+            false,
+            None,
+        );
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.check(&request("a", 0)).await }
+        });
+        let mut waiting = Vec::new();
+        for i in 1..=10 {
+            let (c, r) = (c.clone(), request("a", i));
+            waiting.push(tokio::spawn(async move { c.check(&r).await }));
+        }
+        while c.lock().main.queue.len() < 10 {
+            tokio::task::yield_now().await;
+        }
+        // Half of them give up while queued (their futures are dropped).
+        let (gone, live): (Vec<_>, Vec<_>) = waiting
+            .into_iter()
+            .enumerate()
+            .partition(|(i, _)| i % 2 == 0);
+        for (_, task) in gone {
+            task.abort();
+            assert!(task.await.unwrap_err().is_cancelled());
+        }
+        fake.gate.notify_one();
+        let mut kept = Vec::new();
+        for (i, task) in live {
+            kept.push((i as u64 + 1, task.await.unwrap().unwrap().now_micros));
+        }
+        first.await.unwrap().unwrap();
+        let calls = fake.calls.lock().unwrap().clone();
+        // Only the five still waiting went out (as single calls: under the
+        // batch threshold), each with its own answer.
+        let mut sent: Vec<u64> = calls[1..].iter().flatten().copied().collect();
+        sent.sort_unstable();
+        assert_eq!(sent, [2, 4, 6, 8, 10]);
+        assert!(
+            kept.iter().all(|(nonce, answer)| nonce == answer),
+            "{kept:?}"
+        );
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ use redis::{Cmd, Value};
 use self::coalesce::Coalescer;
 use self::conn::{downcast, Conn};
 use self::pubsub::PubSubNodes;
+use self::rate::RateCalls;
 use self::scripts::LuaScript;
 use crate::error::{redis_error, Error, Result};
 
@@ -27,6 +28,7 @@ mod reply;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
+mod server_clock;
 mod version;
 
 pub use self::coalesce::Coalescing;
@@ -73,8 +75,10 @@ pub use self::sentinel::SentinelConnection;
 pub struct RedisBackend {
     conn: Conn,
     pubsub: Option<Arc<PubSubNodes>>,
+    /// How rate checks are sent (the connection and the server's clock).
+    rate: RateCalls,
     /// Coalescing of rate checks; `None` when off.
-    coalescer: Option<Coalescer<Conn>>,
+    coalescer: Option<Coalescer<RateCalls>>,
     pub(super) kind: &'static str,
 }
 
@@ -90,14 +94,19 @@ impl fmt::Debug for RedisBackend {
 impl RedisBackend {
     fn with_conn(conn: Conn, kind: &'static str) -> Self {
         let by_tag = matches!(conn, Conn::Cluster(_));
+        let rate = RateCalls {
+            conn: conn.clone(),
+            clock: Arc::default(),
+        };
         RedisBackend {
             pubsub: None,
             coalescer: Some(Coalescer::new(
-                conn.clone(),
+                rate.clone(),
                 Coalescing::default(),
                 by_tag,
                 None,
             )),
+            rate,
             conn,
             kind,
         }
@@ -264,13 +273,21 @@ impl RedisBackend {
         let home = self.coalescer.as_ref().and_then(|c| c.home());
         self.coalescer = (coalescing.batch_limit() > 1).then(|| {
             Coalescer::new(
-                self.conn.clone(),
+                self.rate.clone(),
                 coalescing,
                 matches!(self.conn, Conn::Cluster(_)),
                 home,
             )
         });
         self
+    }
+
+    /// How many rate-limit checks wait for a turn to be sent (see
+    /// [`with_coalescing`](Self::with_coalescing)): 0 without coalescing, or
+    /// while fewer checks than its turns are in flight. A gauge for metrics,
+    /// and what a test waits for.
+    pub fn checks_waiting(&self) -> usize {
+        self.coalescer.as_ref().map_or(0, Coalescer::waiting)
     }
 
     /// Names the backend in logs (`"redis"`, `"cluster"`, `"sentinel"`).

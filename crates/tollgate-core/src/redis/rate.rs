@@ -2,6 +2,9 @@
 //! refunds, and the batch script that decides coalesced checks — sent on
 //! the connection ([`Conn`]), which is the coalescer's [`Sender`].
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
@@ -9,6 +12,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 use super::coalesce::Sender;
 use super::conn::Conn;
 use super::scripts::{self, RATE_BATCH};
+use super::server_clock::ServerClock;
 use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
 use crate::quota::Quota;
@@ -16,19 +20,49 @@ use crate::store::{
     Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
 };
 
-impl Conn {
+/// How rate checks are sent: on the connection, each with its deadline on
+/// the server's clock as learned from earlier replies. The coalescer's
+/// [`Sender`]; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct RateCalls {
+    pub(crate) conn: Conn,
+    pub(crate) clock: Arc<ServerClock>,
+}
+
+impl RateCalls {
     /// One check, one call of its algorithm's script.
     async fn check_one(&self, req: &RateRequest) -> Result<RateReply> {
+        let deadline = self.deadline(req);
         let value = self
+            .conn
             .invoke(scripts::check(req.algorithm), |cmd| {
                 cmd.arg(req.keys.len());
                 for k in &req.keys {
                     cmd.arg(k.as_str());
                 }
-                fill_check(cmd, req);
+                fill_check(cmd, req, deadline);
             })
             .await?;
-        parse_rate_reply(value, req.quotas.len())
+        self.reply(value, req)
+    }
+
+    /// The request's deadline on the server's clock, if both are known.
+    fn deadline(&self, req: &RateRequest) -> Option<u64> {
+        // A check on the client's clock is decided at the time it carries:
+        // the script reads no server time to compare a deadline with.
+        if req.now_micros.is_some() {
+            return None;
+        }
+        req.deadline.and_then(|at| self.clock.server_micros(at))
+    }
+
+    /// A check's reply, teaching the server's clock.
+    fn reply(&self, value: Value, req: &RateRequest) -> Result<RateReply> {
+        let reply = parse_rate_reply(value, req.quotas.len())?;
+        if req.now_micros.is_none() {
+            self.clock.observe(reply.now_micros);
+        }
+        Ok(reply)
     }
 
     /// [`RedisBackend::check_rate_batch`] with redis-rs's error.
@@ -36,7 +70,9 @@ impl Conn {
         &self,
         requests: &[RateRequest],
     ) -> redis::RedisResult<Vec<Result<RateReply>>> {
+        let deadlines: Vec<Option<u64>> = requests.iter().map(|r| self.deadline(r)).collect();
         let value = self
+            .conn
             .invoke_raw(&RATE_BATCH, |cmd| {
                 cmd.arg(requests.iter().map(|r| r.keys.len()).sum::<usize>());
                 for r in requests {
@@ -45,11 +81,11 @@ impl Conn {
                     }
                 }
                 cmd.arg(requests.len());
-                for r in requests {
+                for (r, deadline) in requests.iter().zip(&deadlines) {
                     cmd.arg(scripts::batch_id(r.algorithm))
                         .arg(r.keys.len())
-                        .arg(3 + 2 * r.quotas.len());
-                    fill_check(cmd, r);
+                        .arg(3 + 2 * r.quotas.len() + usize::from(deadline.is_some()));
+                    fill_check(cmd, r, *deadline);
                 }
             })
             .await?;
@@ -70,7 +106,7 @@ impl Conn {
             .into_iter()
             .zip(requests)
             .map(|(item, r)| match item {
-                Value::Array(_) => parse_rate_reply(item, r.quotas.len()),
+                Value::Array(_) => self.reply(item, r),
                 Value::BulkString(bytes) => Err(script_error(&String::from_utf8_lossy(&bytes))),
                 Value::SimpleString(s) => Err(script_error(&s)),
                 other => Err(Error::Protocol(format!(
@@ -81,7 +117,7 @@ impl Conn {
     }
 }
 
-impl Sender for Conn {
+impl Sender for RateCalls {
     fn one<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         self.check_one(request).boxed()
     }
@@ -111,13 +147,13 @@ impl RedisBackend {
         &self,
         requests: &[RateRequest],
     ) -> Result<Vec<Result<RateReply>>> {
-        self.conn.check_batch(requests).await.map_err(redis_error)
+        self.rate.check_batch(requests).await.map_err(redis_error)
     }
 }
 
 /// A check's arguments after its keys (its `ARGV`), for a single call and
 /// for its place in a batch alike.
-fn fill_check(cmd: &mut Cmd, req: &RateRequest) {
+fn fill_check(cmd: &mut Cmd, req: &RateRequest, deadline: Option<u64>) {
     match req.now_micros {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
@@ -130,6 +166,9 @@ fn fill_check(cmd: &mut Cmd, req: &RateRequest) {
         cmd.arg("");
     }
     quota_args(cmd, req.algorithm, &req.quotas);
+    if let Some(deadline) = deadline {
+        cmd.arg(deadline);
+    }
 }
 
 /// Each quota's two arguments, as the scripts' `interval_of` reads them:
@@ -189,6 +228,10 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
             ))),
         })
         .collect::<Result<_>>()?;
+    // {-1, now}: decided after its deadline, so not decided (nothing taken).
+    if let [-1, _] = nums[..] {
+        return Err(Error::Timeout(Duration::ZERO));
+    }
     // {allowed, now, then four figures per quota}.
     if nums.len() != 2 + 4 * quotas {
         return Err(Error::Protocol(format!(
@@ -210,7 +253,7 @@ impl RateBackend for RedisBackend {
         async move {
             match &self.coalescer {
                 Some(coalescer) => coalescer.check(req).await,
-                None => self.conn.check_one(req).await,
+                None => self.rate.check_one(req).await,
             }
         }
         .boxed()

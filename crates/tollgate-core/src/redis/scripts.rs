@@ -23,13 +23,15 @@ impl LuaScript {
 }
 
 /// A script's body as it is sent: a rate algorithm's arguments
-/// (`lua/rate_args.lua`), the shared prelude, then the algorithm; a refund
-/// adds the refund prelude. Every script is sent whole, so each carries
+/// (`lua/rate_args.lua`), then for a check its deadline
+/// (`lua/rate_deadline.lua`), the shared prelude, then the algorithm; a
+/// refund adds the refund prelude instead of the deadline. Every script is sent whole, so each carries
 /// its preludes.
 macro_rules! rate_body {
     (check $file:literal) => {
         concat!(
             include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_deadline.lua"),
             include_str!("../../lua/rate_prelude.lua"),
             include_str!(concat!("../../lua/", $file, ".lua"))
         )
@@ -162,6 +164,7 @@ mod tests {
             // the batch wraps that same body in the function it picks.
             let preludes = concat!(
                 include_str!("../../lua/rate_args.lua"),
+                include_str!("../../lua/rate_deadline.lua"),
                 include_str!("../../lua/rate_prelude.lua")
             );
             let own = check(alg)

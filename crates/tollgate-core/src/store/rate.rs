@@ -165,6 +165,10 @@ pub struct RateRequest {
     pub now_micros: Option<u64>,
     /// A random value that makes log entries unique.
     pub nonce: u64,
+    /// When its caller stops waiting (this process's clock). A store that
+    /// answers across a network passes it on, so that a check decided after
+    /// it takes nothing: its caller was answered without it.
+    pub deadline: Option<std::time::Instant>,
 }
 
 /// A refund of one admitted check, for every quota (see

@@ -1,0 +1,98 @@
+//! A check whose caller was answered by the failure policy takes nothing,
+//! however late Redis decides it: queued checks whose callers gave up are
+//! never sent, and a sent one carries a deadline the script honours on the
+//! server's clock. 100 ms timeout, 20 per hour: 30 checks while Redis is
+//! paused all get the failure policy (a refusal, or an admission that took
+//! nothing); once it resumes, the subject still has all 20 units. With coalescing on and off, on a standalone Redis and a
+//! cluster.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tollgate_core::{
+    Algorithm, Coalescing, DecisionSource, Error, FailurePolicy, Quota, RateLimiter, RedisBackend,
+    Subject,
+};
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+fn limiter(backend: RedisBackend, name: &str, policy: FailurePolicy) -> RateLimiter {
+    RateLimiter::builder(backend, Algorithm::FixedWindow)
+        .quota(Quota::per_hour(20))
+        .name(name)
+        .timeout(Duration::from_millis(100))
+        .failure_policy(policy)
+        .build()
+        .unwrap()
+}
+
+/// Each (name, coalescing, policy) to try: a refusal (deny) and an
+/// admission that took nothing (allow: fail open) alike.
+fn variants() -> Vec<(String, Coalescing, FailurePolicy)> {
+    let mut out = Vec::new();
+    for (c, coalescing) in [("on", Coalescing::default()), ("off", Coalescing::off())] {
+        for (p, policy) in [
+            ("deny", FailurePolicy::Deny),
+            ("allow", FailurePolicy::Allow),
+        ] {
+            out.push((format!("{c}-{p}"), coalescing, policy));
+        }
+    }
+    out
+}
+
+/// Pauses `server` around 30 checks of `subject`, then checks what is left.
+async fn refused_checks_take_nothing(server: &RedisServer, l: &RateLimiter, subject: &str) {
+    // One answer teaches the backend the server's clock.
+    assert_eq!(l.check("warm-up").await.unwrap().remaining, 19);
+    server.pause();
+    let answers = join_all((0..30).map(|_| l.check(subject))).await;
+    for a in &answers {
+        match l.failure_policy() {
+            FailurePolicy::Deny => assert!(
+                matches!(a, Err(Error::Timeout(_) | Error::CircuitOpen)),
+                "{a:?}"
+            ),
+            _ => assert!(
+                matches!(a, Ok(d) if d.allowed && d.source == DecisionSource::FailOpen),
+                "{a:?}"
+            ),
+        }
+    }
+    server.resume();
+    // The circuit breaker opened meanwhile: wait out its cooldown, then the
+    // next check that Redis decides comes after everything sent before it.
+    let d = tollgate_testkit::eventually(Duration::from_secs(10), "Redis answers", || async {
+        let d = l.check(subject).await.ok()?;
+        (d.source == DecisionSource::Backend).then_some(d)
+    })
+    .await;
+    assert_eq!(d.remaining, 19, "{d:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_refused_checks_take_nothing() {
+    let server = RedisServer::start().unwrap();
+    for (name, coalescing, policy) in variants() {
+        let backend = RedisBackend::connect(&server.url())
+            .await
+            .unwrap()
+            .with_coalescing(coalescing);
+        let l = limiter(backend, &name, policy);
+        refused_checks_take_nothing(&server, &l, "late").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_refused_checks_take_nothing() {
+    let cluster = RedisCluster::start().unwrap();
+    for (name, coalescing, policy) in variants() {
+        let backend = RedisBackend::connect_cluster(cluster.seeds())
+            .await
+            .unwrap()
+            .with_coalescing(coalescing);
+        let l = limiter(backend, &name, policy);
+        let subject = "late";
+        let node = cluster.master_for_key(&l.keys_for(&Subject::new(subject))[0]);
+        refused_checks_take_nothing(&cluster.nodes()[node], &l, subject).await;
+    }
+}
