@@ -47,6 +47,13 @@ if fair then
       redis.call('ZREM', KEYS[3], dead[i])
       redis.call('ZREM', KEYS[4], dead[i])
     end
+    -- A head whose ticket is gone (evicted under memory pressure) would
+    -- hold up the queue for as long as new waiters keep it alive: it goes.
+    while true do
+      local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+      if not head or redis.call('ZSCORE', KEYS[4], head) then break end
+      redis.call('ZREM', KEYS[3], head)
+    end
     if ticket ~= '' then
       local tttl = ARGV[7] + 0
       redis.call('ZADD', KEYS[3], 'NX', now, ticket)

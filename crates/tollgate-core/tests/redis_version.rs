@@ -109,3 +109,20 @@ async fn an_old_server_is_refused_at_connect() {
     let url = format!("redis://127.0.0.1:{}", fake_redis("5.0.0"));
     RedisBackend::connect(&url).await.unwrap();
 }
+
+/// A server that may evict tollgate's keys is reported (and connecting
+/// logs a warning): any maxmemory-policy but noeviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_server_is_reported() {
+    let safe = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&safe.url()).await.unwrap();
+    assert_eq!(backend.eviction_policy().await.unwrap(), None);
+    for policy in ["allkeys-lru", "volatile-ttl"] {
+        let risky = RedisServer::start_with_args(&["--maxmemory-policy", policy]).unwrap();
+        let backend = RedisBackend::connect(&risky.url()).await.unwrap();
+        assert_eq!(
+            backend.eviction_policy().await.unwrap().as_deref(),
+            Some(policy)
+        );
+    }
+}

@@ -392,3 +392,35 @@ async fn a_key_of_another_type_is_a_data_error_under_every_policy() {
         }
     }
 }
+
+/// A fair queue whose head lost its ticket (evicted under memory pressure:
+/// here the state such an eviction leaves, made by hand) does not hold the
+/// queue up: the next acquire purges the head, and the waiter behind it is
+/// served when the permit frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_head_whose_ticket_was_evicted_is_purged() {
+    use std::time::Duration;
+    use tollgate_core::{LockOptions, RedisBackend, Semaphore};
+
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let permits = Semaphore::builder(backend, 1).fair().build().unwrap();
+    let holder = permits.try_acquire("q", &LockOptions::new()).await.unwrap();
+    // A waiter that arrived first and whose ticket is gone.
+    let queue = permits.keys_for("q").queue();
+    assert_eq!(server.cli(&["ZADD", &queue, "0", "evicted"]), "1");
+    let waiter = {
+        let permits = permits.clone();
+        tokio::spawn(async move {
+            let opts = LockOptions::new().wait(Duration::from_secs(5));
+            permits.acquire("q", &opts).await
+        })
+    };
+    assert!(holder.release().await.unwrap());
+    let permit = waiter
+        .await
+        .unwrap()
+        .expect("served, not held up by the evicted head");
+    assert!(permit.release().await.unwrap());
+    assert_eq!(server.cli(&["ZSCORE", &queue, "evicted"]), "");
+}

@@ -238,6 +238,18 @@ impl RedisBackend {
         ensure_supported(&mut conn).await
     }
 
+    /// The server's `maxmemory-policy` when it lets Redis evict keys that
+    /// still live (any but `noeviction`; on a cluster, the first primary's
+    /// that does), or `None`. A server that may evict can drop a lock or
+    /// permit holder (two holders), an idempotency record (a second
+    /// execution) or a rate-limit state (a reset quota) under memory
+    /// pressure; connecting logs a warning for it. `None` too when the
+    /// server refuses `INFO`.
+    pub async fn eviction_policy(&self) -> Result<Option<String>> {
+        let mut conn = self.conn.clone();
+        version::eviction(&mut conn).await.map_err(redis_error)
+    }
+
     /// The client used for the one pub/sub subscription per `Locker`, as
     /// given: its address is kept even on a cluster (e.g. a proxy or NAT
     /// address), where [`connect_cluster`](Self::connect_cluster)'s own
@@ -320,10 +332,20 @@ impl RedisBackend {
     }
 }
 
-/// Refuses a server too old for the scripts (see [`super::version`]).
+/// Refuses a server too old for the scripts, and warns when it may evict
+/// tollgate's keys (see [`version`]).
 async fn ensure_supported<C: ConnectionLike>(conn: &mut C) -> Result<()> {
-    match version::check(conn).await.map_err(redis_error)? {
-        Some(problem) => Err(Error::InvalidConfig(problem)),
-        None => Ok(()),
+    if let Some(problem) = version::check(conn).await.map_err(redis_error)? {
+        return Err(Error::InvalidConfig(problem));
     }
+    if let Some(policy) = version::eviction(conn).await.map_err(redis_error)? {
+        tracing::warn!(
+            maxmemory_policy = %policy,
+            "Redis may evict tollgate's keys under memory pressure: a lock or permit \
+             holder (two holders), an idempotency record (a second execution), a \
+             rate-limit state (a reset quota). Set maxmemory-policy noeviction, or \
+             give tollgate a Redis of its own"
+        );
+    }
+    Ok(())
 }

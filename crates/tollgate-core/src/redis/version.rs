@@ -1,8 +1,16 @@
-//! The oldest Redis tollgate's scripts run on, checked once per connection
-//! setup (never per call): the scripts read `TIME` before they write, which
-//! Redis replicates correctly only with script effects replication — the
-//! default from Redis 5.0 (4.x replicates the script itself, and a replica
-//! would re-run it with its own clock, or refuse the write).
+//! What tollgate needs of a server, checked once per connection setup (never
+//! per call):
+//!
+//! - the oldest Redis its scripts run on: they read `TIME` before they
+//!   write, which Redis replicates correctly only with script effects
+//!   replication — the default from Redis 5.0 (4.x replicates the script
+//!   itself, and a replica would re-run it with its own clock, or refuse the
+//!   write);
+//! - no eviction: under any `maxmemory-policy` but `noeviction` (every
+//!   tollgate key has a TTL, so `volatile-*` too) Redis may drop a live
+//!   lock, permit holder, idempotency record or rate-limit state under
+//!   memory pressure. That is a warning, not a refusal: with memory to
+//!   spare nothing is evicted, and many deployments share one policy.
 
 use redis::aio::ConnectionLike;
 use redis::Value;
@@ -26,31 +34,16 @@ pub(crate) fn parse_version(info: &str) -> Option<(u32, u32, u32)> {
     Some((major, next().unwrap_or(0), next().unwrap_or(0)))
 }
 
-/// Every `redis_version` in an `INFO` reply: one for a server, one per
-/// primary for a cluster (whose client answers a map of node → text).
-fn versions(value: &Value, out: &mut Vec<(u32, u32, u32)>) {
-    match value {
-        Value::BulkString(b) => {
-            if let Some(v) = std::str::from_utf8(b).ok().and_then(parse_version) {
-                out.push(v);
-            }
-        }
-        Value::SimpleString(s) => out.extend(parse_version(s)),
-        Value::VerbatimString { text, .. } => out.extend(parse_version(text)),
-        Value::Array(items) | Value::Set(items) => {
-            items.iter().for_each(|v| versions(v, out));
-        }
-        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| versions(v, out)),
-        _ => {}
-    }
-}
-
 /// What is wrong with the servers behind an `INFO server` reply: `None` when
 /// every version is supported (or none is reported: a Redis-compatible server
 /// that names no version is given the benefit of the doubt, with a warning).
 pub(crate) fn problem(reply: &Value) -> Option<String> {
-    let mut found = Vec::new();
-    versions(reply, &mut found);
+    let mut reported = Vec::new();
+    fields(reply, "redis_version", &mut reported);
+    let found: Vec<(u32, u32, u32)> = reported
+        .iter()
+        .filter_map(|v| parse_version(&format!("redis_version:{v}")))
+        .collect();
     if found.is_empty() {
         tracing::warn!("INFO server reports no redis_version; the Redis version is not checked");
         return None;
@@ -66,6 +59,67 @@ pub(crate) fn problem(reply: &Value) -> Option<String> {
     })
 }
 
+/// Every value of `field` in an `INFO` reply: one for a server, one per
+/// primary for a cluster (whose client answers a map of node → text).
+fn fields(value: &Value, field: &str, out: &mut Vec<String>) {
+    let mut text = |t: &str| {
+        let prefix = format!("{field}:");
+        out.extend(
+            t.lines()
+                .filter_map(|l| l.trim().strip_prefix(prefix.as_str()))
+                .map(|v| v.trim().to_owned()),
+        );
+    };
+    match value {
+        Value::BulkString(b) => {
+            if let Ok(t) = std::str::from_utf8(b) {
+                text(t);
+            }
+        }
+        Value::SimpleString(s) => text(s),
+        Value::VerbatimString { text: t, .. } => text(t),
+        Value::Array(items) | Value::Set(items) => {
+            items.iter().for_each(|v| fields(v, field, out));
+        }
+        Value::Map(pairs) => pairs.iter().for_each(|(_, v)| fields(v, field, out)),
+        _ => {}
+    }
+}
+
+/// The first `maxmemory_policy` of an `INFO memory` reply under which Redis
+/// may evict tollgate's keys (any but `noeviction`), if any.
+pub(crate) fn evicting_policy(reply: &Value) -> Option<String> {
+    let mut found = Vec::new();
+    fields(reply, "maxmemory_policy", &mut found);
+    found.into_iter().find(|p| p != "noeviction")
+}
+
+/// Asks `INFO memory` once: the server's eviction policy when it may evict
+/// tollgate's keys; `None` for `noeviction`, or when `INFO` is refused.
+pub(crate) async fn eviction<C: ConnectionLike>(
+    conn: &mut C,
+) -> redis::RedisResult<Option<String>> {
+    match redis::cmd("INFO")
+        .arg("memory")
+        .query_async::<Value>(conn)
+        .await
+    {
+        Ok(reply) => Ok(evicting_policy(&reply)),
+        Err(e) if refused(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A managed Redis that renames `INFO`, or an ACL that forbids it.
+fn refused(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::ResponseError | redis::ServerErrorKind::NoPerm
+        )
+    )
+}
+
 /// Asks `INFO server` once. `Ok(Some(message))` for a server too old for the
 /// scripts. A server that refuses `INFO` (a managed Redis that renames it,
 /// an ACL that forbids it) is not checked: a warning, and `Ok(None)`.
@@ -76,14 +130,7 @@ pub(crate) async fn check<C: ConnectionLike>(conn: &mut C) -> redis::RedisResult
         .await
     {
         Ok(reply) => Ok(problem(&reply)),
-        Err(e)
-            if matches!(
-                e.kind(),
-                redis::ErrorKind::Server(
-                    redis::ServerErrorKind::ResponseError | redis::ServerErrorKind::NoPerm
-                )
-            ) =>
-        {
+        Err(e) if refused(&e) => {
             tracing::warn!(error = %e, "INFO server refused; the Redis version is not checked");
             Ok(None)
         }
@@ -159,5 +206,30 @@ mod tests {
         };
         assert!(problem(&verbatim).is_some());
         assert!(problem(&Value::Array(vec![node("7.0.0"), node("3.0.0")])).is_some());
+    }
+
+    #[test]
+    fn only_noeviction_keeps_every_key() {
+        let info = |p: &str| {
+            text(&format!(
+                "# Memory\r\nused_memory:1\r\nmaxmemory_policy:{p}\r\n"
+            ))
+        };
+        assert_eq!(evicting_policy(&info("noeviction")), None);
+        for p in [
+            "allkeys-lru",
+            "volatile-ttl",
+            "volatile-lfu",
+            "allkeys-random",
+        ] {
+            assert_eq!(evicting_policy(&info(p)).as_deref(), Some(p));
+        }
+        // A cluster: one evicting primary is enough.
+        let cluster = Value::Map(vec![
+            (text("a"), info("noeviction")),
+            (text("b"), info("volatile-lru")),
+        ]);
+        assert_eq!(evicting_policy(&cluster).as_deref(), Some("volatile-lru"));
+        assert_eq!(evicting_policy(&text("# Memory\r\n")), None, "not reported");
     }
 }
