@@ -62,8 +62,10 @@ pub trait PermitResource<S>: 'static {
         None
     }
 
-    /// How the permit is taken: TTL, wait bound, renewal, hold cap. Default
-    /// [`LockOptions::new`]: a 30 s TTL renewed while held, no waiting.
+    /// How the permit is taken: its TTL and wait bound. Default
+    /// [`LockOptions::new`]: a 30 s TTL, no waiting. The permit is renewed
+    /// every TTL/3 for as long as the [`HeldPermit`] lives, whatever these
+    /// options say of renewal and the hold cap (as the layer's).
     fn options(state: &S) -> LockOptions {
         let _ = state;
         LockOptions::new()
@@ -81,6 +83,18 @@ pub trait PermitResource<S>: 'static {
 /// policy is deny. When it fails open, the handler runs without a permit
 /// ([`is_held`](Self::is_held) is false, [`fence`](Self::fence) is `None`).
 /// Dropping the guard releases the permit without blocking.
+///
+/// The permit is renewed for as long as the guard lives, with no hold cap
+/// ([`LockOptions::max_hold`] bounds leases a holder may forget; a handler
+/// in flight is not one), so "at most N in flight" holds for a handler
+/// however long it runs. Keep the guard for the work it limits: moved into
+/// a response stream it is held until the stream is dropped; stored
+/// anywhere longer-lived, it keeps its permit until dropped. A permit is
+/// lost only through a fault of the backend (unreachable past the safe
+/// deadline, its key deleted): [`is_held`](Self::is_held) turns false and
+/// the permit's [`lost`](tollgate_core::Lease::lost) future resolves; an
+/// extractor cannot cancel its handler, so a handler that must not run
+/// on without it watches that future.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -56,6 +56,11 @@ macro_rules! semaphore_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn light_waiter_woken_beside_a_heavy_one() {
+            sc::waking::a_light_waiter_is_woken_beside_a_heavy_one(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn renewal_and_loss() {
             sc::renewal_and_loss(&$fixture).await;
         }

@@ -6,6 +6,7 @@
 //! (a `tokio::sync::Semaphore`), never by sleeps; every wait is bounded.
 
 mod common;
+mod concurrency_long;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -32,6 +33,10 @@ use tower::{Layer, Service, ServiceExt};
 use tracing::instrument::WithSubscriber;
 
 use common::{problem_detail, send, unique, Reply};
+use concurrency_long::{
+    a_handler_keeps_its_permit_past_the_cap, a_handler_keeps_its_permit_with_renewal_off,
+    a_streamed_body_keeps_its_permit_past_the_cap,
+};
 
 /// Far above anything these tests wait for, far below a hang.
 const BOUND: Duration = Duration::from_secs(15);
@@ -1070,11 +1075,16 @@ on! {
         n_run_and_the_next_gets_429 as n_run_and_the_next_gets_429_on_memory,
         never_more_than_n_in_flight as never_more_than_n_in_flight_on_memory,
         held_until_the_body_ends as held_until_the_body_ends_on_memory,
+        a_handler_keeps_its_permit_past_the_cap as handler_past_the_cap_on_memory,
+        a_streamed_body_keeps_its_permit_past_the_cap as stream_past_the_cap_on_memory,
+        a_handler_keeps_its_permit_with_renewal_off as renewal_off_on_memory,
         grpc_over_the_limit_is_resource_exhausted as grpc_over_the_limit_on_memory;
     Redis:
         n_run_and_the_next_gets_429 as n_run_and_the_next_gets_429_on_redis,
         never_more_than_n_in_flight as never_more_than_n_in_flight_on_redis,
         held_until_the_body_ends as held_until_the_body_ends_on_redis,
+        a_handler_keeps_its_permit_past_the_cap as handler_past_the_cap_on_redis,
+        a_streamed_body_keeps_its_permit_past_the_cap as stream_past_the_cap_on_redis,
         grpc_over_the_limit_is_resource_exhausted as grpc_over_the_limit_on_redis,
         lost_permit_is_reported_and_the_request_goes_on as lost_permit_continues_on_redis,
         lost_permit_cancels_when_asked as lost_permit_cancels_on_redis,
@@ -1084,6 +1094,8 @@ on! {
         n_run_and_the_next_gets_429 as n_run_and_the_next_gets_429_on_cluster,
         never_more_than_n_in_flight as never_more_than_n_in_flight_on_cluster,
         held_until_the_body_ends as held_until_the_body_ends_on_cluster,
+        a_handler_keeps_its_permit_past_the_cap as handler_past_the_cap_on_cluster,
+        a_streamed_body_keeps_its_permit_past_the_cap as stream_past_the_cap_on_cluster,
         lost_permit_is_reported_and_the_request_goes_on as lost_permit_continues_on_cluster,
         lost_permit_cancels_when_asked as lost_permit_cancels_on_cluster,
         lost_permit_mid_body_continues as lost_permit_mid_body_continues_on_cluster;

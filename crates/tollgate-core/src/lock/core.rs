@@ -395,7 +395,7 @@ impl Core {
         instances
             .waiters
             .start(instances.backends(), instances.timeout);
-        let waiter = instances.waiters.register(&ctx.keys.channel);
+        let waiter = instances.waiters.register(&ctx.keys.channel, weight);
         // Leaves the queue however the wait ends without the permit (the
         // bound, an error, the caller dropping this future).
         let mut queued = ctx.ticket.as_ref().map(|(ticket, _)| QueueTicket {
@@ -439,7 +439,7 @@ impl Core {
                     if self.permits.is_some_and(|n| n > 1) && !self.fair {
                         // Permits may be left (a heavier holder released):
                         // pass the wake-up on; a waiter that finds none sleeps.
-                        instances.waiters.wake_one(&ctx.keys.channel);
+                        instances.waiters.wake(&ctx.keys.channel);
                     }
                     return Ok(lease);
                 }

@@ -445,7 +445,7 @@ impl Instances {
             )
             .await;
         if t.yes > 0 {
-            self.waiters.wake_one(&keys.channel);
+            self.waiters.wake(&keys.channel);
         }
         match t.error {
             Some(e) if t.yes + t.no == 0 => Err(e),

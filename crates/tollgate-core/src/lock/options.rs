@@ -120,6 +120,11 @@ impl LockOptions {
     /// within minutes. Work that legitimately runs longer sets its own cap,
     /// or opts out with [`unbounded_hold`](Self::unbounded_hold). Positive, at
     /// most [`MAX_LOCK_DURATION`]; checked at acquire.
+    ///
+    /// A concurrency limit's permits (the tower layer, the axum
+    /// `HeldPermit`) live exactly as long as their request instead: a
+    /// request in flight is not forgotten, and a permit lapsing under it
+    /// would let one more in.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = MaxHold::Fixed(max_hold);
         self

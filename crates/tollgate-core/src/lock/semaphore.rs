@@ -41,7 +41,11 @@ pub type SemaphoreBuilder = LockerBuilder<Semaphore>;
 /// - **Waiting is cheap.** Waiters wake on the release notifications of the
 ///   lock's one subscription per semaphore, with a fallback poll; with
 ///   [`LockerBuilder::fair`] they are served in arrival order, and a waiter
-///   that died blocks the others for at most its ticket's TTL.
+///   that died blocks the others for at most its ticket's TTL. A release
+///   wakes one waiter of its name in each process — or all of them while
+///   one of them waits for several permits, so that freed permits reach a
+///   waiter they fit at once (a weight-1 waiter is never left to its
+///   fallback poll behind a weight-3 one that one free permit cannot serve).
 /// - **Weighted.** [`acquire_weighted`](Self::acquire_weighted) takes k of N
 ///   at once, all or nothing; k > N is
 ///   [`Error::PermitsExceedLimit`](crate::Error::PermitsExceedLimit).

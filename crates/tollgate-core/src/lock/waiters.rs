@@ -27,10 +27,18 @@ pub(crate) struct Waiters {
     shutdown: watch::Sender<()>,
 }
 
+/// The waiters of one channel in this `Locker`.
+#[derive(Default)]
+struct Slot {
+    notify: Notify,
+    /// Registered waiters that take more than one permit.
+    heavy: AtomicUsize,
+}
+
 #[derive(Default)]
 struct Shared {
     /// Release channel → the waiters of that lock in this `Locker`.
-    map: Mutex<HashMap<String, Arc<Notify>>>,
+    map: Mutex<HashMap<String, Arc<Slot>>>,
     /// Subscriptions currently established.
     live: AtomicUsize,
     /// A release wakes every waiter of its channel, not one (fair names:
@@ -39,23 +47,25 @@ struct Shared {
 }
 
 impl Shared {
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Arc<Slot>>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wake_one(&self, channel: &str) {
-        if let Some(n) = self.map().get(channel) {
-            if self.broadcast {
-                n.notify_waiters();
+    fn wake(&self, channel: &str) {
+        if let Some(slot) = self.map().get(channel) {
+            // A wake-one could pick a waiter the freed permits do not fit
+            // (weight 3, one free) while one they fit sleeps on: wake them all.
+            if self.broadcast || slot.heavy.load(Ordering::Acquire) > 0 {
+                slot.notify.notify_waiters();
             } else {
-                n.notify_one();
+                slot.notify.notify_one();
             }
         }
     }
 
     fn wake_all(&self) {
-        for n in self.map().values() {
-            n.notify_waiters();
+        for slot in self.map().values() {
+            slot.notify.notify_waiters();
         }
     }
 }
@@ -123,23 +133,30 @@ impl Waiters {
         self.shared.live.load(Ordering::Acquire) > 0
     }
 
-    /// Wakes one waiter of `channel` in this `Locker` (a local release).
-    pub(crate) fn wake_one(&self, channel: &str) {
-        self.shared.wake_one(channel);
+    /// Wakes the waiters of `channel` in this `Locker` that a release may
+    /// serve: one while every waiter takes one permit, else all of them
+    /// (each then looks, and those the free permits do not fit sleep on).
+    pub(crate) fn wake(&self, channel: &str) {
+        self.shared.wake(channel);
     }
 
-    /// Registers interest in `channel`'s releases until the `Waiter` drops.
-    pub(crate) fn register(&self, channel: &str) -> Waiter {
-        let notify = self
-            .shared
-            .map()
-            .entry(channel.to_owned())
-            .or_default()
-            .clone();
+    /// Registers interest in `channel`'s releases, for `weight` permits,
+    /// until the `Waiter` drops.
+    pub(crate) fn register(&self, channel: &str, weight: u32) -> Waiter {
+        let heavy = weight > 1;
+        let slot = {
+            let mut map = self.shared.map();
+            let slot = map.entry(channel.to_owned()).or_default().clone();
+            if heavy {
+                slot.heavy.fetch_add(1, Ordering::AcqRel);
+            }
+            slot
+        };
         Waiter {
             shared: self.shared.clone(),
             channel: channel.to_owned(),
-            notify,
+            slot,
+            heavy,
         }
     }
 
@@ -153,22 +170,26 @@ impl Waiters {
 pub(crate) struct Waiter {
     shared: Arc<Shared>,
     channel: String,
-    notify: Arc<Notify>,
+    slot: Arc<Slot>,
+    heavy: bool,
 }
 
 impl Waiter {
     /// A future that completes on the next wake-up; `enable` it before the
     /// attempt it follows, so a release in between is not missed.
     pub(crate) fn notified(&self) -> Notified<'_> {
-        self.notify.notified()
+        self.slot.notify.notified()
     }
 }
 
 impl Drop for Waiter {
     fn drop(&mut self) {
         let mut map = self.shared.map();
+        if self.heavy {
+            self.slot.heavy.fetch_sub(1, Ordering::AcqRel);
+        }
         // Clones are only made under the map's lock: 2 = the map's and ours.
-        if Arc::strong_count(&self.notify) <= 2 {
+        if Arc::strong_count(&self.slot) <= 2 {
             map.remove(&self.channel);
         }
     }
@@ -204,7 +225,7 @@ async fn subscription(
                     tokio::select! {
                         _ = shutdown.changed() => return,
                         event = events.next() => match event {
-                            Some(ReleaseEvent::Released { channel }) => shared.wake_one(&channel),
+                            Some(ReleaseEvent::Released { channel }) => shared.wake(&channel),
                             Some(_) => shared.wake_all(),
                             None => break,
                         },
@@ -241,9 +262,9 @@ mod tests {
     #[tokio::test]
     async fn registrations_are_removed_with_the_last_waiter() {
         let w = Waiters::new("p:lock:".into(), false);
-        let a = w.register("p:lock:{a}:released");
-        let b = w.register("p:lock:{a}:released");
-        let c = w.register("p:lock:{c}:released");
+        let a = w.register("p:lock:{a}:released", 1);
+        let b = w.register("p:lock:{a}:released", 2);
+        let c = w.register("p:lock:{c}:released", 1);
         assert_eq!(w.registered(), 2);
         drop(a);
         assert_eq!(w.registered(), 2);
@@ -256,15 +277,44 @@ mod tests {
     #[tokio::test]
     async fn a_wake_before_the_wait_is_not_lost() {
         let w = Waiters::new("p:lock:".into(), false);
-        let waiter = w.register("ch");
+        let waiter = w.register("ch", 1);
         let notified = waiter.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        w.wake_one("ch");
+        w.wake("ch");
         tokio::time::timeout(Duration::from_secs(1), notified)
             .await
             .unwrap();
         // Unknown channels are ignored.
-        w.wake_one("other");
+        w.wake("other");
+    }
+
+    /// While a waiter of weight > 1 waits, a release wakes every waiter of
+    /// its name (the freed permits may fit only a lighter one); otherwise
+    /// one.
+    #[tokio::test]
+    async fn a_heavy_waiter_makes_a_wake_reach_everyone() {
+        use futures_util::FutureExt;
+
+        let w = Waiters::new("p:sem:".into(), false);
+        // Which of `waiters` one wake of "ch" reaches.
+        let woken = |waiters: &[&Waiter]| {
+            let mut armed: Vec<_> = waiters.iter().map(|x| Box::pin(x.notified())).collect();
+            for n in &mut armed {
+                n.as_mut().enable();
+            }
+            w.wake("ch");
+            armed
+                .into_iter()
+                .map(|n| n.now_or_never().is_some())
+                .collect::<Vec<_>>()
+        };
+        let heavy = w.register("ch", 3);
+        let light = w.register("ch", 1);
+        assert_eq!(woken(&[&heavy, &light]), [true, true]);
+        drop(heavy);
+        let other = w.register("ch", 1);
+        let woken = woken(&[&light, &other]);
+        assert_eq!(woken, [true, false], "one wake-up, to the first in line");
     }
 }

@@ -187,11 +187,14 @@ impl LockBackend for Delayed {
 /// "held by someone else": a test waits for a waiter's refused attempt (the
 /// waiter has then looked, found the name taken, and waits) instead of
 /// sleeping and hoping it got that far. Clones share the count, so one count
-/// can watch every instance of a Redlock.
+/// can watch every instance of a Redlock. It also counts the release
+/// subscriptions it handed out, so a test can wait until waiters are
+/// notified rather than polling.
 #[derive(Debug, Clone)]
 pub(crate) struct Watched {
     inner: Arc<dyn LockBackend>,
     refused: Arc<tokio::sync::watch::Sender<u64>>,
+    subscribed: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Watched {
@@ -199,6 +202,7 @@ impl Watched {
         Watched {
             inner,
             refused: Arc::new(tokio::sync::watch::channel(0).0),
+            subscribed: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -207,6 +211,7 @@ impl Watched {
         Watched {
             inner,
             refused: self.refused.clone(),
+            subscribed: self.subscribed.clone(),
         }
     }
 
@@ -221,6 +226,15 @@ impl Watched {
         tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&c| c >= n))
             .await
             .unwrap_or_else(|_| panic!("{} acquires refused, not {n}", self.refusals()))
+            .unwrap();
+    }
+
+    /// Waits (up to 10 s) until `n` release subscriptions were established.
+    pub(crate) async fn subscribed(&self, n: u64) {
+        let mut rx = self.subscribed.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&c| c >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{} subscriptions, not {n}", *self.subscribed.borrow()))
             .unwrap();
     }
 }
@@ -271,7 +285,16 @@ impl LockBackend for Watched {
         &self,
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
-        self.inner.release_events(channel_prefix)
+        let connect = self.inner.release_events(channel_prefix)?;
+        let subscribed = self.subscribed.clone();
+        Some(
+            async move {
+                let events = connect.await?;
+                subscribed.send_modify(|c| *c += 1);
+                Ok(events)
+            }
+            .boxed(),
+        )
     }
 
     fn permits_in_use<'a>(

@@ -5,6 +5,7 @@
 
 pub(crate) mod fair;
 pub(crate) mod faults;
+pub(crate) mod waking;
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -39,11 +39,13 @@ impl HoldKind for ForPermits {
 impl<K> ConcurrencyLimitLayer<K> {
     /// Limits each key that `key` names to `semaphore`'s permits, with the
     /// semaphore's default [`LockOptions`](tollgate_core::LockOptions)
-    /// (unless configured otherwise: TTL 30 s renewed while held, no
-    /// waiting). Permits are held until the response body ends
-    /// ([`HoldUntil::BodyEnd`]); a lost permit is reported and the request
-    /// goes on ([`OnLeaseLost::Continue`]). The policy is named
-    /// `concurrency` until a [`namespace`](HoldLayer::namespace) names it.
+    /// (unless configured otherwise: TTL 30 s, no waiting). Permits are held
+    /// until the response body ends ([`HoldUntil::BodyEnd`]), renewed with
+    /// no hold cap for as long as the request runs; a permit lost to a
+    /// fault is reported and the request goes on
+    /// ([`OnLeaseLost::Continue`]; see the [module docs](super)). The policy
+    /// is named `concurrency` until a [`namespace`](HoldLayer::namespace)
+    /// names it.
     pub fn new(semaphore: Semaphore, key: K) -> Self {
         let policy = concurrency_policy("concurrency", semaphore.permits());
         HoldLayer::with(
@@ -59,8 +61,11 @@ impl<K> ConcurrencyLimitLayer<K> {
         )
     }
 
-    /// What to do when a permit is lost mid-request (default
-    /// [`OnLeaseLost::Continue`]: reported, not cancelled); the same as
+    /// What to do when a permit is lost mid-request — which, since the
+    /// permit is renewed for as long as the request runs, takes a fault of
+    /// the backend (default [`OnLeaseLost::Continue`]: reported, not
+    /// cancelled; [`OnLeaseLost::Cancel`] keeps the bound through faults by
+    /// ending the request); the same as
     /// [`on_lease_lost`](HoldLayer::on_lease_lost).
     pub fn on_permit_lost(self, on_lost: OnLeaseLost) -> Self {
         self.on_lease_lost(on_lost)

@@ -16,7 +16,7 @@
 //!    extensions and the inner service is called; the permit is renewed
 //!    by its watchdog and held until the response body has been sent to the
 //!    end or dropped ([`HoldUntil::BodyEnd`], the default here), then
-//!    released;
+//!    released — however long that takes (see below);
 //! 4. all taken: **429** with `Retry-After` (until the earliest permit
 //!    expires, rounded up; 1 when unknown) and
 //!    `RateLimit-Policy: "<name>";q=<N>;qu="concurrent-requests"`; gRPC
@@ -27,12 +27,31 @@
 //!    (gRPC UNAVAILABLE), or a permit of a local semaphore with N divided
 //!    by the number of instances.
 //!
-//! A permit lost mid-request (Redis paused past its safe deadline, the key
-//! deleted) is reported — a `tracing` warning and
-//! `tollgate_concurrency_requests_total{outcome="lost"}` — and the request
-//! goes on ([`OnLeaseLost::Continue`], the default here); with
-//! [`OnLeaseLost::Cancel`] it is cancelled and answered 503 as the lock
-//! layer does. A holder that dies frees its permits when their TTL passes.
+//! **At most N in flight, however long they run.** A request keeps its
+//! permit for as long as it is in flight — a handler that works for an hour,
+//! an SSE or LLM stream held until its body ends: the layer renews the
+//! permit every TTL/3 with no hold cap, and releases it when the request
+//! ends. The options' [`max_hold`](tollgate_core::LockOptions::max_hold)
+//! (10 minutes by default) and [`renew`](tollgate_core::LockOptions::renew)
+//! do not apply here: the cap exists so that a lease its holder forgot does
+//! not live forever, and a request in flight is not forgotten — letting its
+//! permit lapse would admit N+1 with a healthy Redis, and cutting a healthy
+//! stream off at the cap would be no better. The TTL bounds how long the
+//! permits of a crashed instance stay taken. To bound how long a request
+//! may run, put a timeout around it.
+//!
+//! So a permit is lost mid-request only through a fault: Redis unreachable
+//! or paused past the permit's safe deadline, its key deleted (an operator,
+//! `FLUSHALL`, a restart without persistence). A loss is reported — a
+//! `tracing` warning and
+//! `tollgate_concurrency_requests_total{outcome="lost"}` — and by default
+//! the request goes on ([`OnLeaseLost::Continue`]): as under the failure
+//! policy's default, a fault of the backend lifts the bound rather than
+//! failing work in flight, so from the loss until that request ends one
+//! more may be admitted. With [`OnLeaseLost::Cancel`] the bound holds
+//! through faults too: the handler is cancelled and answered 503 as the
+//! lock layer does, or a body still streaming ends with an error. A holder
+//! that dies frees its permits when their TTL passes.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -83,12 +102,26 @@ pub use crate::lock::{HoldUntil, OnLeaseLost};
 /// is a limit of one).
 pub type ConcurrencyLimit<S, K> = crate::hold::Hold<S, K>;
 
+/// The options a request's permit is taken with: `options` renewed, and
+/// with no hold cap. The cap is there so that a lease its holder forgot
+/// does not live forever; a request in flight is not forgotten, and its
+/// permit must live exactly as long as it runs, or N+1 run at once.
+pub(crate) fn for_a_request(options: &LockOptions) -> LockOptions {
+    options.clone().renew(true).unbounded_hold()
+}
+
 /// Takes a permit of `key` the way the layer does, for extractors and
 /// custom middleware: `Ok(Some(permit))` when held; `Ok(None)` when the
 /// backend is unavailable and the semaphore fails open (go ahead without a
 /// permit); otherwise the [`Rejection`] the layer would answer with (429
 /// with `Retry-After` and `policy` as `RateLimit-Policy`, 503, 500). The
 /// outcome is counted and traced as the layer's.
+///
+/// Like the layer's, the permit is renewed for as long as it is held,
+/// with no hold cap (`options`' [`renew`](LockOptions::renew) and
+/// [`max_hold`](LockOptions::max_hold) do not apply): hold it for the
+/// request and drop it when the request ends — it is released then, or
+/// by its TTL if the process dies.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -111,7 +144,9 @@ pub async fn acquire(
     options: &LockOptions,
     policy: &HeaderValue,
 ) -> Result<Option<Permit>, Rejection> {
-    let result = semaphore.acquire(key.clone(), options).await;
+    let result = semaphore
+        .acquire(key.clone(), &for_a_request(options))
+        .await;
     match permit_outcome(semaphore, policy, &key, result) {
         Acquired::Held(permit) => Ok(Some(permit)),
         Acquired::Pass => Ok(None),

@@ -68,6 +68,7 @@ impl Gate {
             }
             Gate::Permits { semaphore, policy } => {
                 let (semaphore, policy) = (semaphore.clone(), policy.clone());
+                let options = crate::concurrency::for_a_request(&options);
                 Box::pin(async move {
                     let result = semaphore.acquire(subject.clone(), &options).await;
                     permit_outcome(&semaphore, &policy, &subject, result)

@@ -63,7 +63,9 @@ impl<K, M: HoldKind> HoldLayer<K, M> {
     }
 
     /// Takes the lease or permit with `options` (TTL, wait bound, renewal,
-    /// hold cap).
+    /// hold cap). A concurrency limit's permit is renewed for as long as its
+    /// request runs, whatever `options` say of renewal and the hold cap (see
+    /// [`concurrency`](crate::concurrency)); a lock's lease follows them.
     ///
     /// # Panics
     ///
