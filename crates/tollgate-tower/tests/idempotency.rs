@@ -6,9 +6,13 @@
 //! Redis with either `OnUnavailable`.
 //!
 //! Handlers are held in flight with a `tokio::sync::Notify` the test
-//! releases, never by sleeps; every wait is bounded.
+//! releases, never by sleeps; every wait is bounded. The promises at the
+//! edges (a failed completion, a lost claim, the headers a replay needs)
+//! are in `idempotency/edges.rs`.
 
 mod common;
+#[path = "idempotency/edges.rs"]
+mod edges;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -171,6 +175,7 @@ async fn suite(kind: Kind) {
     a_response_too_large_to_store_is_not_replayed(kind).await;
     other_methods_and_optional_keys_pass_through(kind).await;
     a_lost_claim_stores_nothing(kind).await;
+    edges::a_failed_completion_runs_the_handler_once(kind).await;
 }
 
 idempotency_on_every_backend!(suite);

@@ -111,6 +111,11 @@ impl IdempotencyStore {
         self.record_ttl
     }
 
+    /// The bound on each round trip.
+    pub fn timeout(&self) -> Duration {
+        self.core.timeout()
+    }
+
     /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …).
     pub fn backend_kind(&self) -> &'static str {
         self.core.kind()

@@ -37,7 +37,13 @@
 //!      dropped before the handler returned (the client went away), the
 //!      claim is abandoned so that a retry runs again. Once the handler has
 //!      returned, its response is read and stored even if the client goes
-//!      away meanwhile (in a task of its own): a retry replays it;
+//!      away meanwhile (in a task of its own): a retry replays it. A
+//!      completion that fails (a timeout, a reset connection, `READONLY`
+//!      during a failover) is sent again while the claim's lease lasts; the
+//!      response waits for it at most two of the store's round-trip bounds,
+//!      then goes out while it goes on. A response that could not be
+//!      stored is never released: retries get **409** until the lease
+//!      expires, and the handler does not run twice;
 //!    - **completed**: the stored status, headers and byte-identical body
 //!      are replayed with `Idempotent-Replayed: true` — never the original's
 //!      `Set-Cookie` or rate-limit headers. A response larger than
@@ -107,8 +113,8 @@
 //! `pass_through`; after a claimed request `stored`, `not_stored` (the
 //! status is not stored; the claim is abandoned), `abandoned` (inner
 //! error, body error, request dropped mid-handler), `lost` (the claim was
-//! lost or superseded: nothing stored) or `unavailable` (the completion
-//! failed).
+//! lost or superseded: nothing stored) or `unavailable` (the response could
+//! not be stored: the key stays in flight until its lease expires).
 
 mod future;
 mod layer;
