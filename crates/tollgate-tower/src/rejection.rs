@@ -31,7 +31,7 @@
 //!   the names those of the `RateLimit-Policy` items whose quota denied
 //!   ([`Rejection::violated_policies`]);
 //! - the [idempotency layer](crate::idempotency)'s own rejections (the four
-//!   idempotency reasons above, and its 503), as the idempotency-key draft
+//!   idempotency reasons above, and its 503s), as the idempotency-key draft
 //!   shows them: `{"type":"about:blank","title":<the status' reason
 //!   phrase>,"status":<status>,"detail":<the message>}`.
 //!
@@ -105,7 +105,8 @@ pub enum RejectionReason {
     Busy,
     /// Every permit of a concurrency limit is taken (beyond the wait bound).
     TooManyInFlight,
-    /// The lock's lease was lost while the request was being handled.
+    /// The lease of a lock, a permit or an idempotency claim was lost while
+    /// the request was being handled.
     LeaseLost,
     /// The request could not be keyed (a missing header, …): the key
     /// extractor's status.

@@ -23,6 +23,8 @@ use tower_service::Service;
 use super::service::Shared;
 use super::{count, fingerprint, OnUnavailable, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody, Tail};
+use crate::hold::head_of;
+use crate::lock::OnLeaseLost;
 use crate::middleware::Reply;
 use crate::rejection::{Middleware, Rejection};
 
@@ -227,20 +229,49 @@ where
     };
     count("claimed");
     tracing::debug!(target: T, record = %digest, fence = claimed.fence().get(), "Idempotency-Key claimed");
+    let lost = claimed.lost();
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
     req.extensions_mut().insert(claimed.fence());
-    req.extensions_mut().insert(claimed.lost());
+    req.extensions_mut().insert(lost.clone());
+    // Kept to answer with when the handler is cancelled.
+    let head = (shared.on_lost == OnLeaseLost::Cancel).then(|| head_of(&req));
     let mut holding = Holding {
         claim: Some(claimed),
         digest,
     };
-    let response = match inner.call(req).await {
-        Ok(response) => response,
-        Err(e) => {
+    let call = inner.call(req);
+    let called = match &head {
+        Some(_) => {
+            let mut call = std::pin::pin!(call);
+            // The lease first: once it is lost (its safe deadline is before
+            // the backend lets the key go), the handler must not run another
+            // step, or a retry's claim could run beside it.
+            tokio::select! {
+                biased;
+                () = lost => None,
+                called = &mut call => Some(called),
+            }
+        }
+        None => Some(call.await),
+    };
+    let response = match called {
+        Some(Ok(response)) => response,
+        Some(Err(e)) => {
             holding
                 .abandon("abandoned", "the inner service failed")
                 .await;
             return Err(e);
+        }
+        None => {
+            // The handler is dropped (cancelled, not finished): giving the
+            // claim up lets a retry run it.
+            tracing::warn!(target: T, record = %holding.digest, "the claim's lease was lost; the handler was cancelled");
+            holding
+                .abandon("lost", "the lease was lost mid-handler")
+                .await;
+            let head = head.expect("kept when cancelling");
+            let r = Rejection::idempotency_claim_lost();
+            return Ok(Step::made(shared.answer.reject(&head, r)));
         }
     };
     let (head, body) = response.into_parts();

@@ -13,6 +13,7 @@ use tower_layer::Layer;
 use super::service::{Idempotency, Shared};
 use super::{default_store_when, never_replayed, OnUnavailable, DEFAULT_REPLAY_HEADERS};
 use crate::grpc::Protocol;
+use crate::lock::OnLeaseLost;
 use crate::middleware::Answer;
 use crate::rejection::Rejection;
 
@@ -77,6 +78,7 @@ impl<K> IdempotencyLayer<K> {
                 store_when: Arc::new(default_store_when),
                 replay_headers: Arc::from(DEFAULT_REPLAY_HEADERS.to_vec()),
                 on_unavailable: OnUnavailable::Deny,
+                on_lost: OnLeaseLost::Cancel,
                 answer: Answer::default(),
             },
             scope,
@@ -132,6 +134,22 @@ impl<K> IdempotencyLayer<K> {
     /// [`OnUnavailable::Deny`]: 503 with `Retry-After: 1`).
     pub fn on_unavailable(mut self, on_unavailable: OnUnavailable) -> Self {
         self.shared.on_unavailable = on_unavailable;
+        self
+    }
+
+    /// What happens when the claim's lease is lost while the handler runs
+    /// (Redis unreachable past the lease's safe deadline, or the hold cap
+    /// of the store's [`LockOptions`](tollgate_core::LockOptions::max_hold)
+    /// reached — 10 minutes by default). [`OnLeaseLost::Cancel`], the
+    /// default: the handler is dropped (cancelled at its next `.await`),
+    /// the claim abandoned, and the request answered **503**, so a retry
+    /// never runs beside it. [`OnLeaseLost::Continue`]: the handler
+    /// finishes and its client gets the response, but nothing is stored (a
+    /// newer claim's record is never overwritten) and a retry may run while
+    /// it finishes — its writes must carry the
+    /// [`FencingToken`](tollgate_core::FencingToken).
+    pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
+        self.shared.on_lost = on_lost;
         self
     }
 

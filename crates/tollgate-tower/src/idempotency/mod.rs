@@ -24,7 +24,18 @@
 //!    - **claimed**: the inner service is called (the claim's
 //!      [`FencingToken`](tollgate_core::FencingToken) and
 //!      [`LeaseLost`](tollgate_core::LeaseLost) are in the request
-//!      extensions); its response is **read to the end** — the layer
+//!      extensions) while the claim's lease is renewed. If the lease is
+//!      lost before the inner future has produced the response — Redis
+//!      unreachable past the lease's safe deadline, or the hold cap of the
+//!      store's [`LockOptions`](tollgate_core::LockOptions::max_hold)
+//!      reached (10 minutes by default; a longer handler needs a larger
+//!      cap) — the inner future is **dropped** (the handler is cancelled at
+//!      its next `.await`), the claim abandoned and the request answered
+//!      **503**, before the backend lets the key go: a retry never runs
+//!      beside it, and the cancelled run stores nothing
+//!      ([`OnLeaseLost::Cancel`](crate::lock::OnLeaseLost::Cancel), the
+//!      default; see [`on_lease_lost`](IdempotencyLayer::on_lease_lost)).
+//!      Its response is **read to the end** — the layer
 //!      buffers it, up to [`max_stored_body`](IdempotencyLayer::max_stored_body)
 //!      — and, when [`store_when`](IdempotencyLayer::store_when) says so
 //!      (2xx and 4xx except 408, 409 and 429 by default), stored with the
@@ -62,8 +73,10 @@
 //! The layer's answers are RFC 9457 `application/problem+json` documents
 //! (gRPC requests get trailers-only responses); see
 //! [`crate::rejection`]. A completion whose claim was lost or superseded
-//! meanwhile (Redis paused past the lease) stores nothing — a newer record
-//! is never overwritten — and the response still goes to its client.
+//! after the handler returned (while its body was read, or with
+//! [`OnLeaseLost::Continue`](crate::lock::OnLeaseLost::Continue)) stores
+//! nothing — a newer record is never overwritten — and the response still
+//! goes to its client.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -113,7 +126,8 @@
 //! `pass_through`; after a claimed request `stored`, `not_stored` (the
 //! status is not stored; the claim is abandoned), `abandoned` (inner
 //! error, body error, request dropped mid-handler), `lost` (the claim was
-//! lost or superseded: nothing stored) or `unavailable` (the response could
+//! lost or superseded: the handler cancelled, or nothing stored) or
+//! `unavailable` (the response could
 //! not be stored: the key stays in flight until its lease expires).
 
 mod future;
