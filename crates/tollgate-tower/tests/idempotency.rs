@@ -7,7 +7,8 @@
 //!
 //! Handlers are held in flight with a `tokio::sync::Notify` the test
 //! releases, never by sleeps; every wait is bounded. The promises at the
-//! edges (a failed completion, a lost claim) are in `idempotency/edges.rs`.
+//! edges (a failed completion, a lost claim, the headers a replay needs)
+//! are in `idempotency/edges.rs`.
 
 mod common;
 #[path = "idempotency/edges.rs"]
@@ -206,6 +207,7 @@ async fn suite(kind: Kind) {
     edges::a_failed_completion_runs_the_handler_once(kind).await;
     edges::a_lost_claim_cancels_the_handler_and_stores_nothing(kind).await;
     edges::a_lost_claim_continues_when_told(kind).await;
+    edges::replays_carry_what_the_body_needs(kind).await;
 }
 
 idempotency_on_every_backend!(suite);

@@ -11,7 +11,8 @@ use tollgate_core::idempotency::IdempotencyStore;
 use tower_layer::Layer;
 
 use super::service::{Idempotency, Shared};
-use super::{default_store_when, never_replayed, OnUnavailable, DEFAULT_REPLAY_HEADERS};
+use super::{default_store_when, never_replayed, OnUnavailable};
+use super::{DEFAULT_REPLAY_HEADERS, REPRESENTATION_HEADERS};
 use crate::grpc::Protocol;
 use crate::lock::OnLeaseLost;
 use crate::middleware::Answer;
@@ -119,14 +120,23 @@ impl<K> IdempotencyLayer<K> {
         self
     }
 
-    /// The response headers stored and replayed (default
-    /// [`DEFAULT_REPLAY_HEADERS`]: `content-type`, `location`, `etag`,
-    /// `link`, `content-location`, `last-modified`). `Set-Cookie`, the
-    /// rate-limit headers, `Retry-After`, `Content-Length` and hop-by-hop
-    /// headers are never replayed, even when listed.
+    /// The response headers stored and replayed besides
+    /// [`REPRESENTATION_HEADERS`], which always are (`content-type`,
+    /// `content-encoding`, `content-language`, `content-location`,
+    /// `content-range`, `content-disposition`, `vary`, `etag`,
+    /// `last-modified`, `location`: the body cannot be read right without
+    /// them). Default: `link` ([`DEFAULT_REPLAY_HEADERS`] in all).
+    /// `Set-Cookie`, the rate-limit headers, `Retry-After`,
+    /// `Content-Length` and hop-by-hop headers are never replayed, even
+    /// when listed.
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        let names: Vec<_> = names.into_iter().filter(|n| !never_replayed(n)).collect();
-        self.shared.replay_headers = Arc::from(names);
+        let mut all = REPRESENTATION_HEADERS.to_vec();
+        for name in names {
+            if !never_replayed(&name) && !all.contains(&name) {
+                all.push(name);
+            }
+        }
+        self.shared.replay_headers = Arc::from(all);
         self
     }
 

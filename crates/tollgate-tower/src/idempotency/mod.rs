@@ -38,9 +38,14 @@
 //!      Its response is **read to the end** — the layer
 //!      buffers it, up to [`max_stored_body`](IdempotencyLayer::max_stored_body)
 //!      — and, when [`store_when`](IdempotencyLayer::store_when) says so
-//!      (2xx and 4xx except 408, 409 and 429 by default), stored with the
-//!      [allow-listed headers](IdempotencyLayer::replay_headers) before it
-//!      is returned. A body that grows past `max_stored_body` is buffered
+//!      (2xx and 4xx except 408, 409 and 429 by default), stored before
+//!      it is returned, with every header its body needs to be read as it
+//!      was sent ([`REPRESENTATION_HEADERS`]: `Content-Type`,
+//!      `Content-Encoding`, `Content-Language`, `Content-Location`,
+//!      `Content-Range`, `Content-Disposition`, `Vary`, `ETag`,
+//!      `Last-Modified`, `Location`) and the
+//!      [allow-listed ones](IdempotencyLayer::replay_headers) (`Link` by
+//!      default). A body that grows past `max_stored_body` is buffered
 //!      no further: the key is completed as not replayable, and the client
 //!      gets the bytes read, then the rest as the handler produces it (a
 //!      download, a stream of events). When the status is not stored, the
@@ -57,7 +62,10 @@
 //!      expires, and the handler does not run twice;
 //!    - **completed**: the stored status, headers and byte-identical body
 //!      are replayed with `Idempotent-Replayed: true` — never the original's
-//!      `Set-Cookie` or rate-limit headers. A response larger than
+//!      `Set-Cookie` or rate-limit headers. A body compressed inside the
+//!      layer replays compressed, with its `Content-Encoding`, whatever the
+//!      retry accepts: put a compression layer outside this one to
+//!      negotiate per request. A response larger than
 //!      [`max_stored_body`](IdempotencyLayer::max_stored_body) (or one with
 //!      trailers) is stored as "completed, not replayable": a retry gets
 //!      **409** saying so, and the handler never runs twice for one key
@@ -181,14 +189,40 @@ pub fn default_store_when(status: StatusCode) -> bool {
     status.is_success() || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 429))
 }
 
-/// The headers replayed by default.
-pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 6] = [
+/// The headers a stored body needs to be read as it was sent, always stored
+/// and replayed whatever [`IdempotencyLayer::replay_headers`] lists: the
+/// representation headers (`Content-Type`, `Content-Encoding`,
+/// `Content-Language`, `Content-Location`, `Content-Range` and the
+/// validators `ETag`, `Last-Modified`), `Vary` (what the body was chosen
+/// by), `Content-Disposition` and `Location`. Without them a replay is
+/// wrong bytes: a gzipped body without its `Content-Encoding` is garbage to
+/// the client.
+pub const REPRESENTATION_HEADERS: [HeaderName; 10] = [
     CONTENT_TYPE,
-    http::header::LOCATION,
-    http::header::ETAG,
-    http::header::LINK,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
     http::header::CONTENT_LOCATION,
+    http::header::CONTENT_RANGE,
+    http::header::CONTENT_DISPOSITION,
+    http::header::VARY,
+    http::header::ETAG,
     http::header::LAST_MODIFIED,
+    http::header::LOCATION,
+];
+
+/// The headers replayed by default: [`REPRESENTATION_HEADERS`] and `Link`.
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
+    CONTENT_TYPE,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
+    http::header::CONTENT_LOCATION,
+    http::header::CONTENT_RANGE,
+    http::header::CONTENT_DISPOSITION,
+    http::header::VARY,
+    http::header::ETAG,
+    http::header::LAST_MODIFIED,
+    http::header::LOCATION,
+    http::header::LINK,
 ];
 
 /// Headers never replayed, whatever the allow-list says: cookies, the
@@ -368,5 +402,16 @@ mod tests {
             assert!(never_replayed(&HeaderName::from_static(n)), "{n}");
         }
         assert!(DEFAULT_REPLAY_HEADERS.iter().all(|n| !never_replayed(n)));
+    }
+
+    #[test]
+    fn the_default_list_holds_what_the_body_needs() {
+        for name in &REPRESENTATION_HEADERS {
+            assert!(DEFAULT_REPLAY_HEADERS.contains(name), "{name}");
+        }
+        assert_eq!(
+            DEFAULT_REPLAY_HEADERS.len(),
+            REPRESENTATION_HEADERS.len() + 1
+        );
     }
 }

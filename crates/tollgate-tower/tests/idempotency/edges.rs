@@ -1,7 +1,7 @@
 //! The promises at the edges, on every backend: a completion that fails is
 //! sent again, so the handler never runs twice; a claim lost while its
 //! handler runs cancels the handler, so two never run at once and the lost
-//! holder stores nothing.
+//! holder stores nothing; a replay carries every header its body needs.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
-use http::StatusCode;
+use http::{HeaderName, HeaderValue, StatusCode};
 use tollgate_core::{LeaseLost, LockOptions};
 use tollgate_testkit::eventually;
 use tollgate_tower::key::HeaderKey;
@@ -19,7 +19,7 @@ use tollgate_tower::IdempotencyLayer;
 
 use super::common::idempotency::{builder, failing_completes, Kind, BOUND};
 use super::common::unique;
-use super::{app, held, req, send, Handler};
+use super::{app, held, req, send, with, Handler};
 
 /// The lease of the claims that outlive their cap: renewed every 100 ms,
 /// never past 2 s.
@@ -114,4 +114,97 @@ pub(crate) async fn a_lost_claim_continues_when_told(kind: Kind) {
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
     assert_eq!(r.body, "finished after the loss");
     assert_eq!((h.runs(), h.active()), (1, 0));
+}
+
+/// A gzip of `{"order":"gz"}`, as a compression layer inside the
+/// idempotency layer would make it.
+const GZIP: &[u8] = &[
+    0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x03, 0xab, 0x56, 0xca, 0x2f, 0x4a, 0x49,
+    0x2d, 0x52, 0xb2, 0x52, 0x4a, 0xaf, 0x52, 0xaa, 0x05, 0x00, 0x11, 0xf8, 0x98, 0x4b, 0x0e, 0x00,
+    0x00, 0x00,
+];
+
+/// The headers that describe a gzipped body (and must come back with it).
+const GZIP_HEADERS: [(&str, &str); 8] = [
+    ("content-type", "application/json"),
+    ("content-encoding", "gzip"),
+    ("content-language", "en"),
+    ("content-location", "/orders/gz"),
+    ("content-disposition", "inline"),
+    ("vary", "accept-encoding"),
+    ("etag", "\"gz-1\""),
+    ("last-modified", "Tue, 15 Nov 1994 08:12:31 GMT"),
+];
+
+/// Answers the bytes of [`GZIP`] with [`GZIP_HEADERS`], or (with `x-range`)
+/// a 206 of its first 10 bytes.
+async fn gzipped(State(h): State<Handler>, headers: http::HeaderMap) -> Response {
+    h.runs.fetch_add(1, Ordering::SeqCst);
+    let mut res = if headers.contains_key("x-range") {
+        let mut res = (StatusCode::PARTIAL_CONTENT, &GZIP[..10]).into_response();
+        let range = format!("bytes 0-9/{}", GZIP.len());
+        res.headers_mut()
+            .insert("content-range", range.parse().unwrap());
+        res
+    } else {
+        (StatusCode::CREATED, GZIP).into_response()
+    };
+    for (name, value) in GZIP_HEADERS {
+        res.headers_mut()
+            .insert(name, HeaderValue::from_static(value));
+    }
+    res.headers_mut()
+        .insert("location", HeaderValue::from_static("/orders/gz"));
+    res.headers_mut()
+        .insert("x-order-id", HeaderValue::from_static("gz"));
+    res
+}
+
+/// A replay carries every header its body needs — the encoding above all,
+/// or the client reads gzip as JSON — with the default allow-list and with
+/// one that names only an extra header.
+pub(crate) async fn replays_carry_what_the_body_needs(kind: Kind) {
+    let only_extra = |layer: IdempotencyLayer<HeaderKey>| {
+        layer.replay_headers([HeaderName::from_static("x-order-id")])
+    };
+    for custom in [false, true] {
+        let mut layer = IdempotencyLayer::new(
+            builder(kind).await.build().unwrap(),
+            HeaderKey::new("x-api-key"),
+        );
+        if custom {
+            layer = only_extra(layer);
+        }
+        let h = Handler::default();
+        let app = Router::new()
+            .route("/gzip", post(gzipped))
+            .layer(layer)
+            .with_state(h.clone());
+        for range in [false, true] {
+            let key = unique("k");
+            let order = || req("/gzip", "t1", Some(key.as_bytes()), "1");
+            let ranged = |r| if range { with(r, "x-range", "1") } else { r };
+            let first = send(&app, ranged(order())).await;
+            let replay = send(&app, ranged(order())).await;
+            let what = format!("{kind:?}, custom list {custom}, range {range}");
+            assert_eq!(replay.headers["idempotent-replayed"], "true", "{what}");
+            assert_eq!(replay.status, first.status, "{what}");
+            assert_eq!(replay.body, first.body, "{what}: byte for byte");
+            let mut needed: Vec<&str> = GZIP_HEADERS.iter().map(|(n, _)| *n).collect();
+            needed.push("location");
+            if range {
+                needed.push("content-range");
+            }
+            for name in needed {
+                assert!(first.headers.contains_key(name), "{what}: {name}");
+                assert_eq!(
+                    replay.headers.get(name),
+                    first.headers.get(name),
+                    "{what}: {name} not replayed"
+                );
+            }
+            assert_eq!(replay.headers.contains_key("x-order-id"), custom, "{what}");
+        }
+        assert_eq!(h.runs(), 2);
+    }
 }
