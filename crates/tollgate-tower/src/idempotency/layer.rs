@@ -154,10 +154,11 @@ impl<K> IdempotencyLayer<K> {
     /// default: the handler is dropped (cancelled at its next `.await`),
     /// the claim abandoned, and the request answered **503**, so a retry
     /// never runs beside it. [`OnLeaseLost::Continue`]: the handler
-    /// finishes and its client gets the response, but nothing is stored (a
-    /// newer claim's record is never overwritten) and a retry may run while
-    /// it finishes — its writes must carry the
-    /// [`FencingToken`](tollgate_core::FencingToken).
+    /// finishes and its client gets the response, but a retry may run
+    /// while it finishes — its writes must carry the
+    /// [`FencingToken`](tollgate_core::FencingToken) — and its completion
+    /// stores nothing once the key is no longer its own (a newer claim's
+    /// record is never overwritten).
     pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
         self.shared.on_lost = on_lost;
         self
