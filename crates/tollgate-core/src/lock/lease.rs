@@ -496,6 +496,13 @@ impl Lease {
     pub(crate) fn settle(self) {
         self.shared.mark_released();
     }
+
+    /// Stops renewal without a release: the lock ends at its TTL. For work
+    /// that is done but not recorded (an idempotency response that could
+    /// not be stored): a release would let a retry run it again.
+    pub(crate) fn let_expire(self) {
+        self.shared.mark_released();
+    }
 }
 
 impl Drop for Lease {
