@@ -395,10 +395,12 @@ async fn not_replayable<F: Fixture>(f: &F) {
     f.assert_no_immortal_keys(&prefix);
 }
 
-/// 4: a holder whose lease was deleted completes nothing (`Ok(false)`),
-/// whether or not someone claimed meanwhile; the newer holder's in-flight
-/// record is untouched (fence, payload) and its own completion replays.
-/// A stale abandon leaves the newer claim alone too.
+/// 4: a holder whose lease was lost still stores its response while the
+/// record carries its fence (nobody claimed since: storing it spares the
+/// retry a second run of the handler), and completes nothing (`Ok(false)`)
+/// once someone claimed meanwhile; the newer holder's in-flight record is
+/// untouched (fence, payload) and its own completion replays. A stale
+/// abandon leaves the newer claim alone too.
 async fn lost_lease_stores_nothing<F: Fixture>(f: &F) {
     let prefix = unique("idem-fenced");
     let a = store(f, &prefix, LockOptions::new().ttl(Duration::from_secs(30))).await;
@@ -406,16 +408,14 @@ async fn lost_lease_stores_nothing<F: Fixture>(f: &F) {
     let k = key("fenced");
     let lease_key = a.keys_for(&k).lease.lock;
 
-    // Nobody claims after the loss: still nothing is stored, and the key is
-    // free for the retry.
-    let stale = claimed(&a, &k, fp("p")).await;
-    f.delete_lease(&lease_key).await;
-    assert!(!stale
-        .complete(&StoredResponse::new(200, Vec::new(), b"stale".to_vec()))
-        .await
-        .unwrap());
-    let retry = claimed(&b, &k, fp("p")).await;
-    assert!(retry.abandon().await.unwrap());
+    // Nobody claims after the loss: the response is stored (the record is
+    // still this claim's), and the retry gets it instead of running again.
+    let first = key("fenced-first");
+    let slow = claimed(&a, &first, fp("p")).await;
+    f.delete_lease(&a.keys_for(&first).lease.lock).await;
+    let late = StoredResponse::new(200, Vec::new(), b"late".to_vec());
+    assert!(slow.complete(&late).await.unwrap());
+    assert_eq!(completed(&b, &first, fp("p")).await, late);
 
     // Someone claims after the loss.
     let old = claimed(&a, &k, fp("p")).await;

@@ -16,6 +16,7 @@ use http_body::{Body, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
+use tollgate_core::failure::is_outage;
 use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
 use tollgate_core::Subject;
 use tower_service::Service;
@@ -215,7 +216,9 @@ where
                 "unknown idempotency claim outcome",
             ));
         }
-        Err(e) if e.is_unavailable() && shared.on_unavailable == OnUnavailable::PassThrough => {
+        // Only an outage passes through: an error about this record's data
+        // would let every request with its key run unprotected.
+        Err(e) if is_outage(&e) && shared.on_unavailable == OnUnavailable::PassThrough => {
             count("pass_through");
             tracing::warn!(target: T, record = %digest, error = %e, "idempotency store unavailable; the request runs unprotected");
             let req = Request::from_parts(parts, ReqB::from(bytes));
