@@ -439,7 +439,7 @@ impl Core {
                     if self.permits.is_some_and(|n| n > 1) && !self.fair {
                         // Permits may be left (a heavier holder released):
                         // pass the wake-up on; a waiter that finds none sleeps.
-                        instances.waiters.wake(&ctx.keys.channel);
+                        instances.waiters.pass_on(&ctx.keys.channel);
                     }
                     return Ok(lease);
                 }
