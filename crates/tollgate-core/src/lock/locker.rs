@@ -166,8 +166,9 @@ impl Locker {
     /// (through the locker's one release subscription), or poll, at most
     /// every poll interval and when the holder's TTL runs out.
     ///
-    /// Errors: [`Error::Busy`] when the bound passes (with the holder's
-    /// remaining TTL as `retry_after`); [`Error::Backend`] /
+    /// Errors: [`Error::Busy`] when the bound passes (with a realistic wait
+    /// as `retry_after`: the name's typical hold, never beyond the holder's
+    /// remaining TTL); [`Error::Backend`] /
     /// [`Error::Timeout`] when the backend fails or is slow (for a Redlock:
     /// when too many instances failed for a quorum; also when an acquire took
     /// so long that the lease would be worthless) — with a wait bound, an

@@ -100,9 +100,7 @@ async fn queued_checks_share_one_call(fake: Fake, subjects: &[&str]) -> Vec<Vec<
         rest.push(tokio::spawn(async move { c.check(&r).await }));
     }
     // Wait until every later check is queued behind the first.
-    while c.lock().main.queue.len() < subjects.len() {
-        tokio::task::yield_now().await;
-    }
+    queued(&c, subjects.len()).await;
     fake.gate.notify_one();
     assert_eq!(first.await.unwrap().unwrap().now_micros, 0);
     for (i, r) in rest.into_iter().enumerate() {
@@ -137,9 +135,7 @@ async fn checks_whose_callers_gave_up_are_never_sent() {
         let (c, r) = (c.clone(), request("a", i));
         waiting.push(tokio::spawn(async move { c.check(&r).await }));
     }
-    while c.lock().main.queue.len() < 10 {
-        tokio::task::yield_now().await;
-    }
+    queued(&c, 10).await;
     // Half of them give up while queued (their futures are dropped).
     let (gone, live): (Vec<_>, Vec<_>) = waiting
         .into_iter()
@@ -182,4 +178,16 @@ async fn a_refused_call_of_several_tags_is_split_by_tag() {
     let odd: Vec<u64> = (1..=16).step_by(2).collect();
     let even: Vec<u64> = (2..=16).step_by(2).collect();
     assert_eq!(rest, [odd, even]);
+}
+
+/// Waits until `n` checks are queued: a bounded wait, so a regression
+/// fails instead of hanging.
+async fn queued<S: Sender>(c: &Coalescer<S>, n: usize) {
+    for _ in 0..100_000 {
+        if c.lock().main.queue.len() >= n {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("{n} checks never queued: {}", c.lock().main.queue.len());
 }
