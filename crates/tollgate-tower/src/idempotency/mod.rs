@@ -189,6 +189,25 @@ pub fn default_store_when(status: StatusCode) -> bool {
     status.is_success() || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 429))
 }
 
+/// The representation headers, listed once, and any extra after them.
+macro_rules! representation_headers {
+    ($($extra:expr),*) => {
+        [
+            CONTENT_TYPE,
+            http::header::CONTENT_ENCODING,
+            http::header::CONTENT_LANGUAGE,
+            http::header::CONTENT_LOCATION,
+            http::header::CONTENT_RANGE,
+            http::header::CONTENT_DISPOSITION,
+            http::header::VARY,
+            http::header::ETAG,
+            http::header::LAST_MODIFIED,
+            http::header::LOCATION,
+            $($extra),*
+        ]
+    };
+}
+
 /// The headers a stored body needs to be read as it was sent, always stored
 /// and replayed whatever [`IdempotencyLayer::replay_headers`] lists: the
 /// representation headers (`Content-Type`, `Content-Encoding`,
@@ -197,33 +216,10 @@ pub fn default_store_when(status: StatusCode) -> bool {
 /// by), `Content-Disposition` and `Location`. Without them a replay is
 /// wrong bytes: a gzipped body without its `Content-Encoding` is garbage to
 /// the client.
-pub const REPRESENTATION_HEADERS: [HeaderName; 10] = [
-    CONTENT_TYPE,
-    http::header::CONTENT_ENCODING,
-    http::header::CONTENT_LANGUAGE,
-    http::header::CONTENT_LOCATION,
-    http::header::CONTENT_RANGE,
-    http::header::CONTENT_DISPOSITION,
-    http::header::VARY,
-    http::header::ETAG,
-    http::header::LAST_MODIFIED,
-    http::header::LOCATION,
-];
+pub const REPRESENTATION_HEADERS: [HeaderName; 10] = representation_headers!();
 
 /// The headers replayed by default: [`REPRESENTATION_HEADERS`] and `Link`.
-pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
-    CONTENT_TYPE,
-    http::header::CONTENT_ENCODING,
-    http::header::CONTENT_LANGUAGE,
-    http::header::CONTENT_LOCATION,
-    http::header::CONTENT_RANGE,
-    http::header::CONTENT_DISPOSITION,
-    http::header::VARY,
-    http::header::ETAG,
-    http::header::LAST_MODIFIED,
-    http::header::LOCATION,
-    http::header::LINK,
-];
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = representation_headers!(http::header::LINK);
 
 /// Headers never replayed, whatever the allow-list says: cookies, the
 /// original's rate-limit headers, and what the server computes per
