@@ -1,9 +1,9 @@
-//! `soak` (issue #16): a bounded chaos run. Rate limits, fenced locks and
-//! semaphore permits run concurrently against real `redis-server`s
-//! (tollgate-testkit) while a seeded schedule pauses, kills, restarts and
-//! (on a cluster) fails Redis over; then a Markdown report: decisions,
-//! errors by kind, over-admissions, lock and permit violations, the fault
-//! log. The process exits non-zero on a violation.
+//! `soak` (issue #16): a bounded chaos run. Rate limits, fenced locks,
+//! semaphore permits and the concurrency-limit layer run concurrently
+//! against real `redis-server`s (tollgate-testkit) while a seeded schedule
+//! pauses, kills, restarts and (on a cluster) fails Redis over; then a
+//! Markdown report: decisions, errors by kind, over-admissions, lock,
+//! permit and concurrency violations, the fault log. The process exits non-zero on a violation.
 //!
 //! What counts as a violation, and why (the report repeats it):
 //! - **Over-admission within an epoch.** Quotas are long (20 units per ten
@@ -24,6 +24,11 @@
 //!   survive data loss).
 //! - **More than N permit holders** of one key believing their permits
 //!   valid, with the same data-loss exception as locks.
+//! - **More than N requests running at once** per key through
+//!   `ConcurrencyLimitLayer`, whose handlers run several hold caps long:
+//!   the layer keeps a request's permit for as long as it runs, and ends
+//!   the request (`OnLeaseLost::Cancel`) when a fault takes the permit.
+//!   Same data-loss exception.
 //!
 //! A workload that never succeeds again after the last fault is a liveness
 //! failure and also makes the exit code non-zero.

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tollgate_core::Algorithm;
 
 use super::faults::LOSS_GRACE;
-use super::work::{Overlap, Results, ALGORITHMS, PERMITS, RATE_LIMIT, RATE_PERIOD};
+use super::work::{
+    Overlap, Results, Running, ALGORITHMS, CAP, CONC_PERMITS, CONC_TTL, PERMITS, RATE_LIMIT,
+    RATE_PERIOD,
+};
 use super::{Fault, SoakOpts};
 use crate::common::Section;
 
@@ -198,11 +201,18 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
     let rate = rate_figures(input, &losses, &pauses);
     let (lock_bad, lock_excused) = classify(&r.locks.overlaps, &losses);
     let (permit_bad, permit_excused) = classify(&r.permits.overlaps, &losses);
+    let (conc_bad, conc_excused) = classify(&r.concurrency.overlaps, &losses);
+    let cut_off = cut_off(input);
     let fence_bad = &r.locks.fence_regressions;
-    let components = ["rate", "lock", "permit"];
+    let components = ["rate", "lock", "permit", "concurrency"];
     let recoveries: Vec<_> = components.iter().map(|c| recovery(input, c)).collect();
     let live = recoveries.iter().all(|(_, ok)| *ok) && r.stuck == 0;
-    let violations = rate.violations.len() + lock_bad.len() + fence_bad.len() + permit_bad.len();
+    let violations = rate.violations.len()
+        + lock_bad.len()
+        + fence_bad.len()
+        + permit_bad.len()
+        + conc_bad.len()
+        + cut_off.len();
 
     let mut s = Section::default();
     let run = input.stopped - input.start;
@@ -263,6 +273,19 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
                 permit_bad.len().to_string(),
                 format!("{permit_excused} over-subscriptions after a data loss"),
             ],
+            concurrency_row(&r.concurrency, conc_bad.len(), conc_excused),
+            vec![
+                "concurrency layer: a request is ended (its permit lost) only by a fault".to_owned(),
+                format!(
+                    "{} requests ended by the layer",
+                    r.concurrency.cancelled.len()
+                ),
+                cut_off.len().to_string(),
+                format!(
+                    "{} with a fault during the request (or within a TTL after it)",
+                    r.concurrency.cancelled.len() - cut_off.len()
+                ),
+            ],
             vec![
                 "liveness: every workload succeeds after the last fault; no stuck task".to_owned(),
                 format!("{} stuck tasks", r.stuck),
@@ -271,7 +294,14 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
             ],
         ],
     );
-    details(&mut s, input, &rate, &lock_bad, fence_bad, &permit_bad);
+    let overlaps: Vec<&Overlap> = lock_bad
+        .iter()
+        .copied()
+        .chain(fence_bad)
+        .chain(permit_bad.iter().copied())
+        .chain(conc_bad.iter().copied())
+        .collect();
+    details(&mut s, input, &rate, &overlaps, &cut_off);
     outcomes(&mut s, input, &rate);
     s.heading("Recovery");
     s.line(format!(
@@ -311,32 +341,69 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
     (s.markdown, violations == 0 && live)
 }
 
+/// The concurrency layer's row: requests through `ConcurrencyLimitLayer`
+/// whose handlers run past the hold cap.
+fn concurrency_row(c: &Running, bad: usize, excused: usize) -> Vec<String> {
+    vec![
+        format!(
+            "concurrency layer: at most {CONC_PERMITS} requests running per key, past the hold cap ({} ms)",
+            CAP.as_millis()
+        ),
+        format!(
+            "{} requests started, {} completed ({} past the cap, longest {:.1} s), {} ended by the \
+             layer on a lost permit; at most {} running at once",
+            c.started,
+            c.completed,
+            c.past_cap,
+            c.longest.as_secs_f64(),
+            c.cancelled.len(),
+            c.most
+        ),
+        bad.to_string(),
+        format!("{excused} over the limit after a data loss"),
+    ]
+}
+
+/// Requests the layer ended on a lost permit with no fault while they ran
+/// (or within a TTL after a fault, as long as a renewal may take to fail):
+/// a healthy request cut off, as a hold cap applied to a request in flight
+/// would.
+fn cut_off<'a>(input: &'a Input) -> Vec<&'a String> {
+    input
+        .results
+        .concurrency
+        .cancelled
+        .iter()
+        .filter(|(sent, ended, _)| {
+            !input
+                .faults
+                .iter()
+                .any(|f| intersects(&(f.start, f.end + CONC_TTL), *sent, *ended))
+        })
+        .map(|(_, _, detail)| detail)
+        .collect()
+}
+
 fn details(
     s: &mut Section,
     input: &Input,
     rate: &RateFigures,
-    lock_bad: &[&Overlap],
-    fence_bad: &[Overlap],
-    permit_bad: &[&Overlap],
+    overlaps: &[&Overlap],
+    cut_off: &[&String],
 ) {
     let all: Vec<String> = rate
         .violations
         .iter()
         .cloned()
-        .chain(
-            lock_bad
-                .iter()
-                .chain(fence_bad.iter().collect::<Vec<_>>().iter())
-                .chain(permit_bad.iter())
-                .map(|o| {
-                    format!(
-                        "t={} s (first acquire sent at {} s): {}",
-                        secs(input.start, o.at),
-                        secs(input.start, o.since),
-                        o.detail
-                    )
-                }),
-        )
+        .chain(cut_off.iter().map(|d| format!("{d}, with no fault")))
+        .chain(overlaps.iter().map(|o| {
+            format!(
+                "t={} s (first acquire sent at {} s): {}",
+                secs(input.start, o.at),
+                secs(input.start, o.since),
+                o.detail
+            )
+        }))
         .collect();
     if all.is_empty() {
         return;

@@ -4,6 +4,7 @@
 //! its own [`Tally`]; locks and permits also enter a shared [`Table`] that
 //! sees who is inside a critical section at the same time.
 
+mod concurrency;
 mod locks;
 mod rate;
 
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_core::{Error, Lease, RedisBackend};
 
+pub(crate) use self::concurrency::{Running, CAP, CONC_PERMITS, CONC_TTL};
 pub(crate) use self::locks::PERMITS;
 pub(crate) use self::rate::{ALGORITHMS, RATE_LIMIT, RATE_PERIOD};
 use super::faults::Endpoint;
@@ -72,7 +74,12 @@ impl Tally {
     }
 
     fn success(&mut self, component: &'static str, start: Instant) {
-        let tick = start.elapsed().as_millis() as u64 / 100;
+        self.success_at(component, start, Instant::now());
+    }
+
+    /// A success that happened at `at` (seen later).
+    fn success_at(&mut self, component: &'static str, start: Instant, at: Instant) {
+        let tick = at.saturating_duration_since(start).as_millis() as u64 / 100;
         self.ticks.entry(component).or_default().insert(tick);
     }
 
@@ -172,6 +179,7 @@ pub(crate) struct Workload {
     tasks: Tasks,
     locks: Arc<Mutex<Table>>,
     permits: Arc<Mutex<Table>>,
+    running: Arc<Mutex<Running>>,
 }
 
 /// What the workload produced.
@@ -179,6 +187,7 @@ pub(crate) struct Results {
     pub(crate) tally: Tally,
     pub(crate) locks: Table,
     pub(crate) permits: Table,
+    pub(crate) concurrency: Running,
     /// Tasks that did not end within the wind-down bound.
     pub(crate) stuck: usize,
 }
@@ -201,10 +210,13 @@ pub(crate) async fn start(
     let locks = Arc::new(Mutex::new(Table::default()));
     let permits = Arc::new(Mutex::new(Table::default()));
     locks::start(endpoint, &shared, seed, (&locks, &permits), &mut tasks).await?;
+    let running = Arc::new(Mutex::new(Running::default()));
+    concurrency::start(endpoint, &shared, seed, &running, &mut tasks).await?;
     Ok(Workload {
         tasks,
         locks,
         permits,
+        running,
     })
 }
 
@@ -229,6 +241,7 @@ impl Workload {
             tally,
             locks: take(self.locks),
             permits: take(self.permits),
+            concurrency: std::mem::take(&mut *self.running.lock().expect("running")),
             stuck,
         }
     }
