@@ -3,6 +3,7 @@
 //! bounded (pauses by their length, restarts and promotions by the
 //! testkit's timeouts), and none starts after `until`, so the run ends.
 
+use std::sync::atomic::Ordering;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -103,10 +104,12 @@ pub(crate) fn run(target: &mut Target, shared: &Shared, seed: u64, until: Instan
             }
         }
         let kind = bag.pop().expect("refilled above");
+        shared.faulting.store(true, Ordering::Relaxed);
         let fault = match target {
             Target::Standalone(s) => standalone(s, kind, &mut rng),
             Target::Cluster(c) => cluster(c, kind, &mut rng),
         };
+        shared.faulting.store(false, Ordering::Relaxed);
         progress!(
             "soak: t={:.1}s {} ({:.1} s){}",
             shared.at(fault.start),

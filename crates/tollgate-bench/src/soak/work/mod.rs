@@ -5,6 +5,7 @@
 //! sees who is inside a critical section at the same time.
 
 mod concurrency;
+mod late;
 mod locks;
 mod rate;
 
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Error, Lease, RedisBackend};
 
 pub(crate) use self::concurrency::{Running, CAP, CONC_PERMITS, CONC_TTL};
+pub(crate) use self::late::{identity, Life, Peek, LATE_LIMIT, LATE_PERIOD};
 pub(crate) use self::locks::PERMITS;
 pub(crate) use self::rate::{ALGORITHMS, RATE_LIMIT, RATE_PERIOD};
 use super::faults::Endpoint;
@@ -50,6 +52,8 @@ pub(crate) struct Tally {
     /// Component → the 100 ms ticks (since the start) with a success.
     pub(crate) ticks: BTreeMap<&'static str, BTreeSet<u64>>,
     pub(crate) admits: Vec<Admit>,
+    /// Checks answered by the failure policy, per (limiter, subject).
+    pub(crate) lives: BTreeMap<(usize, u64), Life>,
     /// The longest rate check.
     pub(crate) slowest_check: Duration,
 }
@@ -97,6 +101,12 @@ impl Tally {
             self.ticks.entry(k).or_default().extend(v);
         }
         self.admits.extend(other.admits);
+        for (k, life) in other.lives {
+            self.lives
+                .entry(k)
+                .and_modify(|l| l.merge(&life))
+                .or_insert(life);
+        }
         self.slowest_check = self.slowest_check.max(other.slowest_check);
     }
 }
@@ -188,6 +198,8 @@ pub(crate) struct Results {
     pub(crate) locks: Table,
     pub(crate) permits: Table,
     pub(crate) concurrency: Running,
+    /// What the policy workload's subjects had used at the end.
+    pub(crate) peeks: Vec<Peek>,
     /// Tasks that did not end within the wind-down bound.
     pub(crate) stuck: usize,
 }
@@ -212,6 +224,7 @@ pub(crate) async fn start(
     locks::start(endpoint, &shared, seed, (&locks, &permits), &mut tasks).await?;
     let running = Arc::new(Mutex::new(Running::default()));
     concurrency::start(endpoint, &shared, seed, &running, &mut tasks).await?;
+    late::start(endpoint, &shared, seed, &mut tasks).await?;
     Ok(Workload {
         tasks,
         locks,
@@ -222,8 +235,10 @@ pub(crate) async fn start(
 
 impl Workload {
     /// Waits for every task (they stop on the shared flag; an acquire may
-    /// still wait out its bound) and merges what they saw.
-    pub(crate) async fn finish(self) -> Results {
+    /// still wait out its bound), merges what they saw, and reads what the
+    /// policy workload's subjects used (call it once the faults are over
+    /// and Redis is back).
+    pub(crate) async fn finish(self, endpoint: &Endpoint) -> Results {
         let mut tally = Tally::default();
         let mut stuck = 0;
         for t in self.tasks {
@@ -236,8 +251,16 @@ impl Workload {
                 Err(_) => stuck += 1,
             }
         }
+        let peeks = match late::peek(endpoint, &tally.lives).await {
+            Ok(peeks) => peeks,
+            Err(e) => {
+                crate::common::progress!("soak: the final peek could not connect: {e}");
+                Vec::new()
+            }
+        };
         let take = |t: Arc<Mutex<Table>>| std::mem::take(&mut *t.lock().expect("table"));
         Results {
+            peeks,
             tally,
             locks: take(self.locks),
             permits: take(self.permits),

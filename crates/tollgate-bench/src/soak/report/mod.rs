@@ -7,12 +7,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tollgate_core::Algorithm;
 
 use super::faults::LOSS_GRACE;
-use super::work::{
-    Overlap, Results, Running, ALGORITHMS, CAP, CONC_PERMITS, CONC_TTL, PERMITS, RATE_LIMIT,
-    RATE_PERIOD,
-};
+use super::work::{Overlap, Results, ALGORITHMS, PERMITS, RATE_LIMIT, RATE_PERIOD};
 use super::{Fault, SoakOpts};
 use crate::common::Section;
+
+mod edges;
 
 /// What a run produced.
 pub(crate) struct Input<'a> {
@@ -70,13 +69,18 @@ struct RateFigures {
     allowance: Vec<u64>,
 }
 
-/// The units a limiter may admit per subject and epoch beyond its
-/// capacity: refill over the run (0 with a ten-year period), plus a whole
+/// The units a limiter of `limit` per `period` may admit per subject and
+/// epoch beyond its capacity: refill over the run (0 with a ten-year period), plus a whole
 /// capacity if a window boundary of the epoch-aligned windows fell inside
 /// the run (not before 2029).
-fn allowance(algorithm: Algorithm, wall_start: SystemTime, run: Duration) -> u64 {
-    let period = RATE_PERIOD.as_micros();
-    let refill = (u128::from(RATE_LIMIT) * run.as_micros() / period) as u64;
+fn allowance(
+    algorithm: Algorithm,
+    (limit, period): (u64, Duration),
+    wall_start: SystemTime,
+    run: Duration,
+) -> u64 {
+    let period = period.as_micros();
+    let refill = (u128::from(limit) * run.as_micros() / period) as u64;
     let from = wall_start
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -87,7 +91,7 @@ fn allowance(algorithm: Algorithm, wall_start: SystemTime, run: Duration) -> u64
         Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
     );
     let crossed = windowed && from / period != to / period;
-    refill + if crossed { RATE_LIMIT } else { 0 }
+    refill + if crossed { limit } else { 0 }
 }
 
 fn rate_figures(input: &Input, losses: &[Span], pauses: &[Span]) -> RateFigures {
@@ -95,7 +99,7 @@ fn rate_figures(input: &Input, losses: &[Span], pauses: &[Span]) -> RateFigures 
     let mut f = RateFigures {
         allowance: ALGORITHMS
             .iter()
-            .map(|&a| allowance(a, input.wall_start, run))
+            .map(|&a| allowance(a, (RATE_LIMIT, RATE_PERIOD), input.wall_start, run))
             .collect(),
         ..RateFigures::default()
     };
@@ -202,17 +206,19 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
     let (lock_bad, lock_excused) = classify(&r.locks.overlaps, &losses);
     let (permit_bad, permit_excused) = classify(&r.permits.overlaps, &losses);
     let (conc_bad, conc_excused) = classify(&r.concurrency.overlaps, &losses);
-    let cut_off = cut_off(input);
+    let cut_off = edges::cut_off(input);
+    let late = edges::late_figures(input, &losses);
     let fence_bad = &r.locks.fence_regressions;
-    let components = ["rate", "lock", "permit", "concurrency"];
+    let components = ["rate", "lock", "permit", "concurrency", "policy"];
     let recoveries: Vec<_> = components.iter().map(|c| recovery(input, c)).collect();
-    let live = recoveries.iter().all(|(_, ok)| *ok) && r.stuck == 0;
+    let live = recoveries.iter().all(|(_, ok)| *ok) && r.stuck == 0 && late.unread == 0;
     let violations = rate.violations.len()
         + lock_bad.len()
         + fence_bad.len()
         + permit_bad.len()
         + conc_bad.len()
-        + cut_off.len();
+        + cut_off.len()
+        + late.violations.len();
 
     let mut s = Section::default();
     let run = input.stopped - input.start;
@@ -273,22 +279,17 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
                 permit_bad.len().to_string(),
                 format!("{permit_excused} over-subscriptions after a data loss"),
             ],
-            concurrency_row(&r.concurrency, conc_bad.len(), conc_excused),
+            edges::concurrency_row(&r.concurrency, conc_bad.len(), conc_excused),
+            edges::cut_off_row(&r.concurrency, cut_off.len()),
+            edges::late_row(&late),
             vec![
-                "concurrency layer: a request is ended (its permit lost) only by a fault".to_owned(),
+                "liveness: every workload succeeds after the last fault; no stuck task; every \
+                 policy subject read at the end"
+                    .to_owned(),
                 format!(
-                    "{} requests ended by the layer",
-                    r.concurrency.cancelled.len()
+                    "{} stuck tasks, {} subjects not read",
+                    r.stuck, late.unread
                 ),
-                cut_off.len().to_string(),
-                format!(
-                    "{} with a fault during the request (or within a TTL after it)",
-                    r.concurrency.cancelled.len() - cut_off.len()
-                ),
-            ],
-            vec![
-                "liveness: every workload succeeds after the last fault; no stuck task".to_owned(),
-                format!("{} stuck tasks", r.stuck),
                 if live { "0" } else { "**1**" }.to_owned(),
                 "—".to_owned(),
             ],
@@ -301,7 +302,12 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
         .chain(permit_bad.iter().copied())
         .chain(conc_bad.iter().copied())
         .collect();
-    details(&mut s, input, &rate, &overlaps, &cut_off);
+    let listed: Vec<String> = cut_off
+        .iter()
+        .map(|d| format!("{d}, with no fault"))
+        .chain(late.violations.iter().cloned())
+        .collect();
+    details(&mut s, input, &rate, &overlaps, &listed);
     outcomes(&mut s, input, &rate);
     s.heading("Recovery");
     s.line(format!(
@@ -341,61 +347,18 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
     (s.markdown, violations == 0 && live)
 }
 
-/// The concurrency layer's row: requests through `ConcurrencyLimitLayer`
-/// whose handlers run past the hold cap.
-fn concurrency_row(c: &Running, bad: usize, excused: usize) -> Vec<String> {
-    vec![
-        format!(
-            "concurrency layer: at most {CONC_PERMITS} requests running per key, past the hold cap ({} ms)",
-            CAP.as_millis()
-        ),
-        format!(
-            "{} requests started, {} completed ({} past the cap, longest {:.1} s), {} ended by the \
-             layer on a lost permit; at most {} running at once",
-            c.started,
-            c.completed,
-            c.past_cap,
-            c.longest.as_secs_f64(),
-            c.cancelled.len(),
-            c.most
-        ),
-        bad.to_string(),
-        format!("{excused} over the limit after a data loss"),
-    ]
-}
-
-/// Requests the layer ended on a lost permit with no fault while they ran
-/// (or within a TTL after a fault, as long as a renewal may take to fail):
-/// a healthy request cut off, as a hold cap applied to a request in flight
-/// would.
-fn cut_off<'a>(input: &'a Input) -> Vec<&'a String> {
-    input
-        .results
-        .concurrency
-        .cancelled
-        .iter()
-        .filter(|(sent, ended, _)| {
-            !input
-                .faults
-                .iter()
-                .any(|f| intersects(&(f.start, f.end + CONC_TTL), *sent, *ended))
-        })
-        .map(|(_, _, detail)| detail)
-        .collect()
-}
-
 fn details(
     s: &mut Section,
     input: &Input,
     rate: &RateFigures,
     overlaps: &[&Overlap],
-    cut_off: &[&String],
+    listed: &[String],
 ) {
     let all: Vec<String> = rate
         .violations
         .iter()
         .cloned()
-        .chain(cut_off.iter().map(|d| format!("{d}, with no fault")))
+        .chain(listed.iter().cloned())
         .chain(overlaps.iter().map(|o| {
             format!(
                 "t={} s (first acquire sent at {} s): {}",
@@ -436,6 +399,7 @@ fn outcomes(s: &mut Section, input: &Input, rate: &RateFigures) {
         rate.allowance,
         rate.most_units
     ));
+    s.line(edges::policy_setup());
     s.heading("Errors by kind");
     let rows: Vec<Vec<String>> = t
         .errors
