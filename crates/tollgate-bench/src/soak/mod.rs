@@ -174,7 +174,8 @@ pub(crate) fn run(opts: &SoakOpts) -> BenchResult<bool> {
 }
 
 /// How long the end of the run stays free of faults, so that recovery
-/// after the last one is observed.
+/// after the last one is observed (the schedule's closing pause starts at
+/// most 1.5 s into it and lasts 1.5 s at most).
 fn quiet_tail(duration: Duration) -> Duration {
     (duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(20))
 }

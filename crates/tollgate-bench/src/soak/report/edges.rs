@@ -169,7 +169,8 @@ pub(super) fn policy_setup() -> String {
         "Policy answers: the five algorithms failing closed (`deny`) and open (`allow`), {LATE_LIMIT} \
          units per {} days per subject, a 100 ms timeout, on two connections (no coalescing with the \
          default circuit breaker; coalescing after 2 calls in flight with a breaker that never \
-         opens), bursts of 16 checks while a fault runs, 4 new subjects every 2 s.\n",
+         opens), bursts of 16 checks while a fault runs, 4 new subjects every 2 s; the schedule \
+         ends with a pause that subjects born after the last data loss live through.\n",
         LATE_PERIOD.as_secs() / 86_400
     )
 }

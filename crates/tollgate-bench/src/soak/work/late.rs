@@ -35,7 +35,7 @@ const LATE_TIMEOUT: Duration = Duration::from_millis(100);
 /// Fresh subjects every slice, short lived: only subjects that start after
 /// the last data-losing fault are judged, so some must start in the last
 /// seconds of faults and through the quiet tail.
-const SLICE: Duration = Duration::from_secs(2);
+pub(crate) const SLICE: Duration = Duration::from_secs(2);
 const SUBJECTS_PER_SLICE: u64 = 4;
 /// Checks sent at once on one subject while a fault runs.
 const BURST: usize = 16;

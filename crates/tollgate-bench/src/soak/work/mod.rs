@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Error, Lease, RedisBackend};
 
 pub(crate) use self::concurrency::{Running, CAP, CONC_PERMITS, CONC_TTL};
-pub(crate) use self::late::{identity, Life, Peek, LATE_LIMIT, LATE_PERIOD};
+pub(crate) use self::late::{identity, Life, Peek, LATE_LIMIT, LATE_PERIOD, SLICE as LATE_SLICE};
 pub(crate) use self::locks::PERMITS;
 pub(crate) use self::rate::{ALGORITHMS, RATE_LIMIT, RATE_PERIOD};
 use super::faults::Endpoint;
