@@ -84,8 +84,25 @@ impl Backend {
             return Self::sentinel(&list(sentinels), &service);
         }
         match var("REDIS_URL") {
-            Some(url) => Ok(Backend::Redis(RedisBackend::connect_lazy(url.trim())?)),
-            None => Ok(Self::memory()),
+            Some(url) => {
+                let redis = RedisBackend::connect_lazy(url.trim())?;
+                // Connected lazily: the version and eviction checks run once
+                // Redis answers, in the background (a warning if it may evict).
+                let check = redis.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = check.check_server_version().await {
+                        tracing::warn!(error = %e, "the Redis server could not be checked");
+                    }
+                });
+                Ok(Backend::Redis(redis))
+            }
+            None => {
+                tracing::info!(
+                    "no REDIS_CLUSTER, REDIS_SENTINELS or REDIS_URL: state is kept in this \
+                     process's memory, not shared with other instances"
+                );
+                Ok(Self::memory())
+            }
         }
     }
 

@@ -106,7 +106,8 @@ pub enum RejectionReason {
     Busy,
     /// Every permit of a concurrency limit is taken (beyond the wait bound).
     TooManyInFlight,
-    /// The lock's lease was lost while the request was being handled.
+    /// The lease of a lock, a permit or an idempotency claim was lost while
+    /// the request was being handled.
     LeaseLost,
     /// The request could not be keyed (a missing header, …): the key
     /// extractor's status.

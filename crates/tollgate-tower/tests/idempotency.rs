@@ -6,9 +6,13 @@
 //! Redis with either `OnUnavailable`.
 //!
 //! Handlers are held in flight with a `tokio::sync::Notify` the test
-//! releases, never by sleeps; every wait is bounded.
+//! releases, never by sleeps; every wait is bounded. The promises at the
+//! edges (a failed completion, a lost claim, the headers a replay needs)
+//! are in `idempotency/edges.rs`.
 
 mod common;
+#[path = "idempotency/edges.rs"]
+mod edges;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -22,20 +26,23 @@ use axum::Router;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use tokio::sync::Notify;
 use tollgate_core::idempotency::IdempotencyStore;
-use tollgate_core::{MemoryBackend, RedisBackend, Subject};
+use tollgate_core::RedisBackend;
 use tollgate_testkit::eventually;
 use tollgate_tower::idempotency::OnUnavailable;
-use tollgate_tower::key::{HeaderKey, KeyExtractor};
+use tollgate_tower::key::HeaderKey;
 use tollgate_tower::IdempotencyLayer;
 
 use common::idempotency::{collect, store, Kind, BOUND};
 use common::unique;
 
-/// What the handler shares with the test: how often it ran, and a gate
-/// that holds requests sent with `x-hold`.
+/// What the handler shares with the test: how often it ran, how many runs
+/// were ever under way at once, and a gate that holds requests sent with
+/// `x-hold`.
 #[derive(Clone, Default)]
 struct Handler {
     runs: Arc<AtomicUsize>,
+    active: Arc<AtomicUsize>,
+    most_active: Arc<AtomicUsize>,
     entered: Arc<Notify>,
     release: Arc<Notify>,
 }
@@ -44,11 +51,38 @@ impl Handler {
     fn runs(&self) -> usize {
         self.runs.load(Ordering::SeqCst)
     }
+
+    /// Runs under way now (a cancelled run is over when it is dropped).
+    fn active(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// The most runs ever under way at once.
+    fn most_active(&self) -> usize {
+        self.most_active.load(Ordering::SeqCst)
+    }
+
+    /// Counts a run as under way until the guard is dropped.
+    fn start(&self) -> Running {
+        let now = self.active.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_active.fetch_max(now, Ordering::SeqCst);
+        Running(Arc::clone(&self.active))
+    }
+}
+
+/// One run under way; see [`Handler::start`].
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Answers `x-status` (default 201) with an order id unique per run, the
 /// body echoed, allow-listed headers and headers that must never replay.
 async fn order(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
+    let _running = h.start();
     let n = h.runs.fetch_add(1, Ordering::SeqCst) + 1;
     if headers.contains_key("x-hold") {
         h.entered.notify_one();
@@ -170,7 +204,10 @@ async fn suite(kind: Kind) {
     scopes_and_routes_are_apart(kind).await;
     a_response_too_large_to_store_is_not_replayed(kind).await;
     other_methods_and_optional_keys_pass_through(kind).await;
-    a_lost_claim_stores_nothing(kind).await;
+    edges::a_failed_completion_runs_the_handler_once(kind).await;
+    edges::a_lost_claim_cancels_the_handler_and_stores_nothing(kind).await;
+    edges::a_lost_claim_continues_when_told(kind).await;
+    edges::replays_carry_what_the_body_needs(kind).await;
 }
 
 idempotency_on_every_backend!(suite);
@@ -447,64 +484,6 @@ async fn other_methods_and_optional_keys_pass_through(kind: Kind) {
         assert_eq!(r.status, 201);
     }
     assert_eq!(h.runs(), 2, "no key, no protection");
-}
-
-/// A claim lost mid-handler (its lease deleted behind its back) stores
-/// nothing: the newer claim's record stands, and the stale holder's client
-/// still gets its response.
-async fn a_lost_claim_stores_nothing(kind: Kind) {
-    let memory = MemoryBackend::new();
-    let store = match kind {
-        Kind::Memory => IdempotencyStore::new(memory.clone()),
-        _ => store(kind).await,
-    };
-    let h = Handler::default();
-    let app = app(
-        IdempotencyLayer::new(store.clone(), HeaderKey::new("x-api-key")),
-        &h,
-    );
-    let key = unique("k");
-    let first = held(&app, &h, &key).await;
-    // The record's key, as the layer builds it.
-    let head = req("/orders", "t1", None, "").into_parts().0;
-    let scope = HeaderKey::new("x-api-key").extract(&head).unwrap().unwrap();
-    let record = Subject::compound([scope.as_encoded(), "POST", "/orders", key.as_str()]);
-    let lease = store.keys_for(&record).lease.lock;
-    match kind {
-        Kind::Memory => assert!(memory.break_lock(&lease)),
-        Kind::Redis => {
-            let conn = common::shared_redis().connection_manager().await;
-            assert_eq!(del(conn, &lease).await, 1);
-        }
-        Kind::Cluster => {
-            let conn = common::shared_cluster().connection().await;
-            assert_eq!(del(conn, &lease).await, 1);
-        }
-    }
-    let newer = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
-    assert_eq!(newer.status, 201);
-    h.release.notify_one();
-    let stale = first.await.unwrap();
-    assert_eq!(
-        stale.status, 201,
-        "the stale holder's client still gets its response"
-    );
-    assert_ne!(stale.body, newer.body);
-    let replay = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
-    assert_eq!(
-        replay.body, newer.body,
-        "the newer record is not overwritten"
-    );
-    assert_eq!(h.runs(), 2);
-}
-
-/// Deletes `key` over `conn`: how many keys went.
-async fn del(mut conn: impl redis::aio::ConnectionLike, key: &str) -> i64 {
-    redis::cmd("DEL")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
 }
 
 /// A Redis that is not there: every round trip fails fast.

@@ -12,8 +12,13 @@
 //! - **completed**: [`Claimed::complete`] stores the response (status, the
 //!   headers the caller chose, the body) with the record's TTL — fenced: a
 //!   holder whose lease was lost or superseded stores nothing, so it never
-//!   overwrites a newer record. [`Claimed::abandon`] (or dropping the
-//!   claim) removes an in-flight record so that a retry may run.
+//!   overwrites a newer record. A completion that fails as an outage is
+//!   sent again (a replay after it stored answers `true`) until it lands or
+//!   the lease's safe deadline passes; one that cannot be stored is never
+//!   released: the handler has run, so a retry is told the key is in
+//!   flight until the lease expires instead of running it again.
+//!   [`Claimed::abandon`] (or dropping the claim before completing it)
+//!   removes an in-flight record so that a retry may run.
 //!
 //! Every key written has a TTL: the lease's, the fence's, the record's.
 //! The HTTP side (the draft's statuses, fingerprinting, which responses are

@@ -19,6 +19,11 @@ use crate::store::{
 /// Default TTL of a completed record: 24 hours.
 pub const DEFAULT_RECORD_TTL: Duration = Duration::from_secs(24 * 3600);
 
+/// The first pause before a round trip is sent again after an outage; it
+/// doubles per failure, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(50);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
 /// Idempotency records over one backend; see the [module docs](super).
 /// Cheap to clone.
 #[derive(Clone)]
@@ -104,6 +109,11 @@ impl IdempotencyStore {
     /// How long a completed record lives.
     pub fn record_ttl(&self) -> Duration {
         self.record_ttl
+    }
+
+    /// The bound on each round trip.
+    pub fn timeout(&self) -> Duration {
+        self.core.timeout()
     }
 
     /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …).
@@ -222,7 +232,7 @@ impl IdempotencyStore {
         let store = self.clone();
         tokio::spawn(async move {
             let deadline = instant_after(Instant::now(), bound);
-            let mut pause = Duration::from_millis(50);
+            let mut pause = RETRY_FIRST;
             loop {
                 match store
                     .bounded(store.backend.release_lock(&keys, &token))
@@ -230,7 +240,7 @@ impl IdempotencyStore {
                 {
                     Err(e) if is_outage(&e) && instant_after(Instant::now(), pause) < deadline => {
                         tokio::time::sleep(pause).await;
-                        pause = pause.saturating_mul(2).min(Duration::from_secs(1));
+                        pause = pause.saturating_mul(2).min(RETRY_MAX);
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "releasing a failed claim's lease failed; it expires by its TTL");
@@ -269,28 +279,55 @@ impl Claimed {
     /// Stores `response` as the key's outcome. `Ok(false)` when the claim was
     /// lost or superseded meanwhile: nothing is stored (a newer record is
     /// never overwritten), and a warning is logged.
+    ///
+    /// A try that fails as an outage (a timeout, a reset connection,
+    /// `READONLY` during a failover) is sent again, with a backoff from
+    /// 50 ms to 1 s, while the lease is held and for at most the time its
+    /// safe deadline left when this call began — safe, because a completion
+    /// sent again after it was stored answers `true`. When it still fails,
+    /// the error is returned and the claim is **not** released: the handler
+    /// has run, so a retry is told the key is in flight until the lease
+    /// expires, rather than running it a second time. The same holds if
+    /// this future is dropped midway.
     pub async fn complete(mut self, response: &StoredResponse) -> Result<bool> {
-        let lease = self.lease.take().expect("held until settled");
-        let store = self.store.clone();
-        let call = store.backend.complete(
-            &self.keys,
-            lease.token(),
-            self.fence,
-            response,
-            store.record_ttl,
-        );
-        let stored = store.bounded(call).await;
-        match &stored {
-            Ok(true) => lease.settle(),
-            Ok(false) => {
-                tracing::warn!(record = %self.keys.record, fence = self.fence.get(), "idempotency claim lost or superseded; the response was not stored");
-            }
-            Err(_) => {
-                // Unknown: the record may be stored. The lease is dropped
-                // (released), which a stored record does not need.
+        let lease = Unstored(self.lease.take());
+        let store = &self.store;
+        // Renewals while retrying keep the lease safe but do not stretch
+        // the window: a completion that keeps failing gives up within a TTL.
+        let deadline = instant_after(Instant::now(), lease.get().remaining());
+        let mut pause = RETRY_FIRST;
+        loop {
+            let call = store.backend.complete(
+                &self.keys,
+                lease.get().token(),
+                self.fence,
+                response,
+                store.record_ttl,
+            );
+            match store.bounded(call).await {
+                Ok(true) => {
+                    lease.stored();
+                    return Ok(true);
+                }
+                Ok(false) => {
+                    tracing::warn!(record = %self.keys.record, fence = self.fence.get(), "idempotency claim lost or superseded; the response was not stored");
+                    return Ok(false);
+                }
+                Err(e)
+                    if is_outage(&e)
+                        && lease.get().is_held()
+                        && instant_after(Instant::now(), pause) < deadline =>
+                {
+                    tracing::debug!(record = %self.keys.record, error = %e, ?pause, "storing the response failed; sending it again");
+                    tokio::time::sleep(pause).await;
+                    pause = pause.saturating_mul(2).min(RETRY_MAX);
+                }
+                Err(e) => {
+                    tracing::warn!(record = %self.keys.record, fence = self.fence.get(), error = %e, "the response could not be stored; the key stays in flight until its lease expires");
+                    return Err(e);
+                }
             }
         }
-        stored
     }
 
     /// Gives the claim up (the handler failed): the in-flight record and the
@@ -298,6 +335,31 @@ impl Claimed {
     pub async fn abandon(mut self) -> Result<bool> {
         let lease = self.lease.take().expect("held until settled");
         abandon(&self.store, &self.keys, lease, self.fence).await
+    }
+}
+
+/// The lease of a handler that has run, until its response is stored:
+/// dropped before that, it is left to expire, never released.
+struct Unstored(Option<Lease>);
+
+impl Unstored {
+    fn get(&self) -> &Lease {
+        self.0.as_ref().expect("held until settled")
+    }
+
+    /// The completion deleted the lease.
+    fn stored(mut self) {
+        if let Some(lease) = self.0.take() {
+            lease.settle();
+        }
+    }
+}
+
+impl Drop for Unstored {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            lease.let_expire();
+        }
     }
 }
 

@@ -6,28 +6,44 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// How many names are remembered; past it, one is forgotten for each new one.
-const NAMES: usize = 1024;
+/// How many names are remembered per shard; past it, one is forgotten for
+/// each new one.
+const NAMES_PER_SHARD: usize = 64;
+/// Shards, so releases and refusals of different names rarely share a lock.
+const SHARDS: usize = 16;
 
 /// A moving average of recent hold times per lock or permit name.
-#[derive(Default)]
 pub(crate) struct HoldTimes {
-    /// Name (its lock key) → the average hold (µs).
-    recent: Mutex<HashMap<String, u64>>,
+    /// Name (its lock key) → the average hold (µs), by shard.
+    recent: [Mutex<HashMap<String, u64>>; SHARDS],
+}
+
+impl Default for HoldTimes {
+    fn default() -> Self {
+        HoldTimes {
+            recent: std::array::from_fn(|_| Mutex::default()),
+        }
+    }
 }
 
 impl HoldTimes {
+    /// The shard that keeps `name`.
+    fn shard(&self, name: &str) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        let i = crate::keyspace::quick_hash(0, name.as_bytes()) as usize % SHARDS;
+        self.recent[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// A lease of `name` was released after being held for `held`.
     pub(crate) fn record(&self, name: &str, held: Duration) {
         let held = u64::try_from(held.as_micros()).unwrap_or(u64::MAX);
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recent = self.shard(name);
         if let Some(avg) = recent.get_mut(name) {
             // An exponential average weighting the newest hold by 1/4: it
             // follows a change of workload within a few releases.
             *avg = avg.saturating_mul(3).saturating_add(held) / 4;
             return;
         }
-        if recent.len() >= NAMES {
+        if recent.len() >= NAMES_PER_SHARD {
             if let Some(old) = recent.keys().next().cloned() {
                 recent.remove(&old);
             }
@@ -40,8 +56,7 @@ impl HoldTimes {
     /// seen here, never beyond `remaining` (the holder cannot keep it
     /// longer without renewing); `remaining` itself otherwise.
     pub(crate) fn hint(&self, name: &str, remaining: Duration) -> Duration {
-        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        match recent.get(name) {
+        match self.shard(name).get(name) {
             Some(&avg) => remaining.min(Duration::from_micros(avg)),
             None => remaining,
         }
@@ -71,9 +86,11 @@ mod tests {
     #[test]
     fn names_stay_bounded() {
         let h = HoldTimes::default();
-        for i in 0..NAMES + 10 {
+        for i in 0..SHARDS * NAMES_PER_SHARD * 2 {
             h.record(&format!("n{i}"), Duration::from_millis(1));
         }
-        assert_eq!(h.recent.lock().unwrap().len(), NAMES);
+        for shard in &h.recent {
+            assert_eq!(shard.lock().unwrap().len(), NAMES_PER_SHARD);
+        }
     }
 }

@@ -140,6 +140,16 @@ impl Waiters {
         self.shared.wake(channel);
     }
 
+    /// Passes a wake-up on to one waiter of `channel`: after an acquire
+    /// that may have left permits. The release that freed them already woke
+    /// every waiter a weighted one could need; waking all again from each
+    /// acquire would cost every waiter an attempt per acquire.
+    pub(crate) fn pass_on(&self, channel: &str) {
+        if let Some(slot) = self.shared.map().get(channel) {
+            slot.notify.notify_one();
+        }
+    }
+
     /// Registers interest in `channel`'s releases, for `weight` permits,
     /// until the `Waiter` drops.
     pub(crate) fn register(&self, channel: &str, weight: u32) -> Waiter {

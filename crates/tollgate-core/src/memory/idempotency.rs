@@ -93,34 +93,28 @@ impl IdempotencyBackend for MemoryBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         let now = self.clock().now_micros();
         let locks = self.locks();
-        // The script checks the record's fence before it deletes the lease:
-        // a stale holder's lease is left alone.
+        // As idem_complete.lua: the record's fence alone decides (a claim
+        // sets it with the lease); the lease goes only if still this token's.
         let stored = {
             let mut guard = locks.lock();
             let state = &mut *guard;
-            let lease_ok =
-                MemoryLocks::live(state, &keys.lease.lock, now).is_some_and(|h| h.token == token);
-            let record_ok = state
+            let Some(r) = state
                 .records
-                .get(&keys.record)
-                .is_some_and(|r| r.expires_at > now && r.fence == fence.get());
-            if lease_ok && record_ok {
-                if let Some(r) = state.records.get_mut(&keys.record) {
-                    r.done = Some(response.clone());
-                    r.expires_at = now.saturating_add(micros(record_ttl));
-                }
-                state.held.remove(&keys.lease.lock);
-            }
-            // A replay of a complete that succeeded (see idem_complete.lua):
-            // the record is done with this claim's fence.
-            let replayed = !lease_ok
-                && state.records.get(&keys.record).is_some_and(|r| {
-                    r.expires_at > now && r.fence == fence.get() && r.done.is_some()
-                });
-            if replayed {
+                .get_mut(&keys.record)
+                .filter(|r| r.expires_at > now && r.fence == fence.get())
+            else {
+                return futures_util::future::ready(Ok(false)).boxed();
+            };
+            if r.done.is_some() {
+                // A replay of a complete that stored.
                 return futures_util::future::ready(Ok(true)).boxed();
             }
-            lease_ok && record_ok
+            r.done = Some(response.clone());
+            r.expires_at = now.saturating_add(micros(record_ttl));
+            if MemoryLocks::live(state, &keys.lease.lock, now).is_some_and(|h| h.token == token) {
+                state.held.remove(&keys.lease.lock);
+            }
+            true
         };
         if stored {
             locks.notify(&keys.lease.channel);

@@ -137,35 +137,20 @@ impl MemoryBackend {
         }
     }
 
+    /// The shard of a request whose first key is `key`. Every request of a
+    /// limiter lists the same keys in the same order (a refund's marker
+    /// goes beside them), so a key is always found in its first key's
+    /// shard; hashing that key whole saves looking for its hash tag.
     pub(crate) fn shard_for(&self, key: &str) -> &Mutex<Shard> {
-        // Keys of one check share a hash tag, so they share a shard.
-        let tag = crate::keyspace::hash_tag(key);
-        &self.inner.shards[shard_index(self.inner.seed, tag.as_bytes())]
+        &self.inner.shards[shard_index(self.inner.seed, key.as_bytes())]
     }
 }
 
-/// Picks a shard from a hash tag: a multiply-xor hash, cheaper than SipHash.
-/// Only lock contention depends on it (each shard's map keeps SipHash), so
-/// it needs no resistance to crafted keys.
-pub(crate) fn shard_index(seed: u64, tag: &[u8]) -> usize {
-    let mut h = seed;
-    let mut mix = |word: u64| {
-        h = (h ^ word).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^= h >> 29;
-    };
-    // Whole words read directly (a copy of unknown length is a memcpy
-    // call); the tail zero-padded, as before.
-    let words = tag.chunks_exact(8);
-    let tail = words.remainder();
-    for word in words {
-        mix(u64::from_le_bytes(word.try_into().expect("8 bytes")));
-    }
-    if !tail.is_empty() {
-        let mut word = [0u8; 8];
-        word[..tail.len()].copy_from_slice(tail);
-        mix(u64::from_le_bytes(word));
-    }
-    (h >> 32) as usize % SHARDS
+/// Picks a shard from a request's first key: a multiply-xor hash, cheaper
+/// than SipHash. Only lock contention depends on it (each shard's map keeps
+/// SipHash), so it needs no resistance to crafted keys.
+pub(crate) fn shard_index(seed: u64, key: &[u8]) -> usize {
+    (crate::keyspace::quick_hash(seed, key) >> 32) as usize % SHARDS
 }
 
 pub(crate) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

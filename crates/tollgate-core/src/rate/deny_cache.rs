@@ -7,7 +7,12 @@
 //! the first figure the store reports can change other than by counting
 //! down — the next unit made available (`next_after`), which comes no later
 //! than the retry. Until then each remaining count stands and every wait
-//! counts down by the time since the reply.
+//! counts down by the time since the reply. An admission of that subject
+//! can only follow a lookup that found no entry for its cost, and a lookup
+//! for another cost drops the entry: so the figures are those of this
+//! limiter's own checks. Other instances' admissions (or a check of this
+//! one decided while the denial was on its way back) only make the store
+//! stricter than the entry says.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,6 +81,9 @@ impl DenyCache {
             return None;
         }
         if cost != entry.cost {
+            // Another cost goes to the store, and may take units the cached
+            // figures still count: the entry goes, rather than outlive it.
+            shard.map.remove(key);
             return None;
         }
         let mut d = entry.decision.clone();
@@ -95,15 +103,6 @@ impl DenyCache {
     /// Forgets a denial (a refund made room).
     pub(crate) fn remove(&self, key: &str) {
         self.shard(key).map.remove(key);
-    }
-
-    /// Forgets a denial that an admission of the same key made stale (it
-    /// took units the cached figures still count), at `now`. One atomic
-    /// load while nothing is cached.
-    pub(crate) fn forget(&self, key: &str, now: u64) {
-        if now < self.latest_until.load(Ordering::Relaxed) {
-            self.remove(key);
-        }
     }
 
     /// Remembers a denial of `cost`: the request was sent at `sent_at` and
@@ -165,6 +164,12 @@ mod tests {
         )
     }
 
+    fn d_again() -> Decision {
+        let mut d = denial(500_000);
+        d.quotas[0].next_after = Duration::from_millis(300);
+        d
+    }
+
     #[test]
     fn repeats_a_denial_until_it_runs_out() {
         let c = DenyCache::new(100);
@@ -179,12 +184,17 @@ mod tests {
         assert_eq!(d.retry_after, Some(Duration::from_micros(400_000)));
         assert_eq!(d.quotas[0].next_after, Duration::from_micros(200_000));
         assert_eq!(d.remaining, 0);
-        assert!(c.get("a", 1, 102_000).is_none(), "another cost asks again");
-        assert!(c.get("a", 3, 102_000).is_none(), "another cost asks again");
         assert!(c.get("b", 2, 102_000).is_none());
         // Measured from before the request was sent, up to the next unit.
         assert!(c.get("a", 2, 300_999).is_some());
         assert!(c.get("a", 2, 301_000).is_none(), "a unit came back");
+        // Another cost asks the store, and the entry goes with it.
+        c.insert("a", 2, 1_000, 2_000, &d_again());
+        assert!(c.get("a", 1, 102_000).is_none(), "another cost asks again");
+        assert!(
+            c.get("a", 2, 102_000).is_none(),
+            "dropped by the other cost"
+        );
     }
 
     #[test]

@@ -307,9 +307,6 @@ impl RateLimiter {
             });
         }
         if reply.allowed {
-            if let Some(cache) = &inner.deny_cache {
-                cache.forget(&request.keys[0], sent_at);
-            }
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
             // Middleware reports decisions at info; the plain API at debug.

@@ -59,12 +59,10 @@ impl Charge {
     }
 }
 
-/// A digest of a check's first key (its limiter and subject): FNV-1a,
-/// cheap on every admission; it tells apart keys, not adversaries.
+/// A digest of a check's first key (its limiter and subject): cheap on
+/// every admission; it tells apart keys, not adversaries.
 pub(crate) fn key_digest(key: &str) -> u64 {
-    key.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::keyspace::quick_hash(0, key.as_bytes())
 }
 
 /// A fresh id for a check: a random base per process (so processes sharing a
@@ -194,6 +192,11 @@ impl RateLimiter {
                 done
             }
         };
+        if let (Ok(true), Some(cache)) = (&done, &inner.deny_cache) {
+            // Again once applied: a denial decided before the refund may
+            // have been cached while it was on its way.
+            cache.remove(&request.keys[0]);
+        }
         match &done {
             Ok(true) => {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), cost = charge.cost, "refunded")

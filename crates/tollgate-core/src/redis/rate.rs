@@ -56,13 +56,20 @@ impl RateCalls {
         req.deadline.and_then(|at| self.clock.server_micros(at))
     }
 
-    /// A check's reply, teaching the server's clock.
+    /// A check's reply, teaching the server's clock (a late one too: its
+    /// `now` is a reading of that clock like any other).
     fn reply(&self, value: Value, req: &RateRequest) -> Result<RateReply> {
-        let reply = parse_rate_reply(value, req.quotas.len())?;
+        let (reply, now) = match parse_rate_reply(value, req.quotas.len())? {
+            Parsed::Decided(reply) => {
+                let now = reply.now_micros;
+                (Ok(reply), now)
+            }
+            Parsed::Late(now) => (Err(Error::Timeout(Duration::ZERO)), now),
+        };
         if req.now_micros.is_none() {
-            self.clock.observe(reply.now_micros);
+            self.clock.observe(now);
         }
-        Ok(reply)
+        reply
     }
 
     /// [`RedisBackend::check_rate_batch`] with redis-rs's error.
@@ -215,7 +222,14 @@ fn script_error(message: &str) -> Error {
     )))
 }
 
-fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
+/// What a check's script answered.
+enum Parsed {
+    Decided(RateReply),
+    /// Too late to decide (past its deadline), at this server time.
+    Late(u64),
+}
+
+fn parse_rate_reply(value: Value, quotas: usize) -> Result<Parsed> {
     let Value::Array(items) = value else {
         return Err(Error::Protocol(format!("expected an array, got {value:?}")));
     };
@@ -228,9 +242,9 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
             ))),
         })
         .collect::<Result<_>>()?;
-    // {-1, now}: decided after its deadline, so not decided (nothing taken).
-    if let [-1, _] = nums[..] {
-        return Err(Error::Timeout(Duration::ZERO));
+    // {-1, now}: it came after its deadline, so nothing was decided.
+    if let [-1, now] = nums[..] {
+        return Ok(Parsed::Late(now.max(0) as u64));
     }
     // {allowed, now, then four figures per quota}.
     if nums.len() != 2 + 4 * quotas {
@@ -245,7 +259,9 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<RateReply> {
         .chunks_exact(4)
         .map(|c| Outcome::from_reply(figure(c[0]), figure(c[1]), figure(c[2]), figure(c[3])))
         .collect();
-    Ok(RateReply::new(nums[0] == 1, outcomes).at(figure(nums[1])))
+    Ok(Parsed::Decided(
+        RateReply::new(nums[0] == 1, outcomes).at(figure(nums[1])),
+    ))
 }
 
 impl RateBackend for RedisBackend {

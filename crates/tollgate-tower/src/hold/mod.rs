@@ -12,4 +12,4 @@ pub use self::future::ResponseFuture;
 pub(crate) use self::gate::Gate;
 pub use self::layer::{HoldKind, HoldLayer};
 pub use self::service::Hold;
-pub(crate) use self::service::Shared;
+pub(crate) use self::service::{head_of, Shared};

@@ -16,6 +16,7 @@ use http_body::{Body, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
+use tollgate_core::failure::is_outage;
 use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
 use tollgate_core::Subject;
 use tower_service::Service;
@@ -23,6 +24,8 @@ use tower_service::Service;
 use super::service::Shared;
 use super::{count, fingerprint, OnUnavailable, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody, Tail};
+use crate::hold::head_of;
+use crate::lock::OnLeaseLost;
 use crate::middleware::Reply;
 use crate::rejection::{Middleware, Rejection};
 
@@ -213,7 +216,9 @@ where
                 "unknown idempotency claim outcome",
             ));
         }
-        Err(e) if e.is_unavailable() && shared.on_unavailable == OnUnavailable::PassThrough => {
+        // Only an outage passes through: an error about this record's data
+        // would let every request with its key run unprotected.
+        Err(e) if is_outage(&e) && shared.on_unavailable == OnUnavailable::PassThrough => {
             count("pass_through");
             tracing::warn!(target: T, record = %digest, error = %e, "idempotency store unavailable; the request runs unprotected");
             let req = Request::from_parts(parts, ReqB::from(bytes));
@@ -227,20 +232,49 @@ where
     };
     count("claimed");
     tracing::debug!(target: T, record = %digest, fence = claimed.fence().get(), "Idempotency-Key claimed");
+    let lost = claimed.lost();
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
     req.extensions_mut().insert(claimed.fence());
-    req.extensions_mut().insert(claimed.lost());
+    req.extensions_mut().insert(lost.clone());
+    // Kept to answer with when the handler is cancelled.
+    let head = (shared.on_lost == OnLeaseLost::Cancel).then(|| head_of(&req));
     let mut holding = Holding {
         claim: Some(claimed),
         digest,
     };
-    let response = match inner.call(req).await {
-        Ok(response) => response,
-        Err(e) => {
+    let call = inner.call(req);
+    let called = match &head {
+        Some(_) => {
+            let mut call = std::pin::pin!(call);
+            // The lease first: once it is lost (its safe deadline is before
+            // the backend lets the key go), the handler must not run another
+            // step, or a retry's claim could run beside it.
+            tokio::select! {
+                biased;
+                () = lost => None,
+                called = &mut call => Some(called),
+            }
+        }
+        None => Some(call.await),
+    };
+    let response = match called {
+        Some(Ok(response)) => response,
+        Some(Err(e)) => {
             holding
                 .abandon("abandoned", "the inner service failed")
                 .await;
             return Err(e);
+        }
+        None => {
+            // The handler is dropped (cancelled, not finished): giving the
+            // claim up lets a retry run it.
+            tracing::warn!(target: T, record = %holding.digest, "the claim's lease was lost; the handler was cancelled");
+            holding
+                .abandon("lost", "the lease was lost mid-handler")
+                .await;
+            let head = head.expect("kept when cancelling");
+            let r = Rejection::idempotency_claim_lost();
+            return Ok(Step::made(shared.answer.reject(&head, r)));
         }
     };
     let (head, body) = response.into_parts();
@@ -292,17 +326,17 @@ async fn settle(
             let headers = headers.map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()));
             let stored =
                 StoredResponse::new(head.status.as_u16(), headers.collect(), data.to_vec());
-            holding.complete(&stored).await;
+            holding.complete(stored, &shared).await;
         }
         Buffered::Whole { tail: Some(_), .. } => {
             // Trailers are not stored: the response cannot be replayed.
             let stored = StoredResponse::not_replayable(head.status.as_u16());
-            holding.complete(&stored).await;
+            holding.complete(stored, &shared).await;
         }
         Buffered::Rest { .. } => {
             tracing::debug!(target: T, record = %holding.digest, max = shared.max_stored_body, "response body too large to store; streamed");
             let stored = StoredResponse::not_replayable(head.status.as_u16());
-            holding.complete(&stored).await;
+            holding.complete(stored, &shared).await;
         }
     }
     (head, read)
@@ -399,24 +433,39 @@ impl Holding {
         }
     }
 
-    /// Stores `response` (fenced: nothing when the claim was lost).
-    async fn complete(&mut self, response: &StoredResponse) {
+    /// Stores `response` (fenced: nothing when the claim was lost). The
+    /// store sends a failed completion again until its lease's safe
+    /// deadline, and never releases the claim unstored; the response waits
+    /// for that at most two round-trip bounds (the first try and the next),
+    /// then goes out while the completion goes on in the background — a
+    /// retry meanwhile is told the key is in flight.
+    async fn complete(&mut self, response: StoredResponse, shared: &Shared) {
         let Some(claim) = self.claim.take() else {
             return;
         };
-        let digest = &self.digest;
-        match claim.complete(response).await {
-            Ok(true) => {
-                count("stored");
-                tracing::debug!(target: T, record = %digest, status = response.status, replayable = response.body.is_some(), "response stored");
+        let digest = self.digest.clone();
+        let mut completing = tokio::spawn(async move {
+            match claim.complete(&response).await {
+                Ok(true) => {
+                    count("stored");
+                    tracing::debug!(target: T, record = %digest, status = response.status, replayable = response.body.is_some(), "response stored");
+                }
+                Ok(false) => {
+                    count("lost");
+                    tracing::warn!(target: T, record = %digest, "the claim was lost or superseded; the response was not stored");
+                }
+                Err(e) => {
+                    count("unavailable");
+                    tracing::warn!(target: T, record = %digest, error = %e, "storing the response failed; the key stays in flight until its lease expires");
+                }
             }
-            Ok(false) => {
-                count("lost");
-                tracing::warn!(target: T, record = %digest, "the claim was lost or superseded; the response was not stored");
-            }
-            Err(e) => {
-                count("unavailable");
-                tracing::warn!(target: T, record = %digest, error = %e, "storing the response failed");
+        });
+        let wait = shared.store.timeout().saturating_mul(2);
+        match tokio::time::timeout(wait, &mut completing).await {
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(_) => {}
+            Err(_) => {
+                tracing::debug!(target: T, record = %self.digest, "the response is still being stored; it goes out meanwhile");
             }
         }
     }

@@ -11,8 +11,10 @@ use tollgate_core::idempotency::IdempotencyStore;
 use tower_layer::Layer;
 
 use super::service::{Idempotency, Shared};
-use super::{default_store_when, never_replayed, OnUnavailable, DEFAULT_REPLAY_HEADERS};
+use super::{default_store_when, never_replayed, OnUnavailable};
+use super::{DEFAULT_REPLAY_HEADERS, REPRESENTATION_HEADERS};
 use crate::grpc::Protocol;
+use crate::lock::OnLeaseLost;
 use crate::middleware::Answer;
 use crate::rejection::Rejection;
 
@@ -77,6 +79,7 @@ impl<K> IdempotencyLayer<K> {
                 store_when: Arc::new(default_store_when),
                 replay_headers: Arc::from(DEFAULT_REPLAY_HEADERS.to_vec()),
                 on_unavailable: OnUnavailable::Deny,
+                on_lost: OnLeaseLost::Cancel,
                 answer: Answer::default(),
             },
             scope,
@@ -117,14 +120,23 @@ impl<K> IdempotencyLayer<K> {
         self
     }
 
-    /// The response headers stored and replayed (default
-    /// [`DEFAULT_REPLAY_HEADERS`]: `content-type`, `location`, `etag`,
-    /// `link`, `content-location`, `last-modified`). `Set-Cookie`, the
-    /// rate-limit headers, `Retry-After`, `Content-Length` and hop-by-hop
-    /// headers are never replayed, even when listed.
+    /// The response headers stored and replayed besides
+    /// [`REPRESENTATION_HEADERS`], which always are (`content-type`,
+    /// `content-encoding`, `content-language`, `content-location`,
+    /// `content-range`, `content-disposition`, `vary`, `etag`,
+    /// `last-modified`, `location`: the body cannot be read right without
+    /// them). Default: `link` ([`DEFAULT_REPLAY_HEADERS`] in all).
+    /// `Set-Cookie`, the rate-limit headers, `Retry-After`,
+    /// `Content-Length` and hop-by-hop headers are never replayed, even
+    /// when listed.
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        let names: Vec<_> = names.into_iter().filter(|n| !never_replayed(n)).collect();
-        self.shared.replay_headers = Arc::from(names);
+        let mut all = REPRESENTATION_HEADERS.to_vec();
+        for name in names {
+            if !never_replayed(&name) && !all.contains(&name) {
+                all.push(name);
+            }
+        }
+        self.shared.replay_headers = Arc::from(all);
         self
     }
 
@@ -132,6 +144,23 @@ impl<K> IdempotencyLayer<K> {
     /// [`OnUnavailable::Deny`]: 503 with `Retry-After: 1`).
     pub fn on_unavailable(mut self, on_unavailable: OnUnavailable) -> Self {
         self.shared.on_unavailable = on_unavailable;
+        self
+    }
+
+    /// What happens when the claim's lease is lost while the handler runs
+    /// (Redis unreachable past the lease's safe deadline, or the hold cap
+    /// of the store's [`LockOptions`](tollgate_core::LockOptions::max_hold)
+    /// reached — 10 minutes by default). [`OnLeaseLost::Cancel`], the
+    /// default: the handler is dropped (cancelled at its next `.await`),
+    /// the claim abandoned, and the request answered **503**, so a retry
+    /// never runs beside it. [`OnLeaseLost::Continue`]: the handler
+    /// finishes and its client gets the response, but a retry may run
+    /// while it finishes — its writes must carry the
+    /// [`FencingToken`](tollgate_core::FencingToken) — and its completion
+    /// stores nothing once the key is no longer its own (a newer claim's
+    /// record is never overwritten).
+    pub fn on_lease_lost(mut self, on_lost: OnLeaseLost) -> Self {
+        self.shared.on_lost = on_lost;
         self
     }
 

@@ -24,12 +24,28 @@
 //!    - **claimed**: the inner service is called (the claim's
 //!      [`FencingToken`](tollgate_core::FencingToken) and
 //!      [`LeaseLost`](tollgate_core::LeaseLost) are in the request
-//!      extensions); its response is **read to the end** — the layer
+//!      extensions) while the claim's lease is renewed. If the lease is
+//!      lost before the inner future has produced the response — Redis
+//!      unreachable past the lease's safe deadline, or the hold cap of the
+//!      store's [`LockOptions`](tollgate_core::LockOptions::max_hold)
+//!      reached (10 minutes by default; a longer handler needs a larger
+//!      cap) — the inner future is **dropped** (the handler is cancelled at
+//!      its next `.await`), the claim abandoned and the request answered
+//!      **503**, before the backend lets the key go: a retry never runs
+//!      beside it, and the cancelled run stores nothing
+//!      ([`OnLeaseLost::Cancel`](crate::lock::OnLeaseLost::Cancel), the
+//!      default; see [`on_lease_lost`](IdempotencyLayer::on_lease_lost)).
+//!      Its response is **read to the end** — the layer
 //!      buffers it, up to [`max_stored_body`](IdempotencyLayer::max_stored_body)
 //!      — and, when [`store_when`](IdempotencyLayer::store_when) says so
-//!      (2xx and 4xx except 408, 409 and 429 by default), stored with the
-//!      [allow-listed headers](IdempotencyLayer::replay_headers) before it
-//!      is returned. A body that grows past `max_stored_body` is buffered
+//!      (2xx and 4xx except 408, 409 and 429 by default), stored before
+//!      it is returned, with every header its body needs to be read as it
+//!      was sent ([`REPRESENTATION_HEADERS`]: `Content-Type`,
+//!      `Content-Encoding`, `Content-Language`, `Content-Location`,
+//!      `Content-Range`, `Content-Disposition`, `Vary`, `ETag`,
+//!      `Last-Modified`, `Location`) and the
+//!      [allow-listed ones](IdempotencyLayer::replay_headers) (`Link` by
+//!      default). A body that grows past `max_stored_body` is buffered
 //!      no further: the key is completed as not replayable, and the client
 //!      gets the bytes read, then the rest as the handler produces it (a
 //!      download, a stream of events). When the status is not stored, the
@@ -37,10 +53,19 @@
 //!      dropped before the handler returned (the client went away), the
 //!      claim is abandoned so that a retry runs again. Once the handler has
 //!      returned, its response is read and stored even if the client goes
-//!      away meanwhile (in a task of its own): a retry replays it;
+//!      away meanwhile (in a task of its own): a retry replays it. A
+//!      completion that fails (a timeout, a reset connection, `READONLY`
+//!      during a failover) is sent again while the claim's lease lasts; the
+//!      response waits for it at most two of the store's round-trip bounds,
+//!      then goes out while it goes on. A response that could not be
+//!      stored is never released: retries get **409** until the lease
+//!      expires, and the handler does not run twice;
 //!    - **completed**: the stored status, headers and byte-identical body
 //!      are replayed with `Idempotent-Replayed: true` — never the original's
-//!      `Set-Cookie` or rate-limit headers. A response larger than
+//!      `Set-Cookie` or rate-limit headers. A body compressed inside the
+//!      layer replays compressed, with its `Content-Encoding`, whatever the
+//!      retry accepts: put a compression layer outside this one to
+//!      negotiate per request. A response larger than
 //!      [`max_stored_body`](IdempotencyLayer::max_stored_body) (or one with
 //!      trailers) is stored as "completed, not replayable": a retry gets
 //!      **409** saying so, and the handler never runs twice for one key
@@ -56,8 +81,10 @@
 //! The layer's answers are RFC 9457 `application/problem+json` documents
 //! (gRPC requests get trailers-only responses); see
 //! [`crate::rejection`]. A completion whose claim was lost or superseded
-//! meanwhile (Redis paused past the lease) stores nothing — a newer record
-//! is never overwritten — and the response still goes to its client.
+//! after the handler returned (while its body was read, or with
+//! [`OnLeaseLost::Continue`](crate::lock::OnLeaseLost::Continue)) stores
+//! nothing — a newer record is never overwritten — and the response still
+//! goes to its client.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -107,8 +134,9 @@
 //! `pass_through`; after a claimed request `stored`, `not_stored` (the
 //! status is not stored; the claim is abandoned), `abandoned` (inner
 //! error, body error, request dropped mid-handler), `lost` (the claim was
-//! lost or superseded: nothing stored) or `unavailable` (the completion
-//! failed).
+//! lost or superseded: the handler cancelled, or nothing stored) or
+//! `unavailable` (the response could
+//! not be stored: the key stays in flight until its lease expires).
 
 mod future;
 mod layer;
@@ -161,14 +189,40 @@ pub fn default_store_when(status: StatusCode) -> bool {
     status.is_success() || (status.is_client_error() && !matches!(status.as_u16(), 408 | 409 | 429))
 }
 
-/// The headers replayed by default.
-pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 6] = [
+/// The headers a stored body needs to be read as it was sent, always stored
+/// and replayed whatever [`IdempotencyLayer::replay_headers`] lists: the
+/// representation headers (`Content-Type`, `Content-Encoding`,
+/// `Content-Language`, `Content-Location`, `Content-Range` and the
+/// validators `ETag`, `Last-Modified`), `Vary` (what the body was chosen
+/// by), `Content-Disposition` and `Location`. Without them a replay is
+/// wrong bytes: a gzipped body without its `Content-Encoding` is garbage to
+/// the client.
+pub const REPRESENTATION_HEADERS: [HeaderName; 10] = [
     CONTENT_TYPE,
-    http::header::LOCATION,
-    http::header::ETAG,
-    http::header::LINK,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
     http::header::CONTENT_LOCATION,
+    http::header::CONTENT_RANGE,
+    http::header::CONTENT_DISPOSITION,
+    http::header::VARY,
+    http::header::ETAG,
     http::header::LAST_MODIFIED,
+    http::header::LOCATION,
+];
+
+/// The headers replayed by default: [`REPRESENTATION_HEADERS`] and `Link`.
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 11] = [
+    CONTENT_TYPE,
+    http::header::CONTENT_ENCODING,
+    http::header::CONTENT_LANGUAGE,
+    http::header::CONTENT_LOCATION,
+    http::header::CONTENT_RANGE,
+    http::header::CONTENT_DISPOSITION,
+    http::header::VARY,
+    http::header::ETAG,
+    http::header::LAST_MODIFIED,
+    http::header::LOCATION,
+    http::header::LINK,
 ];
 
 /// Headers never replayed, whatever the allow-list says: cookies, the
@@ -348,5 +402,16 @@ mod tests {
             assert!(never_replayed(&HeaderName::from_static(n)), "{n}");
         }
         assert!(DEFAULT_REPLAY_HEADERS.iter().all(|n| !never_replayed(n)));
+    }
+
+    #[test]
+    fn the_default_list_holds_what_the_body_needs() {
+        for name in &REPRESENTATION_HEADERS {
+            assert!(DEFAULT_REPLAY_HEADERS.contains(name), "{name}");
+        }
+        assert_eq!(
+            DEFAULT_REPLAY_HEADERS.len(),
+            REPRESENTATION_HEADERS.len() + 1
+        );
     }
 }

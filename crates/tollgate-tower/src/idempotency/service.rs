@@ -16,6 +16,7 @@ use super::future::{run, ResponseFuture};
 use super::{count, parse_key, OnUnavailable};
 use crate::body::{BoxError, ResponseBody};
 use crate::key::{route_of, KeyExtractor};
+use crate::lock::OnLeaseLost;
 use crate::middleware::{take_readied, Answer};
 use crate::rejection::Rejection;
 
@@ -32,6 +33,7 @@ pub(crate) struct Shared {
     pub(crate) store_when: StoreWhen,
     pub(crate) replay_headers: Arc<[HeaderName]>,
     pub(crate) on_unavailable: OnUnavailable,
+    pub(crate) on_lost: OnLeaseLost,
     pub(crate) answer: Answer,
 }
 
@@ -44,6 +46,7 @@ impl fmt::Debug for Shared {
             .field("max_stored_body", &self.max_stored_body)
             .field("replay_headers", &self.replay_headers)
             .field("on_unavailable", &self.on_unavailable)
+            .field("on_lost", &self.on_lost)
             .field("answer", &self.answer)
             .finish_non_exhaustive()
     }

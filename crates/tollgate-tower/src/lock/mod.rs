@@ -94,7 +94,9 @@ pub enum HoldUntil {
     BodyEnd,
 }
 
-/// What happens when the lease is lost while the request is being handled.
+/// What happens when the lease is lost while the request is being handled
+/// (by [`LockLayer`], the concurrency limit and the
+/// [idempotency layer](crate::IdempotencyLayer::on_lease_lost)).
 ///
 /// ```
 /// use tollgate::tower::lock::OnLeaseLost;

@@ -47,6 +47,25 @@ impl Rejection {
         )
     }
 
+    /// The claim on the `Idempotency-Key` was lost while its handler ran,
+    /// and the handler was cancelled: 503 (gRPC ABORTED), no `Retry-After`.
+    /// Nothing was stored, so a retry runs the request.
+    ///
+    /// ```
+    /// use tollgate::tower::rejection::Rejection;
+    /// let res = Rejection::idempotency_claim_lost().default_response();
+    /// assert_eq!(res.status(), 503);
+    /// assert_eq!(res.headers()["content-type"], "application/problem+json");
+    /// ```
+    pub fn idempotency_claim_lost() -> Self {
+        Self::new(
+            RejectionReason::LeaseLost,
+            Some(Middleware::Idempotency),
+            "the claim on this Idempotency-Key was lost while the request was handled; \
+             the request was cancelled and may be retried",
+        )
+    }
+
     /// The `Idempotency-Key` was used with another payload: 422.
     pub fn idempotency_mismatch() -> Self {
         Self::new(

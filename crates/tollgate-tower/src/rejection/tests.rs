@@ -140,6 +140,7 @@ fn idempotency_rejections_are_problem_documents() {
             503,
             Some("1"),
         ),
+        (Rejection::idempotency_claim_lost(), 503, None),
     ];
     for (r, status, wait) in cases {
         let res = r.default_response();

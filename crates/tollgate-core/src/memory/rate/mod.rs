@@ -105,7 +105,8 @@ impl MemoryBackend {
         if until <= now {
             return false;
         }
-        let mut shard = lock(self.shard_for(&req.marker));
+        let first = req.keys.first().unwrap_or(&req.marker);
+        let mut shard = lock(self.shard_for(first));
         if shard
             .map
             .get(&req.marker)

@@ -1,0 +1,185 @@
+//! Unit tests of `coalesce.rs`, with a fake sender.
+
+use super::*;
+
+#[test]
+fn a_tag_is_what_redis_cluster_hashes() {
+    let tag = hash_tag;
+    assert_eq!(tag("tg:api:gcra:{alice}"), "alice");
+    assert_eq!(tag("tg:api:gcra:{alice}:x{y}"), "alice");
+    assert_eq!(tag("a{}b"), "a{}b");
+    assert_eq!(tag("plain"), "plain");
+    assert_eq!(tag("{open"), "{open");
+}
+
+#[test]
+fn limits_stay_sane() {
+    let c = Coalescing::default().max_batch(0);
+    assert_eq!(c.batch_limit(), 1);
+    // Off, then on again: the order of the calls does not matter.
+    let c = Coalescing::off().max_batch(32);
+    assert_eq!((c.batch_limit(), c.calls_limit()), (32, 16));
+    let c = Coalescing::default().max_calls_in_flight(0);
+    assert_eq!(c.calls_limit(), 1);
+    assert_eq!(Coalescing::default().max_batch(4).script_threshold(), 4);
+    assert_eq!(Coalescing::default().script_threshold(), 8);
+}
+
+/// A sender that records its calls; single calls wait for the gate.
+#[derive(Clone, Default)]
+struct Fake {
+    calls: Arc<Mutex<Vec<Vec<u64>>>>,
+    gate: Arc<tokio::sync::Notify>,
+    cross_slot: bool,
+}
+
+/// Each check's answer carries its nonce, so a check can tell its own.
+fn answer(r: &RateRequest) -> Result<RateReply> {
+    Ok(RateReply::new(true, smallvec::smallvec![]).at(r.nonce))
+}
+
+impl Sender for Fake {
+    fn one<'a>(&'a self, r: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        Box::pin(async move {
+            self.calls.lock().unwrap().push(vec![r.nonce]);
+            if r.nonce == 0 {
+                self.gate.notified().await;
+            }
+            answer(r)
+        })
+    }
+
+    fn batch<'a>(
+        &'a self,
+        rs: &'a [RateRequest],
+    ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>> {
+        Box::pin(async move {
+            if self.cross_slot && !one_tag(rs) {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot),
+                    "CROSSSLOT",
+                )));
+            }
+            self.calls
+                .lock()
+                .unwrap()
+                .push(rs.iter().map(|r| r.nonce).collect());
+            Ok(rs.iter().map(answer).collect())
+        })
+    }
+}
+
+fn request(subject: &str, nonce: u64) -> RateRequest {
+    RateRequest {
+        algorithm: crate::store::Algorithm::Gcra,
+        keys: vec![format!("tg:api:gcra:{{{subject}}}")],
+        quotas: Arc::from([crate::quota::Quota::per_second(1)]),
+        cost: 1,
+        now_micros: None,
+        nonce,
+        deadline: None,
+    }
+}
+
+/// Checks arriving while the one turn is taken wait, then go out as one
+/// batch in arrival order, each with its own answer.
+async fn queued_checks_share_one_call(fake: Fake, subjects: &[&str]) -> Vec<Vec<u64>> {
+    let c = Coalescer::new(
+        fake.clone(),
+        Coalescing::default().max_calls_in_flight(1),
+        false,
+        None,
+    );
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.check(&request("a", 0)).await }
+    });
+    let mut rest = Vec::new();
+    for (i, s) in subjects.iter().enumerate() {
+        let (c, r) = (c.clone(), request(s, i as u64 + 1));
+        rest.push(tokio::spawn(async move { c.check(&r).await }));
+    }
+    // Wait until every later check is queued behind the first.
+    while c.lock().main.queue.len() < subjects.len() {
+        tokio::task::yield_now().await;
+    }
+    fake.gate.notify_one();
+    assert_eq!(first.await.unwrap().unwrap().now_micros, 0);
+    for (i, r) in rest.into_iter().enumerate() {
+        assert_eq!(r.await.unwrap().unwrap().now_micros, i as u64 + 1);
+    }
+    let calls = fake.calls.lock().unwrap().clone();
+    calls
+}
+
+#[tokio::test]
+async fn waiting_checks_go_out_together_in_order() {
+    let subjects = ["a"; 10];
+    let calls = queued_checks_share_one_call(Fake::default(), &subjects).await;
+    assert_eq!(calls, [vec![0], (1..=10).collect::<Vec<_>>()]);
+}
+
+#[tokio::test]
+async fn checks_whose_callers_gave_up_are_never_sent() {
+    let fake = Fake::default();
+    let c = Coalescer::new(
+        fake.clone(),
+        Coalescing::default().max_calls_in_flight(1),
+        false,
+        None,
+    );
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.check(&request("a", 0)).await }
+    });
+    let mut waiting = Vec::new();
+    for i in 1..=10 {
+        let (c, r) = (c.clone(), request("a", i));
+        waiting.push(tokio::spawn(async move { c.check(&r).await }));
+    }
+    while c.lock().main.queue.len() < 10 {
+        tokio::task::yield_now().await;
+    }
+    // Half of them give up while queued (their futures are dropped).
+    let (gone, live): (Vec<_>, Vec<_>) = waiting
+        .into_iter()
+        .enumerate()
+        .partition(|(i, _)| i % 2 == 0);
+    for (_, task) in gone {
+        task.abort();
+        assert!(task.await.unwrap_err().is_cancelled());
+    }
+    fake.gate.notify_one();
+    let mut kept = Vec::new();
+    for (i, task) in live {
+        kept.push((i as u64 + 1, task.await.unwrap().unwrap().now_micros));
+    }
+    first.await.unwrap().unwrap();
+    let calls = fake.calls.lock().unwrap().clone();
+    // Only the five still waiting went out (as single calls: under the
+    // batch threshold), each with its own answer.
+    let mut sent: Vec<u64> = calls[1..].iter().flatten().copied().collect();
+    sent.sort_unstable();
+    assert_eq!(sent, [2, 4, 6, 8, 10]);
+    assert!(
+        kept.iter().all(|(nonce, answer)| nonce == answer),
+        "{kept:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_call_of_several_tags_is_split_by_tag() {
+    let fake = Fake {
+        cross_slot: true,
+        ..Fake::default()
+    };
+    let subjects: Vec<&str> = (0..16).map(|i| ["a", "b"][i % 2]).collect();
+    let calls = queued_checks_share_one_call(fake, &subjects).await;
+    // Refused whole, then one call per tag, each in arrival order.
+    let mut rest = calls[1..].to_vec();
+    rest.sort();
+    assert_eq!(calls[0], [0]);
+    let odd: Vec<u64> = (1..=16).step_by(2).collect();
+    let even: Vec<u64> = (2..=16).step_by(2).collect();
+    assert_eq!(rest, [odd, even]);
+}
