@@ -1,10 +1,11 @@
 //! `soak` (issue #16): a bounded chaos run. Rate limits, fenced locks,
-//! semaphore permits and the concurrency-limit layer run concurrently
-//! against real `redis-server`s (tollgate-testkit) while a seeded schedule
-//! pauses, kills, restarts and (on a cluster) fails Redis over; then a
-//! Markdown report: decisions, errors by kind, over-admissions, lock,
-//! permit and concurrency violations, quota taken by failure-policy
-//! answers, the fault log. The process exits non-zero on a violation.
+//! semaphore permits, the concurrency-limit and idempotency layers run
+//! concurrently against real `redis-server`s (tollgate-testkit) while a
+//! seeded schedule pauses, kills, restarts and (on a cluster) fails Redis
+//! over; then a Markdown report: decisions, errors by kind,
+//! over-admissions, lock, permit and concurrency violations, quota taken
+//! by failure-policy answers, idempotent requests run twice, the fault
+//! log. The process exits non-zero on a violation.
 //!
 //! What counts as a violation, and why (the report repeats it):
 //! - **Over-admission within an epoch.** Quotas are long (20 units per ten
@@ -39,6 +40,12 @@
 //!   data-losing fault since its first check, more than Redis admitted is a
 //!   violation (a timed-out check that Redis decided later, or a queued one
 //!   sent after its caller gave up).
+//! - **An idempotent request run twice.** `POST`s with an `Idempotency-Key`
+//!   through `IdempotencyLayer`, retried until answered, while the layer's
+//!   connection is killed as handlers return (their completions meet a
+//!   reset connection) and the schedule pauses Redis: a key whose handler
+//!   ran to its end twice with no data-losing fault since its first request
+//!   is a violation.
 //!
 //! A workload that never succeeds again after the last fault, or a subject
 //! whose use cannot be read at the end, is a liveness failure and also

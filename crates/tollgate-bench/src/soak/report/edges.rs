@@ -1,10 +1,13 @@
 //! The report's figures for the promises at the edges: the concurrency
-//! layer past its hold cap, and checks answered by the failure policy.
+//! layer past its hold cap, checks answered by the failure policy, and
+//! idempotent requests whose completions meet killed connections.
 
 use std::time::Instant;
 
 use super::{allowance, intersects, Input, Span};
-use crate::soak::work::{identity, Running, CAP, CONC_PERMITS, CONC_TTL, LATE_LIMIT, LATE_PERIOD};
+use crate::soak::work::{
+    identity, Running, Runs, CAP, CONC_PERMITS, CONC_TTL, LATE_LIMIT, LATE_PERIOD,
+};
 
 /// The concurrency layer's row: requests through `ConcurrencyLimitLayer`
 /// whose handlers run past the hold cap.
@@ -173,4 +176,20 @@ pub(super) fn policy_setup() -> String {
          ends with a pause that subjects born after the last data loss live through.\n",
         LATE_PERIOD.as_secs() / 86_400
     )
+}
+
+/// The idempotency row: a key's handler runs to its end at most once.
+pub(super) fn idempotency_row(r: &Runs, bad: usize, excused: usize) -> Vec<String> {
+    vec![
+        "idempotency layer: a key's handler runs to its end at most once".to_owned(),
+        format!(
+            "{} operations in {} requests (retried until answered, some twice at once, some \
+             given up midway, 30 % sent again after success); {} handler runs started, {} ran to \
+             their end; {} connections killed as a handler returned; {} operations given up after \
+             10 s",
+            r.ops, r.requests, r.started, r.completed, r.kills, r.given_up
+        ),
+        bad.to_string(),
+        format!("{excused} keys run twice after a data loss"),
+    ]
 }

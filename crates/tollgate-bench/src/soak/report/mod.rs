@@ -207,9 +207,18 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
     let (permit_bad, permit_excused) = classify(&r.permits.overlaps, &losses);
     let (conc_bad, conc_excused) = classify(&r.concurrency.overlaps, &losses);
     let cut_off = edges::cut_off(input);
+    let twice = r.idempotency.twice();
+    let (idem_bad, idem_excused) = classify(&twice, &losses);
     let late = edges::late_figures(input, &losses);
     let fence_bad = &r.locks.fence_regressions;
-    let components = ["rate", "lock", "permit", "concurrency", "policy"];
+    let components = [
+        "rate",
+        "lock",
+        "permit",
+        "concurrency",
+        "policy",
+        "idempotency",
+    ];
     let recoveries: Vec<_> = components.iter().map(|c| recovery(input, c)).collect();
     let live = recoveries.iter().all(|(_, ok)| *ok) && r.stuck == 0 && late.unread == 0;
     let violations = rate.violations.len()
@@ -218,7 +227,8 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
         + permit_bad.len()
         + conc_bad.len()
         + cut_off.len()
-        + late.violations.len();
+        + late.violations.len()
+        + idem_bad.len();
 
     let mut s = Section::default();
     let run = input.stopped - input.start;
@@ -282,6 +292,7 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
             edges::concurrency_row(&r.concurrency, conc_bad.len(), conc_excused),
             edges::cut_off_row(&r.concurrency, cut_off.len()),
             edges::late_row(&late),
+            edges::idempotency_row(&r.idempotency, idem_bad.len(), idem_excused),
             vec![
                 "liveness: every workload succeeds after the last fault; no stuck task; every \
                  policy subject read at the end"
@@ -301,6 +312,7 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
         .chain(fence_bad)
         .chain(permit_bad.iter().copied())
         .chain(conc_bad.iter().copied())
+        .chain(idem_bad.iter().copied())
         .collect();
     let listed: Vec<String> = cut_off
         .iter()
@@ -361,7 +373,7 @@ fn details(
         .chain(listed.iter().cloned())
         .chain(overlaps.iter().map(|o| {
             format!(
-                "t={} s (first acquire sent at {} s): {}",
+                "t={} s (the earliest request or acquire involved sent at {} s): {}",
                 secs(input.start, o.at),
                 secs(input.start, o.since),
                 o.detail

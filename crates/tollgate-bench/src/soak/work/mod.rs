@@ -5,6 +5,7 @@
 //! sees who is inside a critical section at the same time.
 
 mod concurrency;
+mod idem;
 mod late;
 mod locks;
 mod rate;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use tollgate_core::{Error, Lease, RedisBackend};
 
 pub(crate) use self::concurrency::{Running, CAP, CONC_PERMITS, CONC_TTL};
+pub(crate) use self::idem::Runs;
 pub(crate) use self::late::{identity, Life, Peek, LATE_LIMIT, LATE_PERIOD, SLICE as LATE_SLICE};
 pub(crate) use self::locks::PERMITS;
 pub(crate) use self::rate::{ALGORITHMS, RATE_LIMIT, RATE_PERIOD};
@@ -190,6 +192,7 @@ pub(crate) struct Workload {
     locks: Arc<Mutex<Table>>,
     permits: Arc<Mutex<Table>>,
     running: Arc<Mutex<Running>>,
+    runs: Arc<Mutex<Runs>>,
 }
 
 /// What the workload produced.
@@ -198,6 +201,7 @@ pub(crate) struct Results {
     pub(crate) locks: Table,
     pub(crate) permits: Table,
     pub(crate) concurrency: Running,
+    pub(crate) idempotency: Runs,
     /// What the policy workload's subjects had used at the end.
     pub(crate) peeks: Vec<Peek>,
     /// Tasks that did not end within the wind-down bound.
@@ -225,11 +229,14 @@ pub(crate) async fn start(
     let running = Arc::new(Mutex::new(Running::default()));
     concurrency::start(endpoint, &shared, seed, &running, &mut tasks).await?;
     late::start(endpoint, &shared, seed, &mut tasks).await?;
+    let runs = Arc::new(Mutex::new(Runs::default()));
+    idem::start(endpoint, &shared, seed, &runs, &mut tasks).await?;
     Ok(Workload {
         tasks,
         locks,
         permits,
         running,
+        runs,
     })
 }
 
@@ -265,6 +272,7 @@ impl Workload {
             locks: take(self.locks),
             permits: take(self.permits),
             concurrency: std::mem::take(&mut *self.running.lock().expect("running")),
+            idempotency: std::mem::take(&mut *self.runs.lock().expect("runs")),
             stuck,
         }
     }
