@@ -1,13 +1,16 @@
 //! The soak's Redis (started by tollgate-testkit) and its seeded fault
 //! schedule. Faults run one at a time on a thread of their own; each is
 //! bounded (pauses by their length, restarts and promotions by the
-//! testkit's timeouts), and none starts after `until`, so the run ends.
+//! testkit's timeouts), and none starts after `until` (the closing pause:
+//! 1.5 s at most), so the run ends.
 
+use std::sync::atomic::Ordering;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use tollgate_testkit::{RedisCluster, RedisServer};
 
+use super::work::LATE_SLICE;
 use super::{Fault, Rng, Shared};
 use crate::common::{progress, BenchResult};
 
@@ -54,6 +57,9 @@ enum Kind {
     KillMaster,
     /// Cluster: `CLUSTER FAILOVER FORCE` on a synced replica.
     ForceFailover,
+    /// The schedule's last fault: a pause of 500 ms – 1.5 s, long enough
+    /// for many 100 ms checks to time out.
+    ClosingPause,
 }
 
 /// Gaps between faults.
@@ -64,7 +70,11 @@ const GAP_MS: (u64, u64) = (2_000, 6_000);
 /// has nothing to add: from its restart on, it answers from the new state.)
 pub(crate) const LOSS_GRACE: Duration = Duration::from_secs(1);
 
-/// Runs faults until `until` (or the stop flag), logging each in `shared`.
+/// How late the closing pause may start after `until`.
+const CLOSING_SLACK: Duration = Duration::from_millis(1_500);
+
+/// Runs faults until `until` (or the stop flag), logging each in `shared`,
+/// and ends with a pause (see [`closing_start`]).
 pub(crate) fn run(target: &mut Target, shared: &Shared, seed: u64, until: Instant) {
     // The schedule has its own stream, so the workloads' choices do not
     // shift it.
@@ -78,10 +88,7 @@ pub(crate) fn run(target: &mut Target, shared: &Shared, seed: u64, until: Instan
     loop {
         let gap = Duration::from_millis(rng.range(GAP_MS.0, GAP_MS.1));
         let wake = Instant::now() + gap;
-        while Instant::now() < wake && !shared.stopped() {
-            sleep(Duration::from_millis(50));
-        }
-        if shared.stopped() || Instant::now() >= until {
+        if !wait_until(shared, wake.min(until)) || Instant::now() >= until {
             break;
         }
         if let Target::Cluster(c) = target {
@@ -103,30 +110,75 @@ pub(crate) fn run(target: &mut Target, shared: &Shared, seed: u64, until: Instan
             }
         }
         let kind = bag.pop().expect("refilled above");
-        let fault = match target {
-            Target::Standalone(s) => standalone(s, kind, &mut rng),
-            Target::Cluster(c) => cluster(c, kind, &mut rng),
-        };
-        progress!(
-            "soak: t={:.1}s {} ({:.1} s){}",
-            shared.at(fault.start),
-            fault.what,
-            (fault.end - fault.start).as_secs_f64(),
-            fault
-                .error
-                .as_deref()
-                .map(|e| format!(" — failed: {e}"))
-                .unwrap_or_default()
-        );
-        shared.faults.lock().expect("faults").push(fault);
+        strike(target, shared, kind, &mut rng);
         if let Target::Cluster(c) = target {
             masters = sorted(c.masters());
             stable_since = Instant::now();
         }
     }
+    match closing_start(shared, until, matches!(target, Target::Cluster(_))) {
+        Some(at) if wait_until(shared, at) => {
+            if let Target::Cluster(c) = target {
+                check_unplanned(c, shared, &mut masters, &mut stable_since);
+            }
+            strike(target, shared, Kind::ClosingPause, &mut rng);
+        }
+        Some(_) => {}
+        None => progress!("soak: no closing pause: the last data loss ended too late"),
+    }
     if let Target::Cluster(c) = target {
         check_unplanned(c, shared, &mut masters, &mut stable_since);
     }
+}
+
+/// Sleeps until `at`; false if the run was stopped first.
+fn wait_until(shared: &Shared, at: Instant) -> bool {
+    while Instant::now() < at {
+        if shared.stopped() {
+            return false;
+        }
+        sleep(Duration::from_millis(50));
+    }
+    !shared.stopped()
+}
+
+/// When the closing pause starts: at `until`, but no sooner than a slice of
+/// the policy workload (and on a cluster the loss grace) after the last
+/// data loss. That
+/// workload judges only subjects born after the last data loss, so the
+/// schedule ends with a pause they live through; a pause loses nothing.
+/// `None` when that would eat into the quiet tail by more than
+/// [`CLOSING_SLACK`].
+fn closing_start(shared: &Shared, until: Instant, cluster: bool) -> Option<Instant> {
+    let faults = shared.faults.lock().expect("faults");
+    let last_loss = faults.iter().filter(|f| f.loses_data).map(|f| f.end).max();
+    let grace = if cluster { LOSS_GRACE } else { Duration::ZERO };
+    // Time for the new slice's subjects to see their first checks.
+    let settled = Duration::from_millis(200);
+    let at = last_loss.map_or(until, |t| until.max(t + grace + LATE_SLICE + settled));
+    (at <= until + CLOSING_SLACK).then_some(at)
+}
+
+/// Carries out one fault, flagged in `shared` while it runs, and logs it.
+fn strike(target: &mut Target, shared: &Shared, kind: Kind, rng: &mut Rng) {
+    shared.faulting.store(true, Ordering::Relaxed);
+    let fault = match target {
+        Target::Standalone(s) => standalone(s, kind, rng),
+        Target::Cluster(c) => cluster(c, kind, rng),
+    };
+    shared.faulting.store(false, Ordering::Relaxed);
+    progress!(
+        "soak: t={:.1}s {} ({:.1} s){}",
+        shared.at(fault.start),
+        fault.what,
+        (fault.end - fault.start).as_secs_f64(),
+        fault
+            .error
+            .as_deref()
+            .map(|e| format!(" — failed: {e}"))
+            .unwrap_or_default()
+    );
+    shared.faults.lock().expect("faults").push(fault);
 }
 
 fn sorted(mut v: Vec<usize>) -> Vec<usize> {
@@ -175,8 +227,8 @@ fn standalone(s: &mut RedisServer, kind: Kind, rng: &mut Rng) -> Fault {
                 error,
             }
         }
-        Kind::Pause => {
-            let ms = rng.range(100, 2_000);
+        Kind::Pause | Kind::ClosingPause => {
+            let ms = pause_ms(kind, rng, 2_000);
             let _ = s.pause_for(Duration::from_millis(ms)).join();
             Fault {
                 start,
@@ -186,6 +238,15 @@ fn standalone(s: &mut RedisServer, kind: Kind, rng: &mut Rng) -> Fault {
                 error: None,
             }
         }
+    }
+}
+
+/// A pause's length (ms): up to `max` (below what fails a cluster master
+/// over), at least 500 for the closing pause.
+fn pause_ms(kind: Kind, rng: &mut Rng, max: u64) -> u64 {
+    match kind {
+        Kind::ClosingPause => rng.range(500, 1_500),
+        _ => rng.range(100, max),
     }
 }
 
@@ -227,7 +288,7 @@ fn cluster(c: &mut RedisCluster, kind: Kind, rng: &mut Rng) -> Fault {
     let start = Instant::now();
     let pair = match kind {
         Kind::KillMaster | Kind::ForceFailover => pick_pair(c, rng),
-        Kind::Pause | Kind::KillRestart => None,
+        Kind::Pause | Kind::ClosingPause | Kind::KillRestart => None,
     };
     match (kind, pair) {
         (Kind::KillMaster, Some((m, _))) => {
@@ -287,9 +348,9 @@ fn cluster(c: &mut RedisCluster, kind: Kind, rng: &mut Rng) -> Fault {
                     error: Some("no running master".to_owned()),
                 };
             };
-            let ms = rng.range(100, 1_500);
+            let ms = pause_ms(kind, rng, 1_500);
             let _ = c.nodes()[m].pause_for(Duration::from_millis(ms)).join();
-            let note = if matches!(kind, Kind::Pause) {
+            let note = if matches!(kind, Kind::Pause | Kind::ClosingPause) {
                 ""
             } else {
                 " (instead of a failover: no synced replica)"

@@ -1,8 +1,10 @@
-//! `soak` (issue #16): a bounded chaos run. Rate limits, fenced locks and
-//! semaphore permits run concurrently against real `redis-server`s
-//! (tollgate-testkit) while a seeded schedule pauses, kills, restarts and
-//! (on a cluster) fails Redis over; then a Markdown report: decisions,
-//! errors by kind, over-admissions, lock and permit violations, the fault
+//! `soak` (issue #16): a bounded chaos run. Rate limits, fenced locks,
+//! semaphore permits, the concurrency-limit and idempotency layers run
+//! concurrently against real `redis-server`s (tollgate-testkit) while a
+//! seeded schedule pauses, kills, restarts and (on a cluster) fails Redis
+//! over; then a Markdown report: decisions, errors by kind,
+//! over-admissions, lock, permit and concurrency violations, quota taken
+//! by failure-policy answers, idempotent requests run twice, the fault
 //! log. The process exits non-zero on a violation.
 //!
 //! What counts as a violation, and why (the report repeats it):
@@ -24,9 +26,30 @@
 //!   survive data loss).
 //! - **More than N permit holders** of one key believing their permits
 //!   valid, with the same data-loss exception as locks.
+//! - **More than N requests running at once** per key through
+//!   `ConcurrencyLimitLayer`, whose handlers run several hold caps long:
+//!   the layer keeps a request's permit for as long as it runs, and ends
+//!   the request (`OnLeaseLost::Cancel`) when a fault takes the permit.
+//!   Same data-loss exception. And **a request ended by the layer with no
+//!   fault** while it ran: a healthy request cut off (as a hold cap applied
+//!   to a request in flight would, under `Cancel`).
+//! - **A check answered by the failure policy that took quota.** Limiters
+//!   failing closed and open with a 100 ms timeout are checked in bursts
+//!   while faults run. At the end, with Redis back, a cost-0 check of each
+//!   subject reads the units the store holds as used; for a subject with no
+//!   data-losing fault since its first check, more than Redis admitted is a
+//!   violation (a timed-out check that Redis decided later, or a queued one
+//!   sent after its caller gave up).
+//! - **An idempotent request run twice.** `POST`s with an `Idempotency-Key`
+//!   through `IdempotencyLayer`, retried until answered, while the layer's
+//!   connection is killed as handlers return (their completions meet a
+//!   reset connection) and the schedule pauses Redis: a key whose handler
+//!   ran to its end twice with no data-losing fault since its first request
+//!   is a violation.
 //!
-//! A workload that never succeeds again after the last fault is a liveness
-//! failure and also makes the exit code non-zero.
+//! A workload that never succeeds again after the last fault, or a subject
+//! whose use cannot be read at the end, is a liveness failure and also
+//! makes the exit code non-zero.
 
 mod faults;
 mod report;
@@ -84,12 +107,19 @@ pub(crate) struct Fault {
 pub(crate) struct Shared {
     pub(crate) start: Instant,
     pub(crate) stop: AtomicBool,
+    /// Set while a fault is being carried out, so that workloads can aim
+    /// bursts at a Redis that is paused or down.
+    pub(crate) faulting: AtomicBool,
     pub(crate) faults: Mutex<Vec<Fault>>,
 }
 
 impl Shared {
     pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn faulting(&self) -> bool {
+        self.faulting.load(Ordering::Relaxed)
     }
 
     /// Seconds since the run started, for logs.
@@ -151,7 +181,8 @@ pub(crate) fn run(opts: &SoakOpts) -> BenchResult<bool> {
 }
 
 /// How long the end of the run stays free of faults, so that recovery
-/// after the last one is observed.
+/// after the last one is observed (the schedule's closing pause starts at
+/// most 1.5 s into it and lasts 1.5 s at most).
 fn quiet_tail(duration: Duration) -> Duration {
     (duration / 10).clamp(Duration::from_secs(5), Duration::from_secs(20))
 }
@@ -173,6 +204,7 @@ fn run_one(cluster: bool, opts: &SoakOpts) -> BenchResult<(String, bool)> {
     let shared = Arc::new(Shared {
         start: Instant::now(),
         stop: AtomicBool::new(false),
+        faulting: AtomicBool::new(false),
         faults: Mutex::new(Vec::new()),
     });
     let wall_start = std::time::SystemTime::now();
@@ -191,12 +223,13 @@ fn run_one(cluster: bool, opts: &SoakOpts) -> BenchResult<(String, bool)> {
     shared.stop.store(true, Ordering::Relaxed);
     let stopped = Instant::now();
     progress!("soak: {name}: load stopped, winding down");
-    let results = rt.block_on(workload.finish());
-    // The servers stay up until every task has finished (a release in
-    // flight must not meet a dead server and be counted as an error).
+    // The last fault ends first: the final peek needs Redis back. The
+    // servers stay up until every task has finished (a release in flight
+    // must not meet a dead server and be counted as an error).
     let target = fault_thread
         .join()
         .map_err(|_| "the fault thread panicked")?;
+    let results = rt.block_on(workload.finish(&endpoint));
     drop(rt);
     drop(target);
     let faults = shared.faults.lock().expect("faults").clone();

@@ -11,6 +11,8 @@ use super::work::{Overlap, Results, ALGORITHMS, PERMITS, RATE_LIMIT, RATE_PERIOD
 use super::{Fault, SoakOpts};
 use crate::common::Section;
 
+mod edges;
+
 /// What a run produced.
 pub(crate) struct Input<'a> {
     pub(crate) topology: &'static str,
@@ -67,13 +69,18 @@ struct RateFigures {
     allowance: Vec<u64>,
 }
 
-/// The units a limiter may admit per subject and epoch beyond its
-/// capacity: refill over the run (0 with a ten-year period), plus a whole
+/// The units a limiter of `limit` per `period` may admit per subject and
+/// epoch beyond its capacity: refill over the run (0 with a ten-year period), plus a whole
 /// capacity if a window boundary of the epoch-aligned windows fell inside
 /// the run (not before 2029).
-fn allowance(algorithm: Algorithm, wall_start: SystemTime, run: Duration) -> u64 {
-    let period = RATE_PERIOD.as_micros();
-    let refill = (u128::from(RATE_LIMIT) * run.as_micros() / period) as u64;
+fn allowance(
+    algorithm: Algorithm,
+    (limit, period): (u64, Duration),
+    wall_start: SystemTime,
+    run: Duration,
+) -> u64 {
+    let period = period.as_micros();
+    let refill = (u128::from(limit) * run.as_micros() / period) as u64;
     let from = wall_start
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
@@ -84,7 +91,7 @@ fn allowance(algorithm: Algorithm, wall_start: SystemTime, run: Duration) -> u64
         Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
     );
     let crossed = windowed && from / period != to / period;
-    refill + if crossed { RATE_LIMIT } else { 0 }
+    refill + if crossed { limit } else { 0 }
 }
 
 fn rate_figures(input: &Input, losses: &[Span], pauses: &[Span]) -> RateFigures {
@@ -92,7 +99,7 @@ fn rate_figures(input: &Input, losses: &[Span], pauses: &[Span]) -> RateFigures 
     let mut f = RateFigures {
         allowance: ALGORITHMS
             .iter()
-            .map(|&a| allowance(a, input.wall_start, run))
+            .map(|&a| allowance(a, (RATE_LIMIT, RATE_PERIOD), input.wall_start, run))
             .collect(),
         ..RateFigures::default()
     };
@@ -198,11 +205,30 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
     let rate = rate_figures(input, &losses, &pauses);
     let (lock_bad, lock_excused) = classify(&r.locks.overlaps, &losses);
     let (permit_bad, permit_excused) = classify(&r.permits.overlaps, &losses);
+    let (conc_bad, conc_excused) = classify(&r.concurrency.overlaps, &losses);
+    let cut_off = edges::cut_off(input);
+    let twice = r.idempotency.twice();
+    let (idem_bad, idem_excused) = classify(&twice, &losses);
+    let late = edges::late_figures(input, &losses);
     let fence_bad = &r.locks.fence_regressions;
-    let components = ["rate", "lock", "permit"];
+    let components = [
+        "rate",
+        "lock",
+        "permit",
+        "concurrency",
+        "policy",
+        "idempotency",
+    ];
     let recoveries: Vec<_> = components.iter().map(|c| recovery(input, c)).collect();
-    let live = recoveries.iter().all(|(_, ok)| *ok) && r.stuck == 0;
-    let violations = rate.violations.len() + lock_bad.len() + fence_bad.len() + permit_bad.len();
+    let live = recoveries.iter().all(|(_, ok)| *ok) && r.stuck == 0 && late.unread == 0;
+    let violations = rate.violations.len()
+        + lock_bad.len()
+        + fence_bad.len()
+        + permit_bad.len()
+        + conc_bad.len()
+        + cut_off.len()
+        + late.violations.len()
+        + idem_bad.len();
 
     let mut s = Section::default();
     let run = input.stopped - input.start;
@@ -263,15 +289,37 @@ pub(crate) fn render(input: &Input) -> (String, bool) {
                 permit_bad.len().to_string(),
                 format!("{permit_excused} over-subscriptions after a data loss"),
             ],
+            edges::concurrency_row(&r.concurrency, conc_bad.len(), conc_excused),
+            edges::cut_off_row(&r.concurrency, cut_off.len()),
+            edges::late_row(&late),
+            edges::idempotency_row(&r.idempotency, idem_bad.len(), idem_excused),
             vec![
-                "liveness: every workload succeeds after the last fault; no stuck task".to_owned(),
-                format!("{} stuck tasks", r.stuck),
+                "liveness: every workload succeeds after the last fault; no stuck task; every \
+                 policy subject read at the end"
+                    .to_owned(),
+                format!(
+                    "{} stuck tasks, {} subjects not read",
+                    r.stuck, late.unread
+                ),
                 if live { "0" } else { "**1**" }.to_owned(),
                 "—".to_owned(),
             ],
         ],
     );
-    details(&mut s, input, &rate, &lock_bad, fence_bad, &permit_bad);
+    let overlaps: Vec<&Overlap> = lock_bad
+        .iter()
+        .copied()
+        .chain(fence_bad)
+        .chain(permit_bad.iter().copied())
+        .chain(conc_bad.iter().copied())
+        .chain(idem_bad.iter().copied())
+        .collect();
+    let listed: Vec<String> = cut_off
+        .iter()
+        .map(|d| format!("{d}, with no fault"))
+        .chain(late.violations.iter().cloned())
+        .collect();
+    details(&mut s, input, &rate, &overlaps, &listed);
     outcomes(&mut s, input, &rate);
     s.heading("Recovery");
     s.line(format!(
@@ -315,28 +363,22 @@ fn details(
     s: &mut Section,
     input: &Input,
     rate: &RateFigures,
-    lock_bad: &[&Overlap],
-    fence_bad: &[Overlap],
-    permit_bad: &[&Overlap],
+    overlaps: &[&Overlap],
+    listed: &[String],
 ) {
     let all: Vec<String> = rate
         .violations
         .iter()
         .cloned()
-        .chain(
-            lock_bad
-                .iter()
-                .chain(fence_bad.iter().collect::<Vec<_>>().iter())
-                .chain(permit_bad.iter())
-                .map(|o| {
-                    format!(
-                        "t={} s (first acquire sent at {} s): {}",
-                        secs(input.start, o.at),
-                        secs(input.start, o.since),
-                        o.detail
-                    )
-                }),
-        )
+        .chain(listed.iter().cloned())
+        .chain(overlaps.iter().map(|o| {
+            format!(
+                "t={} s (the earliest request or acquire involved sent at {} s): {}",
+                secs(input.start, o.at),
+                secs(input.start, o.since),
+                o.detail
+            )
+        }))
         .collect();
     if all.is_empty() {
         return;
@@ -369,6 +411,7 @@ fn outcomes(s: &mut Section, input: &Input, rate: &RateFigures) {
         rate.allowance,
         rate.most_units
     ));
+    s.line(edges::policy_setup());
     s.heading("Errors by kind");
     let rows: Vec<Vec<String>> = t
         .errors
