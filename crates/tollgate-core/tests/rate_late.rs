@@ -1,9 +1,11 @@
 //! A check whose caller was answered by the failure policy takes nothing,
 //! however late Redis decides it: queued checks whose callers gave up are
 //! never sent, and a sent one carries a deadline the script honours on the
-//! server's clock. 100 ms timeout, 20 per hour: 30 checks while Redis is
-//! paused all get the failure policy (a refusal, or an admission that took
-//! nothing); once it resumes, the subject still has all 20 units. With coalescing on and off, on a standalone Redis and a
+//! server's clock; a check Redis decided in time but whose reply came after
+//! its caller gave up is given back. 100 ms timeout, 20 per hour: 30 checks
+//! while Redis is paused all get the failure policy (a refusal, or an
+//! admission that took nothing); once it resumes, the subject still has all
+//! 20 units. With coalescing on and off, on a standalone Redis and a
 //! cluster.
 
 use std::time::Duration;
@@ -13,7 +15,7 @@ use tollgate_core::{
     Algorithm, Coalescing, DecisionSource, Error, FailurePolicy, Quota, RateLimiter, RedisBackend,
     Subject,
 };
-use tollgate_testkit::{RedisCluster, RedisServer};
+use tollgate_testkit::{RedisCluster, RedisServer, ReplyDelay};
 
 fn limiter(backend: RedisBackend, name: &str, policy: FailurePolicy) -> RateLimiter {
     RateLimiter::builder(backend, Algorithm::FixedWindow)
@@ -94,5 +96,38 @@ async fn cluster_refused_checks_take_nothing() {
         let subject = "late";
         let node = cluster.master_for_key(&l.keys_for(&Subject::new(subject))[0]);
         refused_checks_take_nothing(&cluster.nodes()[node], &l, subject).await;
+    }
+}
+
+/// Redis decides every check at once, but its replies are held back past
+/// the callers' timeout (a relay): the callers get the failure policy, and
+/// what Redis admitted for them is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_admissions_replied_too_late_are_given_back() {
+    let server = RedisServer::start().unwrap();
+    let relay = ReplyDelay::start(&server.addr()).await.unwrap();
+    for (name, coalescing, policy) in variants() {
+        let backend = RedisBackend::connect(&relay.url())
+            .await
+            .unwrap()
+            .with_coalescing(coalescing);
+        let l = limiter(backend, &format!("relayed-{name}"), policy);
+        assert_eq!(l.check("warm-up").await.unwrap().remaining, 19);
+        relay.set(Duration::from_millis(400));
+        let answers = join_all((0..5).map(|_| l.check("late"))).await;
+        assert!(
+            answers.iter().all(|a| a
+                .as_ref()
+                .map_or(true, |d| d.source == DecisionSource::FailOpen)),
+            "{name}: {answers:?}"
+        );
+        relay.set(Duration::ZERO);
+        // Redis decided them (five units used), then the refunds came.
+        let d = tollgate_testkit::eventually(Duration::from_secs(10), "given back", || async {
+            let d = l.check_n("late", 0).await.ok()?;
+            (d.source == DecisionSource::Backend && d.remaining == 20).then_some(d)
+        })
+        .await;
+        assert_eq!(d.remaining, 20, "{name}: {d:?}");
     }
 }

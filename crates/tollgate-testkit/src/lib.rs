@@ -13,6 +13,8 @@
 //!   [`RedisServer::pause_for`] is a bounded blip.
 //! * [`require_binaries`] checks that `redis-server` and `redis-cli` are
 //!   installed.
+//! * [`ReplyDelay`] relays to a server and holds its replies back (a reply
+//!   that arrives after the server decided).
 //! * [`unique`] names keys apart; [`eventually`] polls until a condition
 //!   holds.
 //! * `http` (feature `http`): sending HTTP requests over loopback or
@@ -40,6 +42,7 @@ mod helpers;
 #[cfg(feature = "http")]
 pub mod http;
 mod ports;
+mod proxy;
 mod resp;
 mod server;
 mod watchdog;
@@ -47,4 +50,5 @@ mod watchdog;
 pub use cluster::RedisCluster;
 pub use error::{require_binaries, Result, TestkitError};
 pub use helpers::{eventually, unique};
+pub use proxy::ReplyDelay;
 pub use server::RedisServer;

@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::deny_cache::DenyCache;
 use super::limiter::{Inner, RateLimiter, DEFAULT_TIMEOUT};
+use super::refund::unclaimed;
 use super::{Algorithm, Quota, MAX_LOG_LIMIT};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
@@ -202,11 +203,19 @@ impl RateLimiterBuilder {
             }
             _ => None,
         };
+        let quotas: Arc<[Quota]> = self.quotas.into();
+        let unclaimed = unclaimed(
+            Arc::clone(&self.backend),
+            self.algorithm,
+            Arc::clone(&quotas),
+            self.clock.clone(),
+            keyspace.policy().to_owned(),
+        );
         Ok(RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
                 algorithm: self.algorithm,
-                quotas: self.quotas.into(),
+                quotas,
                 keyspace,
                 clock: self.clock,
                 timeout: self.timeout,
@@ -214,6 +223,7 @@ impl RateLimiterBuilder {
                 fallback,
                 breaker: Breaker::new(self.breaker.0, self.breaker.1),
                 deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                unclaimed,
             }),
         })
     }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::deny_cache::DenyCache;
-use super::refund::{key_digest, next_id};
-use super::{Algorithm, Charge, Decision, DecisionSource, Outcome, Quota};
+use super::refund::{charge_of, next_id};
+use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
 use crate::failure::breaker::Breaker;
 use crate::failure::{is_outage, FailurePolicy};
 use crate::keyspace::{Keyspace, Subject};
-use crate::store::{RateBackend, RateReply, RateRequest};
+use crate::store::{RateBackend, RateReply, RateRequest, Unclaimed};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -55,6 +55,8 @@ pub(super) struct Inner {
     pub(super) fallback: Option<RateLimiter>,
     pub(super) breaker: Breaker,
     pub(super) deny_cache: Option<DenyCache>,
+    /// Gives back admissions whose callers had stopped waiting.
+    pub(super) unclaimed: Unclaimed,
 }
 
 impl fmt::Debug for RateLimiter {
@@ -222,6 +224,7 @@ impl RateLimiter {
             // The log's member prefix, and every charge's refund id.
             nonce: next_id(),
             deadline: None,
+            unclaimed: Some(inner.unclaimed.clone()),
         };
         match inner.backend.check_rate_now(&request) {
             Some(outcome) => {
@@ -296,16 +299,7 @@ impl RateLimiter {
             reply.allowed,
             DecisionSource::Backend,
         );
-        if reply.allowed && request.cost > 0 {
-            d.charge = Some(Charge {
-                cost: request.cost,
-                at_micros: reply.now_micros,
-                id: request.nonce,
-                span_micros: inner.algorithm.refund_span(&d),
-                local: false,
-                key: key_digest(&request.keys[0]),
-            });
-        }
+        d.charge = charge_of(inner.algorithm, request, reply, &d);
         if reply.allowed {
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {

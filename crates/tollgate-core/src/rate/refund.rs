@@ -2,14 +2,18 @@
 //! ([`RateLimiter::refund`], [`Charge`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
-use super::RateLimiter;
-use crate::clock::monotonic_micros;
+use futures_util::FutureExt;
+
+use super::{Decision, DecisionSource, RateLimiter};
+use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
 use crate::failure::is_outage;
 use crate::keyspace::Subject;
-use crate::store::RefundRequest;
+use crate::quota::Quota;
+use crate::store::{Algorithm, RateBackend, RateReply, RateRequest, RefundRequest, Unclaimed};
 
 /// What one admitted check took: the receipt [`RateLimiter::refund`] gives
 /// back against. Found in [`Decision::charge`](super::Decision::charge).
@@ -82,6 +86,111 @@ pub(crate) fn next_id() -> u64 {
     BASE.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The charge an admission took (none for a denial or a cost of 0).
+pub(super) fn charge_of(
+    algorithm: Algorithm,
+    request: &RateRequest,
+    reply: &RateReply,
+    d: &Decision,
+) -> Option<Charge> {
+    (reply.allowed && request.cost > 0).then(|| Charge {
+        cost: request.cost,
+        at_micros: reply.now_micros,
+        id: request.nonce,
+        span_micros: algorithm.refund_span(d),
+        local: false,
+        key: key_digest(&request.keys[0]),
+    })
+}
+
+/// The refund of `charge`, taken under `keys`: its marker sits beside the
+/// first key (same hash tag), one per charge.
+fn refund_request(
+    algorithm: Algorithm,
+    quotas: &Arc<[Quota]>,
+    keys: Vec<String>,
+    charge: &Charge,
+    now_micros: Option<u64>,
+) -> RefundRequest {
+    let quota_spans_micros = algorithm.quota_refund_spans(quotas, charge.cost, charge.span_micros);
+    RefundRequest {
+        algorithm,
+        marker: format!("{}:r:{:016x}", keys[0], charge.id),
+        keys,
+        quotas: Arc::clone(quotas),
+        cost: charge.cost,
+        now_micros,
+        id: charge.id,
+        at_micros: charge.at_micros,
+        span_micros: quota_spans_micros
+            .iter()
+            .copied()
+            .fold(charge.span_micros, u64::max),
+        quota_spans_micros,
+    }
+}
+
+/// Gives back what an admission took when its caller had stopped waiting
+/// before the reply came: that caller was answered by the failure policy,
+/// so the check must take nothing (a late reply, e.g. Redis resuming from a
+/// pause). A few tries, as the store may still be recovering; a refund is
+/// applied at most once, so a retry is safe.
+pub(super) fn unclaimed(
+    backend: Arc<dyn RateBackend>,
+    algorithm: Algorithm,
+    quotas: Arc<[Quota]>,
+    clock: Option<Arc<dyn Clock>>,
+    policy: String,
+) -> Unclaimed {
+    Unclaimed::new(move |request, reply| {
+        let d = Decision::from_outcomes(
+            algorithm,
+            &quotas,
+            &reply.outcomes,
+            reply.allowed,
+            DecisionSource::Backend,
+        );
+        let charge = charge_of(algorithm, request, reply, &d);
+        let refund = charge.map(|c| {
+            let now = clock.as_ref().map(|c| c.now_micros());
+            refund_request(algorithm, &quotas, request.keys.clone(), &c, now)
+        });
+        let (backend, policy) = (Arc::clone(&backend), policy.clone());
+        async move {
+            let Some(refund) = refund else { return };
+            let mut pause = UNCLAIMED_FIRST_PAUSE;
+            for _ in 0..UNCLAIMED_TRIES {
+                let done = tokio::time::timeout(UNCLAIMED_TIMEOUT, backend.refund_rate(&refund))
+                    .await
+                    .unwrap_or(Err(Error::Timeout(UNCLAIMED_TIMEOUT)));
+                match done {
+                    Ok(_) => {
+                        tracing::debug!(policy = %policy, cost = refund.cost, "gave back an admission its caller never received");
+                        return;
+                    }
+                    Err(e) if !is_outage(&e) => {
+                        tracing::warn!(policy = %policy, error = %e, "could not give back an admission its caller never received");
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause *= 2;
+                    }
+                }
+            }
+            tracing::warn!(policy = %policy, cost = refund.cost, "an admission its caller never received could not be given back: the store stayed unreachable");
+        }
+        .boxed()
+    })
+}
+
+/// How long each try to give back an unclaimed admission may take.
+const UNCLAIMED_TIMEOUT: Duration = Duration::from_secs(1);
+/// Tries to give back an unclaimed admission, with pauses doubling from
+/// the first (0.1 s … 1.6 s: a store back within about 3 s gets it).
+const UNCLAIMED_TRIES: u32 = 5;
+const UNCLAIMED_FIRST_PAUSE: Duration = Duration::from_millis(100);
+
 impl RateLimiter {
     /// Gives back what an admitted check took, for every quota: a fixed
     /// window or a sliding counter returns the cost to the window that was
@@ -147,35 +256,8 @@ impl RateLimiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&keys[0]);
         }
-        let request = RefundRequest {
-            algorithm: inner.algorithm,
-            // Beside the quota keys, under the same algorithm and hash tag.
-            marker: inner.keyspace.key_of(
-                inner.algorithm.short_name(),
-                &subject,
-                Some(&format!("r:{:016x}", charge.id)),
-            ),
-            keys,
-            quotas: std::sync::Arc::clone(&inner.quotas),
-            cost: charge.cost,
-            now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
-            id: charge.id,
-            at_micros: charge.at_micros,
-            span_micros: charge.span_micros,
-            quota_spans_micros: inner.algorithm.quota_refund_spans(
-                &inner.quotas,
-                charge.cost,
-                charge.span_micros,
-            ),
-        };
-        let request = RefundRequest {
-            span_micros: request
-                .quota_spans_micros
-                .iter()
-                .copied()
-                .fold(request.span_micros, u64::max),
-            ..request
-        };
+        let now = inner.clock.as_ref().map(|c| c.now_micros());
+        let request = refund_request(inner.algorithm, &inner.quotas, keys, charge, now);
         let done = match inner.backend.refund_rate_now(&request) {
             Some(done) => done,
             // While the circuit is open the backend is skipped, as for a

@@ -27,11 +27,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures_util::future::{join_all, select, BoxFuture, Either};
+use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
+use super::unclaimed::{finish_detached, Awaited};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
-use crate::store::{RateReply, RateRequest};
+use crate::store::{RateReply, RateRequest, Unclaimed};
 
 /// What a coalescer sends checks with: one check alone, or many in one
 /// call of the batch script. The connection implements it; a test can
@@ -272,7 +274,7 @@ impl<S: Sender> Coalescer<S> {
     pub(crate) async fn check(&self, request: &RateRequest) -> Result<RateReply> {
         match self.enter(request) {
             Entry::Now(turn) => {
-                let reply = self.sender.one(request).await;
+                let reply = Awaited::one(&self.sender, request, self.home()).await;
                 drop(turn);
                 reply
             }
@@ -430,17 +432,41 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
     if requests.is_empty() {
         return;
     }
-    let answers = {
-        let call = pin!(decide(coalescer, &requests));
+    // The call owns its checks: if every caller gives up before it ends, it
+    // is finished elsewhere, and what it admitted is given back.
+    let mut call = {
+        let coalescer = coalescer.clone();
+        async move {
+            let answers = decide(&coalescer, &requests).await;
+            (requests, answers)
+        }
+        .boxed()
+    };
+    let (requests, answers) = {
         let gone = pin!(join_all(replies.iter_mut().map(|r| r.closed())));
-        match select(call, gone).await {
-            Either::Left((answers, _)) => answers,
-            Either::Right(_) => return,
+        match select(&mut call, gone).await {
+            Either::Left((done, _)) => done,
+            Either::Right(_) => {
+                finish_detached(call, coalescer.home());
+                return;
+            }
         }
     };
-    for (reply, answer) in replies.into_iter().zip(answers) {
-        // A waiter that gave up meanwhile no longer wants it.
-        let _ = reply.send(answer);
+    let mut unclaimed = Vec::new();
+    for ((reply, answer), request) in replies.into_iter().zip(answers).zip(&requests) {
+        // A caller that gave up meanwhile was answered without it.
+        if let Err(Ok(answer)) = reply.send(answer) {
+            unclaimed.extend(Unclaimed::give_back(request, &answer));
+        }
+    }
+    if !unclaimed.is_empty() {
+        // On their own: the turn goes on meanwhile.
+        let runtime = coalescer
+            .home()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
+            runtime.spawn(join_all(unclaimed));
+        }
     }
 }
 

@@ -30,6 +30,8 @@ fn limits_stay_sane() {
 struct Fake {
     calls: Arc<Mutex<Vec<Vec<u64>>>>,
     gate: Arc<tokio::sync::Notify>,
+    /// When set, a batch waits for it before its answers come back.
+    batch_gate: Option<Arc<tokio::sync::Notify>>,
     cross_slot: bool,
 }
 
@@ -64,6 +66,9 @@ impl Sender for Fake {
                 .lock()
                 .unwrap()
                 .push(rs.iter().map(|r| r.nonce).collect());
+            if let Some(gate) = &self.batch_gate {
+                gate.notified().await;
+            }
             Ok(rs.iter().map(answer).collect())
         })
     }
@@ -78,6 +83,101 @@ fn request(subject: &str, nonce: u64) -> RateRequest {
         now_micros: None,
         nonce,
         deadline: None,
+        unclaimed: None,
+    }
+}
+
+/// A request whose admission, if nobody receives it, is reported on `tx`.
+fn watched(subject: &str, nonce: u64, tx: &tokio::sync::mpsc::UnboundedSender<u64>) -> RateRequest {
+    let tx = tx.clone();
+    let mut r = request(subject, nonce);
+    r.unclaimed = Some(Unclaimed::new(move |r, _| {
+        let _ = tx.send(r.nonce);
+        Box::pin(async {})
+    }));
+    r
+}
+
+/// The nonces given back, `n` of them, sorted: a bounded wait.
+async fn given_back(rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>, n: usize) -> Vec<u64> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv()).await;
+        got.push(next.expect("given back in time").expect("open"));
+    }
+    got.sort_unstable();
+    got
+}
+
+#[tokio::test]
+async fn an_admission_whose_caller_left_during_its_call_is_given_back() {
+    let fake = Fake::default();
+    let c = Coalescer::new(fake.clone(), Coalescing::default(), false, None);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let caller = tokio::spawn({
+        let (c, r) = (c.clone(), watched("a", 0, &tx));
+        async move { c.check(&r).await }
+    });
+    // Sent (it waits at the gate), then its caller gives up.
+    while fake.calls.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    assert!(rx.try_recv().is_err(), "nothing decided yet");
+    fake.gate.notify_one();
+    assert_eq!(given_back(&mut rx, 1).await, [0]);
+}
+
+#[tokio::test]
+async fn admissions_of_a_batch_nobody_waits_for_are_given_back() {
+    for keep in [false, true] {
+        let batch_gate = Arc::new(tokio::sync::Notify::new());
+        let fake = Fake {
+            batch_gate: Some(batch_gate.clone()),
+            ..Fake::default()
+        };
+        let c = Coalescer::new(
+            fake.clone(),
+            Coalescing::default().max_calls_in_flight(1),
+            false,
+            None,
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.check(&request("a", 0)).await }
+        });
+        let mut waiting = Vec::new();
+        for i in 1..=10 {
+            let (c, r) = (c.clone(), watched("a", i, &tx));
+            waiting.push(tokio::spawn(async move { c.check(&r).await }));
+        }
+        queued(&c, 10).await;
+        fake.gate.notify_one();
+        first.await.unwrap().unwrap();
+        // The ten went out as one batch, which hangs until the gate opens.
+        while fake.calls.lock().unwrap().len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // Every caller gives up, or (keep) the odd ones stay.
+        let mut live = Vec::new();
+        for (i, task) in waiting.into_iter().enumerate() {
+            let nonce = i as u64 + 1;
+            if keep && nonce % 2 == 1 {
+                live.push((nonce, task));
+            } else {
+                task.abort();
+                assert!(task.await.unwrap_err().is_cancelled());
+            }
+        }
+        batch_gate.notify_one();
+        let gone: Vec<u64> = (1..=10).filter(|n| !keep || n % 2 == 0).collect();
+        assert_eq!(given_back(&mut rx, gone.len()).await, gone, "keep {keep}");
+        for (nonce, task) in live {
+            assert_eq!(task.await.unwrap().unwrap().now_micros, nonce);
+        }
+        assert!(rx.try_recv().is_err(), "only admissions nobody received");
     }
 }
 

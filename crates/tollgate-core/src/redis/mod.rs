@@ -29,6 +29,7 @@ mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod server_clock;
+mod unclaimed;
 mod version;
 
 pub use self::coalesce::Coalescing;

@@ -13,6 +13,7 @@ use super::coalesce::Sender;
 use super::conn::Conn;
 use super::scripts::{self, RATE_BATCH};
 use super::server_clock::ServerClock;
+use super::unclaimed::Awaited;
 use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
 use crate::quota::Quota;
@@ -269,7 +270,7 @@ impl RateBackend for RedisBackend {
         async move {
             match &self.coalescer {
                 Some(coalescer) => coalescer.check(req).await,
-                None => self.rate.check_one(req).await,
+                None => Awaited::one(&self.rate, req, None).await,
             }
         }
         .boxed()

@@ -20,5 +20,5 @@ pub use self::lock::{
     ReleaseEvents,
 };
 pub use self::rate::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest, Unclaimed,
 };

@@ -169,6 +169,42 @@ pub struct RateRequest {
     /// answers across a network passes it on, so that a check decided after
     /// it takes nothing: its caller was answered without it.
     pub deadline: Option<std::time::Instant>,
+    /// How to give back an admission its caller never received (it stopped
+    /// waiting while the reply was on its way). A store whose reply can
+    /// come after its caller gave up hands such an admission to it.
+    pub unclaimed: Option<Unclaimed>,
+}
+
+/// Gives back an admission whose caller had stopped waiting when its reply
+/// came (its timeout, a dropped future): that caller was answered by the
+/// failure policy, so the check must take nothing. The limiter sets it on
+/// each request; it refunds the charge (at most once, as any refund).
+#[derive(Clone)]
+pub struct Unclaimed(Arc<GiveBack>);
+
+/// What an [`Unclaimed`] runs: the refund of one reply to one request.
+type GiveBack = dyn Fn(&RateRequest, &RateReply) -> BoxFuture<'static, ()> + Send + Sync;
+
+impl Unclaimed {
+    /// Gives back with `f`, called with the request and the store's reply.
+    pub fn new(
+        f: impl Fn(&RateRequest, &RateReply) -> BoxFuture<'static, ()> + Send + Sync + 'static,
+    ) -> Self {
+        Unclaimed(Arc::new(f))
+    }
+
+    /// What gives back `reply` to `request`, when it admitted and took
+    /// something (else nothing to do).
+    pub fn give_back(request: &RateRequest, reply: &RateReply) -> Option<BoxFuture<'static, ()>> {
+        let this = request.unclaimed.as_ref()?;
+        (reply.allowed && request.cost > 0).then(|| (this.0)(request, reply))
+    }
+}
+
+impl fmt::Debug for Unclaimed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Unclaimed")
+    }
 }
 
 /// A refund of one admitted check, for every quota (see

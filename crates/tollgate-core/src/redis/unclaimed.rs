@@ -1,0 +1,105 @@
+//! Replies nobody waits for: a check whose caller stopped waiting (its
+//! timeout, a dropped future) after the check was sent may still be decided
+//! by Redis, and its reply arrives later. The caller was answered by the
+//! failure policy, so an admission in that reply is given back
+//! ([`Unclaimed`]): the call is kept to its end by a task of its own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use futures_util::future::{join_all, BoxFuture};
+use futures_util::FutureExt;
+
+use super::coalesce::Sender;
+use crate::error::Result;
+use crate::store::{RateReply, RateRequest, Unclaimed};
+
+/// The longest a call nobody waits for is kept: a connection that hangs
+/// longer takes its replies with it (the charges stay).
+const KEPT_AT_MOST: Duration = Duration::from_secs(60);
+
+/// One call sent for a caller; dropped before its reply, it is finished by
+/// a task that gives back an admission (see the module).
+pub(crate) struct Awaited {
+    call: Option<BoxFuture<'static, (RateRequest, Result<RateReply>)>>,
+    home: Option<tokio::runtime::Handle>,
+}
+
+impl Awaited {
+    /// Sends `request` alone with `sender`; `home`: where a call left by
+    /// its caller is finished (else the current runtime).
+    pub(crate) fn one<S: Sender>(
+        sender: &S,
+        request: &RateRequest,
+        home: Option<tokio::runtime::Handle>,
+    ) -> Self {
+        let (sender, request) = (sender.clone(), request.clone());
+        let call = async move {
+            let reply = sender.one(&request).await;
+            (request, reply)
+        };
+        Awaited {
+            call: Some(call.boxed()),
+            home,
+        }
+    }
+}
+
+impl Future for Awaited {
+    type Output = Result<RateReply>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let call = self.call.as_mut().expect("polled after completion");
+        let (_, reply) = ready!(call.poll_unpin(cx));
+        self.call = None;
+        Poll::Ready(reply)
+    }
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        let runtime = self
+            .home
+            .take()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
+            runtime.spawn(async move {
+                if let Ok((request, Ok(reply))) = tokio::time::timeout(KEPT_AT_MOST, call).await {
+                    give_back(&request, &reply).await;
+                }
+            });
+        }
+    }
+}
+
+/// Gives back what `reply` admitted for `request`, whose caller is gone.
+pub(crate) async fn give_back(request: &RateRequest, reply: &RateReply) {
+    if let Some(refund) = Unclaimed::give_back(request, reply) {
+        refund.await;
+    }
+}
+
+/// Finishes `call`, whose callers are all gone, on a task of its own:
+/// each admission in its replies is given back.
+pub(crate) fn finish_detached(
+    call: BoxFuture<'static, (Vec<RateRequest>, Vec<Result<RateReply>>)>,
+    runtime: Option<tokio::runtime::Handle>,
+) {
+    let Some(runtime) = runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) else {
+        return;
+    };
+    runtime.spawn(async move {
+        if let Ok((requests, replies)) = tokio::time::timeout(KEPT_AT_MOST, call).await {
+            let admitted = requests.iter().zip(replies).filter_map(|(r, reply)| {
+                let reply = reply.ok()?;
+                Unclaimed::give_back(r, &reply)
+            });
+            join_all(admitted).await;
+        }
+    });
+}
