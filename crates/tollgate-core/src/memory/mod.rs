@@ -11,6 +11,7 @@ use self::rate::Slot;
 use self::state::MemoryLocks;
 use crate::clock::{Clock, SystemClock};
 
+mod admin;
 mod idempotency;
 mod lock;
 mod permits;
@@ -49,6 +50,7 @@ struct Inner {
     /// Seeds the shard choice (the maps themselves use SipHash).
     seed: u64,
     locks: MemoryLocks,
+    admin: admin::MemoryAdmin,
 }
 
 #[derive(Default)]
@@ -104,6 +106,7 @@ impl MemoryBackend {
                 shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
                 seed: RandomState::new().hash_one(0u8),
                 locks: MemoryLocks::default(),
+                admin: admin::MemoryAdmin::default(),
             }),
         }
     }

@@ -153,7 +153,9 @@ pub(super) fn unclaimed(
         let charge = charge_of(algorithm, request, reply, &d);
         let refund = charge.map(|c| {
             let now = clock.as_ref().map(|c| c.now_micros());
-            refund_request(algorithm, &quotas, request.keys.clone(), &c, now)
+            // Its quota keys (a block key may follow).
+            let keys = request.keys[..quotas.len().min(request.keys.len())].to_vec();
+            refund_request(algorithm, &quotas, keys, &c, now)
         });
         let (backend, policy) = (Arc::clone(&backend), policy.clone());
         async move {

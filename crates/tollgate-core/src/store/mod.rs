@@ -7,10 +7,12 @@
 //! is either, chosen at run time. The same behaviour suite runs against every
 //! store.
 
+mod admin;
 mod idempotency;
 mod lock;
 mod rate;
 
+pub use self::admin::{AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL};
 pub use self::idempotency::{
     ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
 };
