@@ -13,7 +13,7 @@ use axum::Json;
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
-use tollgate_core::admin::{Holder, LimiterInfo, ThrottledSubject};
+use tollgate_core::admin::{LimiterInfo, ThrottledSubject};
 use tollgate_core::{Error, Subject};
 use tollgate_tower::key::KeyError;
 use tollgate_tower::rejection::Rejection;
@@ -24,15 +24,36 @@ use super::AdminRouter;
 /// (an operator who means it blocks again later).
 pub(super) const MAX_BLOCK_SECONDS: u64 = 366 * 24 * 3600;
 
+/// The longest an admin request waits for the store: a store that does
+/// not answer is a 503 the operator can retry, not a page that hangs.
+const STORE_WAIT: Duration = Duration::from_secs(5);
+
+/// `call`'s answer, or [`Error::Timeout`] after [`STORE_WAIT`].
+async fn bounded<T>(
+    call: impl std::future::Future<Output = tollgate_core::Result<T>>,
+) -> tollgate_core::Result<T> {
+    tokio::time::timeout(STORE_WAIT, call)
+        .await
+        .unwrap_or(Err(Error::Timeout(STORE_WAIT)))
+}
+
 /// A problem document with `status` and `detail`: the same `about:blank`
 /// body every tollgate rejection sends.
 pub(super) fn problem(status: StatusCode, detail: impl Into<String>) -> Rejection {
     Rejection::key(KeyError::new(status, detail.into()))
 }
 
-/// 400 with `detail`.
-fn bad_request(detail: impl Into<String>) -> Response {
-    problem(StatusCode::BAD_REQUEST, detail).into_response()
+/// Input the API cannot act on: a 400 saying what is wrong.
+struct BadInput(String);
+
+fn bad_request(detail: impl Into<String>) -> BadInput {
+    BadInput(detail.into())
+}
+
+impl IntoResponse for BadInput {
+    fn into_response(self) -> Response {
+        problem(StatusCode::BAD_REQUEST, self.0).into_response()
+    }
 }
 
 /// The answer for an error of the core: 404 for a limiter nobody
@@ -48,9 +69,15 @@ fn failure(action: &str, error: Error) -> Response {
         );
     tracing::warn!(target: "tollgate::admin", action, error = %error, "admin request failed");
     if unavailable {
+        // An action cut short may have reached the store: retrying it is
+        // safe (each one sets a state, none adds).
+        let retry = match action {
+            "reset" | "block" | "unblock" => "; it may have been applied: retry it",
+            _ => "",
+        };
         let mut res = problem(
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("the store is unavailable: {error}"),
+            format!("the store is unavailable: {error}{retry}"),
         )
         .into_response();
         res.headers_mut()
@@ -78,7 +105,7 @@ pub(super) struct Target {
 
 impl Target {
     /// The limiter's name and the subject, or a 400.
-    fn resolve(&self, admin: &AdminRouter) -> Result<(String, Subject), Response> {
+    fn resolve(&self, admin: &AdminRouter) -> Result<(String, Subject), BadInput> {
         let limiter = match self.limiter.as_deref().map(str::trim) {
             Some(l) if !l.is_empty() => l.to_owned(),
             _ => return Err(bad_request("missing limiter: name the limiter")),
@@ -103,7 +130,7 @@ impl Target {
     }
 
     /// The block's duration: whole seconds, 1 to [`MAX_BLOCK_SECONDS`].
-    fn duration(&self) -> Result<Duration, Response> {
+    fn duration(&self) -> Result<Duration, BadInput> {
         let seconds = match &self.seconds {
             None => return Err(bad_request("missing seconds: how long to block")),
             Some(v) => v.as_u64().ok_or_else(|| {
@@ -121,8 +148,9 @@ impl Target {
 
 /// A POST body: a JSON object, whatever its content type says (scripts
 /// often send none).
-fn body(bytes: &Bytes) -> Result<Target, Response> {
-    serde_json::from_slice(bytes).map_err(|e| bad_request(format!("the body is not valid JSON: {e}")))
+fn body(bytes: &Bytes) -> Result<Target, BadInput> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| bad_request(format!("the body is not valid JSON: {e}")))
 }
 
 /// `GET /api/limiters`.
@@ -131,7 +159,7 @@ pub(super) async fn limiters(State(admin): State<Arc<AdminRouter>>) -> Response 
     struct Limiters {
         limiters: Vec<LimiterInfo>,
     }
-    match admin.admin.limiters().await {
+    match bounded(admin.admin.limiters()).await {
         Ok(limiters) => Json(Limiters { limiters }).into_response(),
         Err(e) => failure("limiters", e),
     }
@@ -143,13 +171,13 @@ pub(super) async fn subject(
     query: Result<Query<Target>, QueryRejection>,
 ) -> Response {
     let Ok(Query(target)) = query else {
-        return bad_request("the query string is malformed");
+        return bad_request("the query string is malformed").into_response();
     };
     let (limiter, subject) = match target.resolve(&admin) {
         Ok(t) => t,
-        Err(res) => return res,
+        Err(bad) => return bad.into_response(),
     };
-    match admin.admin.inspect(&limiter, &subject).await {
+    match bounded(admin.admin.inspect(&limiter, &subject)).await {
         Ok(state) => Json(state).into_response(),
         Err(e) => failure("inspect", e),
     }
@@ -177,19 +205,22 @@ impl Action {
 async fn act(admin: &AdminRouter, action: Action, bytes: &Bytes) -> Response {
     let target = match body(bytes) {
         Ok(t) => t,
-        Err(res) => return res,
+        Err(bad) => return bad.into_response(),
     };
     let (limiter, subject) = match target.resolve(admin) {
         Ok(t) => t,
-        Err(res) => return res,
+        Err(bad) => return bad.into_response(),
     };
     let core = &admin.admin;
     let (done, seconds) = match action {
-        Action::Reset => (core.reset(&limiter, &subject).await, None),
-        Action::Unblock => (core.unblock(&limiter, &subject).await, None),
+        Action::Reset => (bounded(core.reset(&limiter, &subject)).await, None),
+        Action::Unblock => (bounded(core.unblock(&limiter, &subject)).await, None),
         Action::Block => match target.duration() {
-            Ok(d) => (core.block(&limiter, &subject, d).await, Some(d.as_secs())),
-            Err(res) => return res,
+            Ok(d) => (
+                bounded(core.block(&limiter, &subject, d)).await,
+                Some(d.as_secs()),
+            ),
+            Err(bad) => return bad.into_response(),
         },
     };
     match done {
@@ -229,22 +260,21 @@ pub(super) async fn throttled(State(admin): State<Arc<AdminRouter>>) -> Response
     struct Throttled {
         subjects: Vec<ThrottledSubject>,
     }
-    match admin.admin.throttled(admin.throttled_limit).await {
+    match bounded(admin.admin.throttled(admin.throttled_limit)).await {
         Ok(subjects) => Json(Throttled { subjects }).into_response(),
         Err(e) => failure("throttled", e),
     }
 }
 
-/// `GET /api/holders`: who holds which lock and which permits.
-pub(super) async fn holders(State(admin): State<Arc<AdminRouter>>) -> Response {
-    #[derive(Serialize)]
-    struct Holders {
-        holders: Vec<Holder>,
-    }
-    match admin.admin.holders().await {
-        Ok(holders) => Json(Holders { holders }).into_response(),
-        Err(e) => failure("holders", e),
-    }
+/// `GET /api/holders`: who holds which lock and which permits. The core
+/// does not list holders yet: 501 (the page shows an empty table and says
+/// why) rather than an empty list that would claim nobody holds anything.
+pub(super) async fn holders(State(_admin): State<Arc<AdminRouter>>) -> Response {
+    problem(
+        StatusCode::NOT_IMPLEMENTED,
+        "this version of tollgate does not list lock and permit holders yet",
+    )
+    .into_response()
 }
 
 /// Any other path under `/api` (after the token was checked).

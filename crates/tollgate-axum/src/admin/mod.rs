@@ -64,7 +64,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request};
@@ -201,26 +201,25 @@ impl AdminRouter {
     {
         let state = Arc::new(self);
         let api = Router::new()
-            .route("/limiters", get(api::limiters))
-            .route("/subjects", get(api::subject))
-            .route("/reset", post(api::reset))
-            .route("/block", post(api::block))
-            .route("/unblock", post(api::unblock))
-            .route("/throttled", get(api::throttled))
-            .route("/holders", get(api::holders))
-            .fallback(api::not_found)
-            // `layer`, not `route_layer`: unknown paths under /api ask for
-            // the token too, so they reveal nothing without it.
-            .layer(axum::middleware::from_fn_with_state(
+            .route("/api/limiters", get(api::limiters))
+            .route("/api/subjects", get(api::subject))
+            .route("/api/reset", post(api::reset))
+            .route("/api/block", post(api::block))
+            .route("/api/unblock", post(api::unblock))
+            .route("/api/throttled", get(api::throttled))
+            .route("/api/holders", get(api::holders))
+            // Unknown API paths ask for the token too: they reveal nothing
+            // without it.
+            .route("/api/{*rest}", any(api::not_found))
+            .route_layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&state),
                 auth::require_token,
-            ))
-            .with_state(Arc::clone(&state));
+            ));
         Router::new()
             .route("/", get(page::index))
             .route("/dashboard.js", get(page::script))
             .route("/dashboard.css", get(page::styles))
-            .nest("/api", api)
+            .merge(api)
             .with_state(state)
     }
 

@@ -80,15 +80,25 @@ mod tests {
 
     async fn page_at(path: &str) -> String {
         let res = index(OriginalUri(path.parse().unwrap())).await;
-        let body = axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap();
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
         String::from_utf8(body.to_vec()).unwrap()
     }
 
     #[tokio::test]
     async fn assets_are_linked_relative_to_the_mount_point() {
-        assert!(page_at("/admin/").await.contains(r#"<script src="dashboard.js" defer>"#));
-        assert!(page_at("/").await.contains(r#"<script src="dashboard.js" defer>"#));
-        assert!(page_at("/ops/admin").await.contains(r#"<script src="admin/dashboard.js" defer>"#));
-        assert!(page_at("/a%22b").await.contains(r#"href="a%22b/dashboard.css""#));
+        assert!(page_at("/admin/")
+            .await
+            .contains(r#"<script src="dashboard.js" defer>"#));
+        assert!(page_at("/")
+            .await
+            .contains(r#"<script src="dashboard.js" defer>"#));
+        assert!(page_at("/ops/admin")
+            .await
+            .contains(r#"<script src="admin/dashboard.js" defer>"#));
+        assert!(page_at("/a%22b")
+            .await
+            .contains(r#"href="a%22b/dashboard.css""#));
     }
 }
