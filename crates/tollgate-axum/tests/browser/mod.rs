@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::io::Write;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
@@ -27,7 +28,7 @@ pub(crate) struct Binaries {
 /// The first of `names` found in `PATH`, or the path in env var `var`.
 fn find(var: &str, names: &[&str]) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
     }
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
@@ -47,19 +48,26 @@ pub(crate) fn binaries_or_skip(test: &str) -> Option<Binaries> {
     match (chromium, driver) {
         (Some(chromium), Some(driver)) => Some(Binaries { chromium, driver }),
         (chromium, driver) => {
-            let missing = [("chromium", chromium.is_none()), ("chromedriver", driver.is_none())]
-                .iter()
-                .filter(|(_, m)| *m)
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(" and ");
-            let required = std::env::var_os("TOLLGATE_REQUIRE_BROWSER").is_some_and(|v| !v.is_empty());
+            let missing = [
+                ("chromium", chromium.is_none()),
+                ("chromedriver", driver.is_none()),
+            ]
+            .iter()
+            .filter(|(_, m)| *m)
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(" and ");
+            let required =
+                std::env::var_os("TOLLGATE_REQUIRE_BROWSER").is_some_and(|v| !v.is_empty());
             assert!(
                 !required,
                 "{test}: TOLLGATE_REQUIRE_BROWSER is set but {missing} is not installed \
                  (apt-get install chromium chromium-driver, as scripts/test.sh does)"
             );
-            eprintln!(
+            // Straight to stderr: the harness would hide an `eprintln!` of
+            // a passing test.
+            let _ = writeln!(
+                std::io::stderr(),
                 "SKIPPED {test}: {missing} not installed (apt-get install chromium chromium-driver, \
                  or run scripts/test.sh); set TOLLGATE_REQUIRE_BROWSER=1 to fail instead"
             );
