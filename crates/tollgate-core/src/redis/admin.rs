@@ -19,9 +19,9 @@ use crate::store::{
     millis_ceil, AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL,
 };
 
-/// How long a version stamp lives after its last change (a day): a
+/// How long a version stamp lives after its last change (an hour): a
 /// watcher reading it back at 0 just keeps going.
-const VERSION_TTL_MS: u64 = 24 * 3600 * 1000;
+const VERSION_TTL_MS: u64 = 3600 * 1000;
 
 /// The listeners of each watched channel, shared by a backend's clones.
 #[derive(Default)]

@@ -70,7 +70,7 @@ pub trait AdminBackend: Send + Sync + 'static {
 
     /// Publishes `message` on `channel` for every instance, and bumps the
     /// version stamp `version_key` that instances poll in case a message is
-    /// lost (the stamp expires a day after its last change).
+    /// lost (the stamp expires an hour after its last change).
     fn announce<'a>(
         &'a self,
         channel: &'a str,
