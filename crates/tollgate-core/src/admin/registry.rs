@@ -88,6 +88,7 @@ impl LimiterInfo {
                     burst: q.burst(),
                 })
                 .collect(),
+            traffic: None,
         }
     }
 }
