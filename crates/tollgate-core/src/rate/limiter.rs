@@ -211,7 +211,7 @@ impl RateLimiter {
             if let Some(d) = cache.get(&keys[0], cost, sent_at) {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
                 if let Some(op) = &inner.operated {
-                    op.throttled.denied(subject);
+                    op.tally.denied(subject);
                 }
                 return_keys(keys);
                 return Ok(Ok(d));
@@ -247,7 +247,16 @@ impl RateLimiter {
         let inner = &self.inner;
         prepared.request.deadline = Instant::now().checked_add(inner.timeout);
         let outcome = {
-            let mut call = inner.backend.check_rate(&prepared.request);
+            // A span per round trip (none in process): what a trace of a
+            // slow request shows.
+            let span = tracing::debug_span!(
+                "tollgate.rate.check",
+                policy = inner.keyspace.policy(),
+                store = inner.backend.kind(),
+                cost = prepared.request.cost,
+            );
+            let mut call =
+                tracing::Instrument::instrument(inner.backend.check_rate(&prepared.request), span);
             // A backend that answers on the first poll needs no timer (and
             // then none is required of the runtime).
             match futures_util::poll!(&mut call) {
@@ -307,12 +316,15 @@ impl RateLimiter {
         );
         d.charge = charge_of(inner.algorithm, request, reply, &d);
         if reply.allowed {
+            if let Some(op) = &inner.operated {
+                op.tally.admitted();
+            }
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
             // Middleware reports decisions at info; the plain API at debug.
             tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
             if let Some(op) = &inner.operated {
-                op.throttled.denied(subject);
+                op.tally.denied(subject);
             }
             if let Some(cache) = &inner.deny_cache {
                 let replied_at = self.local_now();
