@@ -15,7 +15,7 @@ use tollgate_axum::admin::AdminRouter;
 use tollgate_core::admin::Admin;
 use tollgate_core::{MemoryBackend, Subject};
 use tollgate_testkit::eventually;
-use tollgate_testkit::http::loopback;
+use tollgate_testkit::http::{in_process, loopback};
 use tollgate_tower::key::{HeaderKey, KeyExtractor};
 
 fn now_ms() -> u64 {
@@ -35,6 +35,46 @@ fn api_subject(key: &str) -> Subject {
         .extract(&req.into_parts().0)
         .unwrap()
         .unwrap()
+}
+
+/// A key the routes would refuse is a 400 naming it, on lookups and
+/// actions alike.
+#[tokio::test]
+async fn a_key_the_routes_refuse_is_a_400() {
+    let backend = MemoryBackend::new();
+    let limiter =
+        tollgate_core::RateLimiter::builder(backend.clone(), tollgate_core::Algorithm::Gcra)
+            .quota(tollgate_core::Quota::per_second(1))
+            .name("keys")
+            .build()
+            .unwrap();
+    let admin = Admin::new(backend);
+    eventually(WAIT, "the limiter registers", || async {
+        admin.limiters().await.ok().filter(|l| l.len() == 1)
+    })
+    .await;
+    let app = AdminRouter::new(admin, TOKEN)
+        .unwrap()
+        .try_resolve_key("keys", |raw| raw.strip_prefix("tg_").map(Subject::new))
+        .into_router::<()>();
+    let auth = format!("Bearer {TOKEN}");
+    let ask = |uri: &str| {
+        http::Request::get(uri)
+            .header("authorization", &auth)
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let r = in_process::send(&app, ask("/api/subjects?limiter=keys&key=nope")).await;
+    let detail = problem(&r, 400);
+    assert!(detail.contains("no such key"), "{detail}");
+    let r = in_process::send(&app, ask("/api/subjects?limiter=keys&key=tg_ann")).await;
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(
+        (r.status.as_u16(), &v["subject"]),
+        (200, &json!("ann")),
+        "{r:?}"
+    );
+    limiter.check("ann").await.unwrap();
 }
 
 #[test]
@@ -140,6 +180,10 @@ async fn the_routes_answer_as_the_contract_says(store: Store) {
     assert_eq!(limiters[1]["algorithm"], "sliding_window_log");
     assert_eq!(limiters[1]["quotas"][0]["limit"], 3);
     assert_eq!(limiters[1]["quotas"][0]["period_seconds"], 60);
+    for l in limiters {
+        assert!(l["traffic"]["allowed_per_second"].is_number(), "{l}");
+        assert!(l["traffic"]["denied_per_second"].is_number(), "{l}");
+    }
 
     // A subject by raw key, resolved as the route keys it: the same id the
     // throttled list shows after the route refused it.

@@ -62,6 +62,9 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
         browser::wait_for_text(&client, name, WAIT, |t| t == "login").await;
         let quotas = r#"#limiters-table tr[data-limiter="login"] td[data-field="quotas"]"#;
         browser::wait_for_text(&client, quotas, WAIT, |t| t == "3 / minute").await;
+        // The limiter's recent traffic, as a rate.
+        let allowed = r#"#limiters-table tr[data-limiter="login"] td[data-field="allowed"]"#;
+        browser::wait_for_text(&client, allowed, WAIT, |t| t.parse::<f64>().is_ok()).await;
         let row = throttled_row("login", &id);
         browser::wait_for_text(
             &client,

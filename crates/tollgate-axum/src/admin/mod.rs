@@ -157,6 +157,21 @@ impl AdminRouter {
         self
     }
 
+    /// As [`resolve_key`](Self::resolve_key), for keys the routes may
+    /// refuse (a malformed API key): `None` answers the lookup or action
+    /// 400.
+    pub fn try_resolve_key(
+        mut self,
+        limiter: impl Into<String>,
+        resolve: impl Fn(&str) -> Option<Subject> + Send + Sync + 'static,
+    ) -> Self {
+        let resolve = move |raw: &str| {
+            resolve(raw).ok_or_else(|| "the limiter's routes accept no such key".to_owned())
+        };
+        self.resolvers.insert(limiter.into(), Arc::new(resolve));
+        self
+    }
+
     /// The routes of limiter `limiter` key a request with `key` reading
     /// header `header` (a [`HeaderKey`](tollgate_tower::key::HeaderKey),
     /// hashed or plain, or any extractor of that header): the raw key is

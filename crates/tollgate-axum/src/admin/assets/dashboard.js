@@ -168,11 +168,13 @@
     return d < 1000 ? "just now" : duration(d) + " ago";
   }
 
-  // Per-second rates of a limiter: given by the server, or from the change
-  // of cumulative counters since the last refresh; null when neither exists.
+  // Per-second rates of a limiter: given by the server (its recent
+  // traffic), or from the change of cumulative counters since the last
+  // refresh; null when neither exists.
   function rates(l) {
-    if (typeof l.allowed_per_sec === "number" || typeof l.denied_per_sec === "number") {
-      return { allowed: l.allowed_per_sec, denied: l.denied_per_sec };
+    const t = l.traffic;
+    if (t && (typeof t.allowed_per_second === "number" || typeof t.denied_per_second === "number")) {
+      return { allowed: t.allowed_per_second, denied: t.denied_per_second };
     }
     if (typeof l.allowed !== "number" || typeof l.denied !== "number") {
       return null;
