@@ -55,13 +55,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::json;
+use tollgate::admin::{Admin, AdminRouter};
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::ExtensionKey;
 use tollgate::tower::rate_limit::PlanExtension;
 use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer, RateLimitLayer};
 use tollgate::{
-    Algorithm, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans, Quota,
-    RateBackend, RateLimiter, Semaphore, Subject,
+    Algorithm, Backend, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans,
+    Quota, RateBackend, RateLimiter, Semaphore, Subject,
 };
 
 /// Requests in flight per API key on `/v1/generate`.
@@ -290,11 +291,35 @@ fn by_api_key() -> ExtensionKey<ApiKey> {
     ExtensionKey::with(ApiKey::subject)
 }
 
-/// The gateway's router on `backend` (see the module docs for the contract).
+/// The gateway's router on `backend` (see the module docs for the
+/// contract), with the admin router at `/admin` when
+/// `TOLLGATE_ADMIN_TOKEN` is set.
 pub(crate) fn router<B>(backend: B) -> Router
 where
-    B: RateBackend + IdempotencyBackend + Clone,
+    B: RateBackend + IdempotencyBackend + Clone + Into<Backend>,
 {
+    let token = std::env::var("TOLLGATE_ADMIN_TOKEN").ok();
+    router_with_admin(backend, token.filter(|t| !t.trim().is_empty()))
+}
+
+/// The operator plane at `/admin`, behind `token`: every limiter of the
+/// gateway resolves a raw `X-Api-Key` as its routes key it.
+fn admin_router(backend: Backend, token: String) -> Router {
+    let admin = Admin::new(backend).with_prefix("gateway");
+    let mut routes = AdminRouter::new(admin, token).expect("a non-empty admin token");
+    for limiter in ["login", "quota-free", "quota-pro"] {
+        routes = routes.try_resolve_key(limiter, subject_of);
+    }
+    Router::new().merge(routes.mount_at("/admin"))
+}
+
+/// The gateway's router on `backend`, with the admin router at `/admin`
+/// when given a token (else `/admin` is 404).
+pub(crate) fn router_with_admin<B>(backend: B, admin_token: Option<String>) -> Router
+where
+    B: RateBackend + IdempotencyBackend + Clone + Into<Backend>,
+{
+    let admin = admin_token.map(|token| admin_router(backend.clone().into(), token));
     let orders = IdempotencyStore::builder(backend.clone())
         .prefix("gateway")
         .record_ttl(ORDER_RECORD_TTL)
@@ -324,7 +349,11 @@ where
         .route("/orders", post(create_order).route_layer(once_per_key))
         .route("/quota", get(quota).route_layer(per_key_by_plan))
         .route("/login", post(login).route_layer(failed_logins));
-    Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
+    let app = Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)));
+    match admin {
+        Some(admin) => app.merge(admin),
+        None => app,
+    }
 }
 
 #[cfg(test)]
