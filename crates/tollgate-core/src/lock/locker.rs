@@ -279,6 +279,33 @@ impl Locker {
         Ok(value)
     }
 
+    /// Breaks the lock `name` whoever holds it — an operator's tool for a
+    /// holder that is stuck (alive, renewing, doing nothing) — on every
+    /// instance of a Redlock. The fence key stays, so the next holder's
+    /// fence is still higher than the broken one's (the resource goes on
+    /// refusing the old holder's writes); waiters take the lock at once.
+    /// The broken holder's [`Lease`] is lost at its next renewal (at most
+    /// a third of its TTL later), and its release reports "not held".
+    /// `true` when there was a holder.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let stuck = locker.try_acquire("nightly", &LockOptions::new()).await?;
+    /// assert!(locker.break_lock("nightly").await?);
+    /// let next = locker.try_acquire("nightly", &LockOptions::new()).await?;
+    /// assert!(next.fence() > stuck.fence());
+    /// assert!(!stuck.release().await?); // no longer its own
+    /// assert!(!locker.break_lock("free").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn break_lock(&self, name: impl Into<Subject>) -> Result<bool> {
+        Ok(self.core.break_holders(&name.into()).await? > 0)
+    }
+
     /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …), or
     /// `"redlock"` for a Redlock.
     pub fn backend_kind(&self) -> &'static str {

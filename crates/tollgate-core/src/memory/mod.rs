@@ -11,6 +11,7 @@ use self::rate::Slot;
 use self::state::MemoryLocks;
 use crate::clock::{Clock, SystemClock};
 
+mod holders;
 mod idempotency;
 mod lock;
 mod permits;

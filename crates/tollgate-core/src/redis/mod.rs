@@ -19,6 +19,7 @@ use crate::error::{redis_error, Error, Result};
 
 mod coalesce;
 mod conn;
+mod holders;
 mod idempotency;
 mod lock;
 mod permits;

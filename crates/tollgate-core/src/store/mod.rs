@@ -7,10 +7,13 @@
 //! is either, chosen at run time. The same behaviour suite runs against every
 //! store.
 
+mod holders;
 mod idempotency;
 mod lock;
 mod rate;
 
+pub use self::holders::LockHolder;
+pub(crate) use self::holders::{parse_description, parse_lock_key};
 pub use self::idempotency::{
     ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
 };
