@@ -8,7 +8,8 @@
 -- 5 GCRA), its number of keys k, its number of arguments m, then its own
 -- ARGV as a single call takes it (m values: now or '', cost, nonce, the
 -- quotas' parameters, and its deadline if it has one). KEYS: every check's
--- keys, in order. All keys hash to
+-- keys, in order (a key per quota, then its block key if it has one, as in
+-- rate_block.lua). All keys hash to
 -- one slot (the same hash tag on a cluster).
 -- Returns one reply per check, in order: the single call's reply, or the
 -- error it raised as a string — one check's error fails that check only.
@@ -19,11 +20,15 @@
 local reads, logs, a, k = {}, {}, 2, 0
 for d = 1, ARGV[1] + 0 do
   local nk, m = ARGV[a + 1] + 0, ARGV[a + 2] + 0
-  -- The sliding log (2) keeps a sorted set, read with its own commands.
-  if ARGV[a] == '2' then
-    for i = 1, nk do logs[KEYS[k + i]] = true end
-  else
-    for i = 1, nk do reads[#reads + 1] = KEYS[k + i] end
+  local nq = math.floor((m - 3) / 2)
+  -- The sliding log (2) keeps a sorted set, read with its own commands; a
+  -- block key is a string whatever the algorithm.
+  for i = 1, nk do
+    if ARGV[a] == '2' and i <= nq then
+      logs[KEYS[k + i]] = true
+    else
+      reads[#reads + 1] = KEYS[k + i]
+    end
   end
   a, k = a + 3 + m, k + nk
 end
@@ -60,11 +65,15 @@ for d = 1, ARGV[1] + 0 do
     end
     now = clock
   end
-  cost, n = args[2] + 0, nk
-  -- As rate_deadline.lua: a check its caller no longer waits for is late.
-  local deadline = args[4 + 2 * nk]
+  cost, n = args[2] + 0, math.floor((m - 3) / 2)
+  -- As rate_deadline.lua: a check its caller no longer waits for is late;
+  -- as rate_block.lua: a blocked subject is refused.
+  local deadline = args[4 + 2 * n]
+  local ends = keys[n + 1] and tonumber(stored_string(keys[n + 1]) or '')
   if deadline and now > deadline + 0 then
     out[d] = {-1, now}
+  elseif ends and ends > now then
+    out[d] = {-2, now, ends - now}
   else
     local ok, reply = pcall(decide[ARGV[a] + 0], keys, args)
     if ok then

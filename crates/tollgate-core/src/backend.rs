@@ -10,8 +10,9 @@ use crate::error::Result;
 use crate::memory::MemoryBackend;
 use crate::redis::RedisBackend;
 use crate::store::{
-    AcquireReply, AcquireRequest, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend,
-    LockBackend, LockHolder, LockKeys, RateBackend, RateReply, RateRequest, RecordKeys,
+    AcquireReply, AcquireRequest, AdminBackend, ClaimReply, ClaimRequest, FencingToken,
+    IdempotencyBackend, LockBackend, LockHolder, LockKeys, RateBackend, RateReply, RateRequest,
+    RecordKeys,
     RefundRequest, ReleaseEvents, StoredResponse,
 };
 
@@ -134,6 +135,14 @@ impl Backend {
         }
     }
 
+    /// The operator plane of the store.
+    pub(crate) fn admin_store(&self) -> &dyn AdminBackend {
+        match self {
+            Backend::Memory(m) => m,
+            Backend::Redis(r) => r,
+        }
+    }
+
     fn idempotency(&self) -> &dyn IdempotencyBackend {
         match self {
             Backend::Memory(m) => m,
@@ -183,6 +192,10 @@ impl RateBackend for Backend {
 
     fn kind(&self) -> &'static str {
         self.rate().kind()
+    }
+
+    fn admin(&self) -> Option<Arc<dyn AdminBackend>> {
+        self.rate().admin()
     }
 }
 

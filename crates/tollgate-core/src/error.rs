@@ -51,6 +51,9 @@ pub enum Error {
         /// The semaphore's permit count.
         limit: u32,
     },
+    /// The operator plane found no such name in the registry.
+    #[error("not registered: {0}")]
+    NotRegistered(String),
     /// A lock (or a semaphore's permits) could not be acquired within the
     /// wait bound.
     #[error("lock {name:?} is held by someone else")]

@@ -23,6 +23,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -49,8 +50,27 @@ pub const DEFAULT_PREFIX: &str = "tollgate";
 /// // Empty is not an empty tag.
 /// assert!(!Subject::new("").as_encoded().is_empty());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Subject(String);
+#[derive(Clone)]
+pub struct Subject {
+    encoded: String,
+    /// A non-secret label the application gives (the throttled list shows
+    /// it); not part of the identity.
+    label: Option<Arc<str>>,
+}
+
+impl PartialEq for Subject {
+    fn eq(&self, other: &Self) -> bool {
+        self.encoded == other.encoded
+    }
+}
+
+impl Eq for Subject {}
+
+impl std::hash::Hash for Subject {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.encoded.hash(state);
+    }
+}
 
 impl Subject {
     /// A subject made of one part.
@@ -77,27 +97,90 @@ impl Subject {
         Self::finish(out)
     }
 
+    fn plain(encoded: String) -> Self {
+        Subject {
+            encoded,
+            label: None,
+        }
+    }
+
+    /// The subject whose id (its escaped form, [`as_encoded`](Self::as_encoded))
+    /// is `id`, as the operator plane prints it. Errors with
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a string
+    /// no subject encodes to.
+    ///
+    /// ```
+    /// use tollgate::Subject;
+    ///
+    /// let s = Subject::compound(["user 1", "a:b"]);
+    /// assert_eq!(Subject::from_encoded(s.as_encoded()).unwrap(), s);
+    /// assert!(Subject::from_encoded("a{b}").is_err());
+    /// ```
+    pub fn from_encoded(id: &str) -> crate::Result<Self> {
+        let bytes = id.as_bytes();
+        let digest = id.strip_prefix("%h").is_some_and(|h| {
+            h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        });
+        let mut i = 0;
+        let mut valid = !bytes.is_empty() && id.len() <= MAX_SUBJECT_LEN;
+        while valid && i < bytes.len() {
+            let b = bytes[i];
+            if b == b'%' {
+                let hex = |k: usize| {
+                    bytes
+                        .get(k)
+                        .is_some_and(|c| matches!(c, b'0'..=b'9' | b'A'..=b'F'))
+                };
+                valid = hex(i + 1) && hex(i + 2);
+                i += 3;
+            } else {
+                valid = b.is_ascii_graphic() && !matches!(b, b'{' | b'}');
+                i += 1;
+            }
+        }
+        if valid || id == "%e" || digest {
+            Ok(Subject::plain(id.to_owned()))
+        } else {
+            Err(crate::Error::InvalidConfig(format!(
+                "{id:?} is not a subject id (the escaped form keys and the throttled list show)"
+            )))
+        }
+    }
+
+    /// The same subject with a label the operator plane shows beside its id
+    /// (in the throttled list): something that tells an operator who it is
+    /// without being a secret — never an API key or a token.
+    pub fn with_label(mut self, label: impl Into<Arc<str>>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// The label, if any.
+    pub fn label(&self) -> Option<&str> {
+        self.label.as_deref()
+    }
+
     fn finish(encoded: String) -> Self {
         if encoded.is_empty() {
             // `%e` cannot come out of escaping (escapes are `%` + two upper-case hex digits).
-            Subject("%e".to_owned())
+            Subject::plain("%e".to_owned())
         } else if encoded.len() > MAX_SUBJECT_LEN {
             let digest = Sha256::digest(encoded.as_bytes());
-            Subject(format!("%h{}", hex(&digest[..16])))
+            Subject::plain(format!("%h{}", hex(&digest[..16])))
         } else {
-            Subject(encoded)
+            Subject::plain(encoded)
         }
     }
 
     /// The escaped form used inside keys.
     pub fn as_encoded(&self) -> &str {
-        &self.0
+        &self.encoded
     }
 
     /// A short digest of the subject, for logs and traces that must not carry
     /// the raw value (an IP address, an API key).
     pub fn digest(&self) -> String {
-        let digest = Sha256::digest(self.0.as_bytes());
+        let digest = Sha256::digest(self.encoded.as_bytes());
         hex(&digest[..6])
     }
 }
@@ -147,7 +230,7 @@ impl From<IpAddr> for Subject {
                     }
                     push_decimal(&mut out, octet);
                 }
-                Subject(out)
+                Subject::plain(out)
             }
             IpAddr::V6(v6) => {
                 use std::io::Write;
@@ -272,7 +355,7 @@ impl Keyspace {
             self.prefix.len()
                 + self.policy.len()
                 + kind.map_or(0, |k| k.len() + 1)
-                + subject.0.len()
+                + subject.encoded.len()
                 + 8
                 + suffix.map_or(0, str::len),
         );
@@ -296,7 +379,7 @@ impl Keyspace {
             key.push_str(k);
         }
         key.push_str(":{");
-        key.push_str(&subject.0);
+        key.push_str(&subject.encoded);
         key.push('}');
         if let Some(s) = suffix {
             key.push(':');

@@ -23,6 +23,7 @@
 // Layers, each importing only those above it: error, clock, keyspace and
 // quota; store (the traits); failure; the capabilities (rate, lock,
 // idempotency); the stores (memory, redis); backend (either store).
+pub mod admin;
 mod backend;
 mod clock;
 mod error;

@@ -11,6 +11,7 @@ use self::rate::Slot;
 use self::state::MemoryLocks;
 use crate::clock::{Clock, SystemClock};
 
+mod admin;
 mod holders;
 mod idempotency;
 mod lock;
@@ -50,6 +51,7 @@ struct Inner {
     /// Seeds the shard choice (the maps themselves use SipHash).
     seed: u64,
     locks: MemoryLocks,
+    admin: admin::MemoryAdmin,
 }
 
 #[derive(Default)]
@@ -105,6 +107,7 @@ impl MemoryBackend {
                 shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
                 seed: RandomState::new().hash_one(0u8),
                 locks: MemoryLocks::default(),
+                admin: admin::MemoryAdmin::default(),
             }),
         }
     }

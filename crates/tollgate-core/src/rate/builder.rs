@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use super::admin::Operated;
 use super::deny_cache::DenyCache;
 use super::limiter::{Inner, RateLimiter, DEFAULT_TIMEOUT};
 use super::refund::unclaimed;
@@ -43,6 +44,7 @@ impl RateLimiter {
             policy: FailurePolicy::Allow,
             breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_COOLDOWN),
             deny_cache: DEFAULT_DENY_CACHE,
+            register: true,
         }
     }
 
@@ -76,6 +78,9 @@ pub struct RateLimiterBuilder {
     policy: FailurePolicy,
     breaker: (u32, Duration),
     deny_cache: usize,
+    /// Whether it registers itself (the operator plane's own rebuilt
+    /// limiters and local fallbacks do not).
+    register: bool,
 }
 
 impl fmt::Debug for RateLimiterBuilder {
@@ -146,6 +151,13 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// Not written into the operator plane's registry (it still hears
+    /// admin actions and honours blocks).
+    pub(crate) fn unregistered(mut self) -> Self {
+        self.register = false;
+        self
+    }
+
     /// Checks the configuration and builds the limiter.
     pub fn build(self) -> Result<RateLimiter> {
         if self.quotas.is_empty() {
@@ -189,7 +201,8 @@ impl RateLimiterBuilder {
                 let mut b = RateLimiter::builder(self.backend.local_rate(), self.algorithm)
                     .prefix(keyspace.prefix())
                     .name(keyspace.policy())
-                    .deny_cache(0);
+                    .deny_cache(0)
+                    .unregistered();
                 for q in &self.quotas {
                     let share = Quota::new((q.limit() / n).max(1), q.period())?;
                     let share = if q.has_explicit_burst() {
@@ -211,7 +224,11 @@ impl RateLimiterBuilder {
             self.clock.clone(),
             keyspace.policy().to_owned(),
         );
-        Ok(RateLimiter {
+        let operated = self.backend.admin().map(|store| Operated {
+            store,
+            throttled: Arc::default(),
+        });
+        let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
                 algorithm: self.algorithm,
@@ -224,8 +241,11 @@ impl RateLimiterBuilder {
                 breaker: Breaker::new(self.breaker.0, self.breaker.1),
                 deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
                 unclaimed,
+                operated,
             }),
-        })
+        };
+        limiter.operate(self.register);
+        Ok(limiter)
     }
 }
 

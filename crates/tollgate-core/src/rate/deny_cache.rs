@@ -105,6 +105,14 @@ impl DenyCache {
         self.shard(key).map.remove(key);
     }
 
+    /// Forgets every denial (an operator changed something this instance
+    /// may not have heard about).
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            shard.lock().unwrap_or_else(|e| e.into_inner()).map.clear();
+        }
+    }
+
     /// Remembers a denial of `cost`: the request was sent at `sent_at` and
     /// answered at `replied_at` (local clock).
     pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, replied_at: u64, d: &Decision) {

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::admin::{Operated, BLOCK_KIND};
 use super::deny_cache::DenyCache;
 use super::refund::{charge_of, next_id};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
@@ -57,6 +58,8 @@ pub(super) struct Inner {
     pub(super) deny_cache: Option<DenyCache>,
     /// Gives back admissions whose callers had stopped waiting.
     pub(super) unclaimed: Unclaimed,
+    /// The operator plane of the store, if it has one.
+    pub(super) operated: Option<Operated>,
 }
 
 impl fmt::Debug for RateLimiter {
@@ -207,6 +210,9 @@ impl RateLimiter {
         if let Some(cache) = &inner.deny_cache {
             if let Some(d) = cache.get(&keys[0], cost, sent_at) {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
+                if let Some(op) = &inner.operated {
+                    op.throttled.denied(subject);
+                }
                 return_keys(keys);
                 return Ok(Ok(d));
             }
@@ -241,7 +247,16 @@ impl RateLimiter {
         let inner = &self.inner;
         prepared.request.deadline = Instant::now().checked_add(inner.timeout);
         let outcome = {
-            let mut call = inner.backend.check_rate(&prepared.request);
+            // A span per round trip (none in process): what a trace of a
+            // slow request shows.
+            let span = tracing::debug_span!(
+                "tollgate.rate.check",
+                policy = inner.keyspace.policy(),
+                store = inner.backend.kind(),
+                cost = prepared.request.cost,
+            );
+            let mut call =
+                tracing::Instrument::instrument(inner.backend.check_rate(&prepared.request), span);
             // A backend that answers on the first poll needs no timer (and
             // then none is required of the runtime).
             match futures_util::poll!(&mut call) {
@@ -305,6 +320,9 @@ impl RateLimiter {
         } else {
             // Middleware reports decisions at info; the plain API at debug.
             tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
+            if let Some(op) = &inner.operated {
+                op.throttled.denied(subject);
+            }
             if let Some(cache) = &inner.deny_cache {
                 let replied_at = self.local_now();
                 cache.insert(&request.keys[0], request.cost, sent_at, replied_at, &d);
@@ -416,8 +434,14 @@ fn take_keys(inner: &Inner, subject: &Subject) -> Vec<String> {
         inner.algorithm.short_name(),
         inner.quotas.len(),
     );
-    keys.resize_with(n, String::new);
-    keys.truncate(n);
+    // A store with an operator plane also reads the subject's block key.
+    let blocks = inner.operated.is_some();
+    keys.resize_with(n + usize::from(blocks), String::new);
+    keys.truncate(n + usize::from(blocks));
+    if blocks {
+        keys[n].clear();
+        ks.write_key_of(BLOCK_KIND, subject, &mut keys[n]);
+    }
     if n == 1 {
         keys[0].clear();
         ks.write_key_of(kind, subject, &mut keys[0]);

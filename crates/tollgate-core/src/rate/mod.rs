@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+mod admin;
 pub(crate) mod builder;
 mod deny_cache;
 mod limiter;

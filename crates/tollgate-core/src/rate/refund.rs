@@ -153,7 +153,9 @@ pub(super) fn unclaimed(
         let charge = charge_of(algorithm, request, reply, &d);
         let refund = charge.map(|c| {
             let now = clock.as_ref().map(|c| c.now_micros());
-            refund_request(algorithm, &quotas, request.keys.clone(), &c, now)
+            // Its quota keys (a block key may follow).
+            let keys = request.keys[..quotas.len().min(request.keys.len())].to_vec();
+            refund_request(algorithm, &quotas, keys, &c, now)
         });
         let (backend, policy) = (Arc::clone(&backend), policy.clone());
         async move {
@@ -166,6 +168,9 @@ pub(super) fn unclaimed(
                 match done {
                     Ok(_) => {
                         tracing::debug!(policy = %policy, cost = refund.cost, "gave back an admission its caller never received");
+                        #[cfg(feature = "metrics")]
+                        metrics::counter!("tollgate_unclaimed_refunds_total", "policy" => policy.clone())
+                            .increment(1);
                         return;
                     }
                     Err(e) if !is_outage(&e) => {

@@ -17,6 +17,7 @@ use self::rate::RateCalls;
 use self::scripts::LuaScript;
 use crate::error::{redis_error, Error, Result};
 
+mod admin;
 mod coalesce;
 mod conn;
 mod holders;
@@ -81,6 +82,8 @@ pub struct RedisBackend {
     rate: RateCalls,
     /// Coalescing of rate checks; `None` when off.
     coalescer: Option<Coalescer<RateCalls>>,
+    /// Listeners of the admin channels this backend watches.
+    watchers: Arc<admin::Watchers>,
     pub(super) kind: &'static str,
 }
 
@@ -102,6 +105,7 @@ impl RedisBackend {
         };
         RedisBackend {
             pubsub: None,
+            watchers: Arc::default(),
             coalescer: Some(Coalescer::new(
                 rate.clone(),
                 Coalescing::default(),

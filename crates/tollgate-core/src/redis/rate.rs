@@ -247,6 +247,13 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<Parsed> {
     if let [-1, now] = nums[..] {
         return Ok(Parsed::Late(now.max(0) as u64));
     }
+    // {-2, now, µs left}: an operator blocked the subject.
+    if let [-2, now, left] = nums[..] {
+        let now = now.max(0) as u64;
+        return Ok(Parsed::Decided(
+            RateReply::blocked(quotas, left.max(1) as u64).at(now),
+        ));
+    }
     // {allowed, now, then four figures per quota}.
     if nums.len() != 2 + 4 * quotas {
         return Err(Error::Protocol(format!(
@@ -314,6 +321,10 @@ impl RateBackend for RedisBackend {
 
     fn kind(&self) -> &'static str {
         self.kind
+    }
+
+    fn admin(&self) -> Option<Arc<dyn crate::store::AdminBackend>> {
+        Some(Arc::new(self.clone()))
     }
 }
 

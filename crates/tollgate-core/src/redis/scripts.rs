@@ -24,7 +24,8 @@ impl LuaScript {
 
 /// A script's body as it is sent: a rate algorithm's arguments
 /// (`lua/rate_args.lua`), then for a check its deadline
-/// (`lua/rate_deadline.lua`), the shared prelude, then the algorithm; a
+/// (`lua/rate_deadline.lua`), the shared prelude, for a check its block
+/// (`lua/rate_block.lua`), then the algorithm; a
 /// refund adds the refund prelude instead of the deadline. Every script is sent whole, so each carries
 /// its preludes.
 macro_rules! rate_body {
@@ -33,6 +34,7 @@ macro_rules! rate_body {
             include_str!("../../lua/rate_args.lua"),
             include_str!("../../lua/rate_deadline.lua"),
             include_str!("../../lua/rate_prelude.lua"),
+            include_str!("../../lua/rate_block.lua"),
             include_str!(concat!("../../lua/", $file, ".lua"))
         )
     };
@@ -143,6 +145,8 @@ scripts! {
     IDEM_CLAIM => "idem_claim",
     IDEM_COMPLETE => "idem_complete",
     IDEM_ABANDON => "idem_abandon",
+    RATE_BLOCK_SET => "rate_block_set",
+    THROTTLED_ADD => "throttled_add",
 }
 
 #[cfg(test)]
@@ -167,7 +171,8 @@ mod tests {
             let preludes = concat!(
                 include_str!("../../lua/rate_args.lua"),
                 include_str!("../../lua/rate_deadline.lua"),
-                include_str!("../../lua/rate_prelude.lua")
+                include_str!("../../lua/rate_prelude.lua"),
+                include_str!("../../lua/rate_block.lua")
             );
             let own = check(alg)
                 .body

@@ -7,11 +7,13 @@
 //! is either, chosen at run time. The same behaviour suite runs against every
 //! store.
 
+mod admin;
 mod holders;
 mod idempotency;
 mod lock;
 mod rate;
 
+pub use self::admin::{AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL};
 pub use self::holders::LockHolder;
 pub(crate) use self::holders::{parse_description, parse_lock_key};
 pub use self::idempotency::{

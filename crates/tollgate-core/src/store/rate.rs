@@ -7,6 +7,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use smallvec::SmallVec;
 
+use super::AdminBackend;
 use crate::error::Result;
 use crate::quota::{Interval, Quota};
 
@@ -44,6 +45,18 @@ impl Algorithm {
             Algorithm::SlidingWindowLog => "swl",
             Algorithm::SlidingWindowCounter => "swc",
             Algorithm::TokenBucket => "tb",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Its name in words, as the registry and the admin API give it
+    /// (`"sliding_window_log"`).
+    pub fn long_name(&self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket => "token_bucket",
             Algorithm::Gcra => "gcra",
         }
     }
@@ -153,7 +166,9 @@ impl Outcome {
 pub struct RateRequest {
     /// The algorithm to run.
     pub algorithm: Algorithm,
-    /// One key per quota, all sharing one hash tag.
+    /// One key per quota, all sharing one hash tag; then, when operators'
+    /// blocks apply, the subject's block key (same tag): a subject blocked
+    /// there is refused until the block ends ([`RateReply::blocked`]).
     pub keys: Vec<String>,
     /// The quotas, in the same order as `keys` (shared with the limiter:
     /// no copy per check).
@@ -265,6 +280,13 @@ impl RateReply {
         }
     }
 
+    /// The refusal of a blocked subject, `left_micros` before the block
+    /// ends: every quota refuses for that long, whatever it holds.
+    pub fn blocked(quotas: usize, left_micros: u64) -> Self {
+        let outcome = Outcome::from_reply(0, left_micros, left_micros, left_micros);
+        Self::new(false, (0..quotas).map(|_| outcome).collect::<Outcomes>())
+    }
+
     /// The reply, decided at `now_micros`.
     pub fn at(mut self, now_micros: u64) -> Self {
         self.now_micros = now_micros;
@@ -311,6 +333,13 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs: `"memory"`, `"redis"`, ….
     fn kind(&self) -> &'static str;
+
+    /// The operator plane of this store, if it has one: where a limiter
+    /// registers, hears admin actions and reports whom it throttles. The
+    /// default is none (a store of your own is not administered).
+    fn admin(&self) -> Option<Arc<dyn AdminBackend>> {
+        None
+    }
 }
 
 impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
@@ -336,5 +365,9 @@ impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
 
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+
+    fn admin(&self) -> Option<Arc<dyn AdminBackend>> {
+        (**self).admin()
     }
 }

@@ -31,18 +31,26 @@ impl MemoryBackend {
         let Some(first) = req.keys.first() else {
             return RateReply::new(true, smallvec![]);
         };
+        let quota_keys = &req.keys[..req.quotas.len().min(req.keys.len())];
+        if let Some(left) = req
+            .keys
+            .get(req.quotas.len())
+            .and_then(|block| self.block_left(block, now))
+        {
+            return RateReply::blocked(req.quotas.len(), left).at(now);
+        }
         let mut shard = lock(self.shard_for(first));
         shard.tick(now);
-        if let ([key], [q]) = (&req.keys[..], &req.quotas[..]) {
+        if let ([key], [q]) = (quota_keys, &req.quotas[..]) {
             let (allowed, outcome) =
                 Self::check_one(&mut shard, key, q, req.algorithm, req.cost, now);
             return RateReply::new(allowed, smallvec![outcome]).at(now);
         }
         // Each key's live entry is taken out whole, keeping its owned key so
         // that putting it back allocates nothing.
-        let mut held: Vec<(Option<String>, u64)> = Vec::with_capacity(req.keys.len());
-        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(req.keys.len());
-        for k in &req.keys {
+        let mut held: Vec<(Option<String>, u64)> = Vec::with_capacity(quota_keys.len());
+        let mut slots: Vec<Option<Slot>> = Vec::with_capacity(quota_keys.len());
+        for k in quota_keys {
             match shard.map.remove_entry(k) {
                 Some((owned, e)) if e.expires_at > now => {
                     held.push((Some(owned), e.expires_at));
@@ -73,7 +81,7 @@ impl MemoryBackend {
                 .collect();
         }
         for (((key, slot), outcome), (owned, old_expiry)) in
-            req.keys.iter().zip(slots).zip(&outcomes).zip(held)
+            quota_keys.iter().zip(slots).zip(&outcomes).zip(held)
         {
             let Some(slot) = slot else { continue };
             if matches!(&slot, Slot::Log(l) if l.is_empty()) {
@@ -253,5 +261,9 @@ impl RateBackend for MemoryBackend {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn admin(&self) -> Option<std::sync::Arc<dyn crate::store::AdminBackend>> {
+        Some(std::sync::Arc::new(self.clone()))
     }
 }

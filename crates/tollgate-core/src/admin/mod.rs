@@ -1,0 +1,155 @@
+//! The operator plane: see and change what the stores hold — which
+//! limiters, semaphores and idempotency stores exist (a registry each
+//! writes once), one subject's state, resets, blocks, who is throttled and
+//! who holds what — with every instance told at once.
+//!
+//! [`Admin`] works from the store alone: a tool built without the
+//! application's code (the CLI, the dashboard) finds the limiters in the
+//! registry and interprets their keys. Every change is announced on the
+//! admin channel, which each instance watches: its deny cache and local
+//! fallback forget the subject within a round trip; an instance that
+//! missed the message sees the version stamp move within
+//! [`VERSION_POLL`] and forgets everything it cached.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate::Error> {
+//! use std::time::Duration;
+//! use tollgate::admin::Admin;
+//! use tollgate::{MemoryBackend, Quota, RateLimiter, Subject};
+//!
+//! let backend = MemoryBackend::new();
+//! let logins = RateLimiter::builder(backend.clone(), tollgate::Algorithm::SlidingWindowLog)
+//!     .quota(Quota::per_minute(3))
+//!     .name("login")
+//!     .build()?;
+//! for _ in 0..4 {
+//!     logins.check("alice").await?;
+//! }
+//! let admin = Admin::new(backend);
+//! let alice = Subject::new("alice");
+//! assert_eq!(admin.inspect("login", &alice).await?.remaining, 0);
+//! admin.reset("login", &alice).await?;
+//! assert!(logins.check("alice").await?.allowed);
+//! admin.block("login", &alice, Duration::from_secs(60)).await?;
+//! assert!(!logins.check("alice").await?.allowed);
+//! # Ok(()) }
+//! ```
+
+mod notices;
+mod registry;
+mod throttled;
+mod views;
+
+use std::time::Duration;
+
+pub(crate) use self::notices::{Action, Notice, Notices};
+pub(crate) use self::registry::{register, REGISTER_EVERY};
+pub(crate) use self::throttled::{list_key as throttled_list_key, Throttled};
+pub use self::views::{
+    Holder, HolderKind, LimiterInfo, QuotaInfo, Registered, SubjectState, ThrottledSubject,
+};
+pub use crate::store::VERSION_POLL;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::keyspace::{Subject, DEFAULT_PREFIX};
+use crate::rate::RateLimiter;
+use crate::store::AdminBackend;
+
+/// The operator's handle on one keyspace prefix of a store: inspect, reset,
+/// block and unblock subjects of any registered limiter, list who is
+/// throttled and who holds what. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Admin {
+    backend: Backend,
+    prefix: String,
+}
+
+impl Admin {
+    /// The operator plane of `backend`, for the default prefix (`tg`).
+    pub fn new(backend: impl Into<Backend>) -> Self {
+        Admin {
+            backend: backend.into(),
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+
+    /// For the keys under `prefix` (as given to the capabilities' builders).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The store.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    pub(crate) fn store(&self) -> &dyn AdminBackend {
+        self.backend.admin_store()
+    }
+
+    /// Everything registered under the prefix, by name.
+    pub async fn registered(&self) -> Result<Vec<Registered>> {
+        registry::read(self.store(), &self.prefix).await
+    }
+
+    /// The registered limiters, by name.
+    pub async fn limiters(&self) -> Result<Vec<LimiterInfo>> {
+        Ok(self
+            .registered()
+            .await?
+            .into_iter()
+            .filter_map(|r| match r {
+                Registered::Limiter(l) => Some(l),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The limiter registered as `name`, rebuilt from its description
+    /// (same keys, same quotas, no deny cache, failing closed).
+    /// [`Error::NotRegistered`] when there is none.
+    pub async fn limiter(&self, name: &str) -> Result<RateLimiter> {
+        let info = self
+            .limiters()
+            .await?
+            .into_iter()
+            .find(|l| l.name == name)
+            .ok_or_else(|| Error::NotRegistered(format!("limiter {name:?}")))?;
+        registry::rebuild(&self.backend, &self.prefix, &info)
+    }
+
+    /// What the limiter `limiter` holds for `subject` now.
+    pub async fn inspect(&self, limiter: &str, subject: &Subject) -> Result<SubjectState> {
+        self.limiter(limiter).await?.inspect(subject).await
+    }
+
+    /// Gives `subject` its whole quota back on `limiter`, fleet-wide.
+    pub async fn reset(&self, limiter: &str, subject: &Subject) -> Result<()> {
+        self.limiter(limiter).await?.reset(subject).await
+    }
+
+    /// Refuses `subject` on `limiter` for `duration` whatever its quota
+    /// says, fleet-wide (a later block replaces it).
+    pub async fn block(&self, limiter: &str, subject: &Subject, duration: Duration) -> Result<()> {
+        self.limiter(limiter).await?.block(subject, duration).await
+    }
+
+    /// Lifts a block of `subject` on `limiter`, fleet-wide.
+    pub async fn unblock(&self, limiter: &str, subject: &Subject) -> Result<()> {
+        self.limiter(limiter).await?.unblock(subject).await
+    }
+
+    /// The most throttled subjects over every registered limiter, most
+    /// denied first (at most `n`).
+    pub async fn throttled(&self, n: usize) -> Result<Vec<ThrottledSubject>> {
+        throttled::top(self, n).await
+    }
+}

@@ -1,0 +1,85 @@
+//! The admin channel's messages: what changed, for which limiter and
+//! subject, so that every instance forgets what it cached about it.
+
+/// What an operator did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    Reset,
+    Block,
+    Unblock,
+}
+
+/// One admin message: `<action> <limiter> <subject id>` (neither a
+/// limiter's name nor a subject id holds a space).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Notice {
+    pub(crate) action: Action,
+    pub(crate) limiter: String,
+    pub(crate) subject: String,
+}
+
+impl Action {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Action::Reset => "reset",
+            Action::Block => "block",
+            Action::Unblock => "unblock",
+        }
+    }
+}
+
+impl Notice {
+    pub(crate) fn to_message(&self) -> String {
+        format!("{} {} {}", self.action.name(), self.limiter, self.subject)
+    }
+
+    pub(crate) fn parse(message: &str) -> Option<Notice> {
+        let mut parts = message.split(' ');
+        let action = match parts.next()? {
+            "reset" => Action::Reset,
+            "block" => Action::Block,
+            "unblock" => Action::Unblock,
+            _ => return None,
+        };
+        let (limiter, subject) = (parts.next()?, parts.next()?);
+        parts.next().is_none().then(|| Notice {
+            action,
+            limiter: limiter.to_owned(),
+            subject: subject.to_owned(),
+        })
+    }
+}
+
+/// Where the notices of a prefix go: the channel and its version stamp.
+#[derive(Debug, Clone)]
+pub(crate) struct Notices {
+    pub(crate) channel: String,
+    pub(crate) version_key: String,
+}
+
+impl Notices {
+    pub(crate) fn of(prefix: &str) -> Notices {
+        Notices {
+            channel: format!("{prefix}:admin"),
+            version_key: format!("{prefix}:admin:version"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_reads_back() {
+        let n = Notice {
+            action: Action::Block,
+            limiter: "login".into(),
+            subject: "a%20b:c".into(),
+        };
+        assert_eq!(Notice::parse(&n.to_message()), Some(n));
+        assert_eq!(Notice::parse("block login"), None);
+        assert_eq!(Notice::parse("drop login x"), None);
+        assert_eq!(Notice::parse("reset a b c"), None);
+    }
+}

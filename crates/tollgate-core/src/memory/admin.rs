@@ -1,0 +1,207 @@
+//! The operator plane in memory: [`AdminBackend`] for [`MemoryBackend`].
+//! One process is the whole fleet: the admin channel calls this process's
+//! listeners at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::{self, BoxFuture};
+use futures_util::FutureExt;
+
+use super::{lock, MemoryBackend};
+use crate::error::Result;
+use crate::store::{AdminBackend, AdminListener, DenialCount};
+
+/// The operator plane's state of one [`MemoryBackend`].
+#[derive(Default)]
+pub(crate) struct MemoryAdmin {
+    /// Block key → its end (µs, the backend's clock).
+    blocks: Mutex<HashMap<String, u64>>,
+    /// How many blocks exist: a check reads the map only when some do.
+    block_count: AtomicUsize,
+    registries: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    listeners: Mutex<HashMap<String, Vec<AdminListener>>>,
+    versions: Mutex<HashMap<String, u64>>,
+    throttled: Mutex<HashMap<String, BTreeMap<String, DenialCount>>>,
+}
+
+fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while these are held.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl MemoryBackend {
+    /// What is left of the block `key` at `now` (µs), if any.
+    pub(crate) fn block_left(&self, key: &str, now: u64) -> Option<u64> {
+        let admin = &self.inner.admin;
+        if admin.block_count.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut blocks = guard(&admin.blocks);
+        match blocks.get(key) {
+            Some(&ends) if ends > now => Some(ends - now),
+            Some(_) => {
+                blocks.remove(key);
+                admin.block_count.store(blocks.len(), Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.clock.now_micros()
+    }
+}
+
+fn ready<'a, T: Send + 'a>(value: T) -> BoxFuture<'a, Result<T>> {
+    future::ready(Ok(value)).boxed()
+}
+
+impl AdminBackend for MemoryBackend {
+    fn in_process(&self) -> bool {
+        true
+    }
+
+    fn register<'a>(
+        &'a self,
+        key: &'a str,
+        field: &'a str,
+        value: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        guard(&self.inner.admin.registries)
+            .entry(key.to_owned())
+            .or_default()
+            .insert(field.to_owned(), value.to_owned());
+        ready(())
+    }
+
+    fn registered<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>> {
+        let all = guard(&self.inner.admin.registries)
+            .get(key)
+            .map(|r| r.iter().map(|(f, v)| (f.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        ready(all)
+    }
+
+    fn delete<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Result<()>> {
+        // A request's keys live in its first key's shard.
+        if let Some(first) = keys.first() {
+            let mut shard = lock(self.shard_for(first));
+            for k in keys {
+                shard.map.remove(k);
+            }
+        }
+        ready(())
+    }
+
+    fn set_block<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<()>> {
+        let admin = &self.inner.admin;
+        let ends = self
+            .now()
+            .saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        let mut blocks = guard(&admin.blocks);
+        blocks.insert(key.to_owned(), ends);
+        admin.block_count.store(blocks.len(), Ordering::Relaxed);
+        ready(())
+    }
+
+    fn unblock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<()>> {
+        let admin = &self.inner.admin;
+        let mut blocks = guard(&admin.blocks);
+        blocks.remove(key);
+        admin.block_count.store(blocks.len(), Ordering::Relaxed);
+        ready(())
+    }
+
+    fn block_left<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Duration>>> {
+        let left = MemoryBackend::block_left(self, key, self.now()).map(Duration::from_micros);
+        ready(left)
+    }
+
+    fn announce<'a>(
+        &'a self,
+        channel: &'a str,
+        version_key: &'a str,
+        message: &'a str,
+    ) -> BoxFuture<'a, Result<()>> {
+        *guard(&self.inner.admin.versions)
+            .entry(version_key.to_owned())
+            .or_default() += 1;
+        let listeners = guard(&self.inner.admin.listeners)
+            .get(channel)
+            .cloned()
+            .unwrap_or_default();
+        for l in listeners {
+            l(message);
+        }
+        ready(())
+    }
+
+    fn version<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64>> {
+        let v = guard(&self.inner.admin.versions)
+            .get(key)
+            .copied()
+            .unwrap_or(0);
+        ready(v)
+    }
+
+    fn watch(&self, channel: &str, _version_key: &str, listener: AdminListener) {
+        guard(&self.inner.admin.listeners)
+            .entry(channel.to_owned())
+            .or_default()
+            .push(listener);
+    }
+
+    fn add_denials<'a>(
+        &'a self,
+        key: &'a str,
+        counts: &'a [DenialCount],
+        _ttl: Duration,
+        keep: usize,
+    ) -> BoxFuture<'a, Result<()>> {
+        let mut all = guard(&self.inner.admin.throttled);
+        let list = all.entry(key.to_owned()).or_default();
+        for c in counts {
+            let e = list
+                .entry(c.subject.clone())
+                .or_insert_with(|| DenialCount {
+                    denied: 0,
+                    ..c.clone()
+                });
+            e.denied += c.denied;
+            e.last_denied_ms = e.last_denied_ms.max(c.last_denied_ms);
+            if c.label.is_some() {
+                e.label.clone_from(&c.label);
+            }
+        }
+        if list.len() > keep {
+            let mut by_denials: Vec<(u64, String)> = list
+                .values()
+                .map(|c| (c.denied, c.subject.clone()))
+                .collect();
+            by_denials.sort_unstable_by(|a, b| b.cmp(a));
+            for (_, s) in by_denials.into_iter().skip(keep) {
+                list.remove(&s);
+            }
+        }
+        ready(())
+    }
+
+    fn top_denials<'a>(
+        &'a self,
+        key: &'a str,
+        n: usize,
+    ) -> BoxFuture<'a, Result<Vec<DenialCount>>> {
+        let mut top: Vec<DenialCount> = guard(&self.inner.admin.throttled)
+            .get(key)
+            .map(|l| l.values().cloned().collect())
+            .unwrap_or_default();
+        top.sort_by(|a, b| b.denied.cmp(&a.denied).then(a.subject.cmp(&b.subject)));
+        top.truncate(n);
+        ready(top)
+    }
+}

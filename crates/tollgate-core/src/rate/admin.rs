@@ -1,0 +1,287 @@
+//! A limiter under the operator plane: it registers itself, hears admin
+//! actions (forgetting what it cached about a subject), counts whom it
+//! throttles, and offers the actions themselves on the plain API
+//! ([`RateLimiter::inspect`], [`reset`](RateLimiter::reset),
+//! [`block`](RateLimiter::block), [`unblock`](RateLimiter::unblock)).
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::limiter::Inner;
+use super::RateLimiter;
+use crate::admin::{
+    register, throttled_list_key, Action, LimiterInfo, Notice, Notices, Registered, SubjectState,
+    Throttled, REGISTER_EVERY,
+};
+use crate::error::{Error, Result};
+use crate::keyspace::Subject;
+use crate::store::{AdminBackend, RateRequest, EVERYTHING};
+
+/// The kind in a block key's name (`<prefix>:<name>:block:{<subject>}`).
+pub(super) const BLOCK_KIND: &str = "block";
+
+/// The longest block (a year): longer is a typo, not a policy.
+const LONGEST_BLOCK: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// What a limiter keeps for the operator plane.
+pub(super) struct Operated {
+    pub(super) store: Arc<dyn AdminBackend>,
+    pub(super) throttled: Arc<Throttled>,
+}
+
+impl RateLimiter {
+    /// The key that blocks `subject` on this limiter (same hash tag as its
+    /// quota keys).
+    pub fn block_key_for(&self, subject: &Subject) -> String {
+        self.inner.keyspace.key_of(BLOCK_KIND, subject, None)
+    }
+
+    /// Joins the operator plane of its store, if the store has one:
+    /// registers (once, in the background), watches the admin channel and
+    /// starts flushing its throttled list.
+    pub(super) fn operate(&self, register_it: bool) {
+        let inner = &self.inner;
+        let Some(op) = &inner.operated else { return };
+        let prefix = inner.keyspace.prefix().to_owned();
+        if register_it {
+            let (store, entry) = (
+                Arc::clone(&op.store),
+                Registered::Limiter(LimiterInfo::of(self)),
+            );
+            if store.in_process() {
+                // Listed before the first check, with or without a runtime.
+                let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry));
+            } else {
+                let alive: Weak<Inner> = Arc::downgrade(inner);
+                // Again and again while it lives: the registry expires
+                // unless someone keeps it.
+                let registering = async move {
+                    while alive.strong_count() > 0 {
+                        if let Err(e) = register(&*store, &prefix, &entry).await {
+                            tracing::warn!(error = %e, "could not register the limiter: the operator plane will not list it");
+                        }
+                        tokio::time::sleep(REGISTER_EVERY).await;
+                    }
+                };
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => drop(runtime.spawn(registering)),
+                    Err(_) => tracing::warn!("no runtime to register the limiter on: the operator plane will not list it"),
+                }
+            }
+            op.throttled.start(
+                Arc::clone(&op.store),
+                throttled_list_key(inner.keyspace.prefix(), inner.keyspace.policy()),
+            );
+        }
+        let notices = Notices::of(inner.keyspace.prefix());
+        let me: Weak<Inner> = Arc::downgrade(inner);
+        op.store.watch(
+            &notices.channel,
+            &notices.version_key,
+            Arc::new(move |message| {
+                if let Some(inner) = me.upgrade() {
+                    RateLimiter { inner }.hear(message);
+                }
+            }),
+        );
+    }
+
+    /// Forgets what this instance cached about the subject a message names
+    /// (everything, when messages may have been missed).
+    fn hear(&self, message: &str) {
+        let inner = &self.inner;
+        if message == EVERYTHING {
+            if let Some(cache) = &inner.deny_cache {
+                cache.clear();
+            }
+            return;
+        }
+        let Some(notice) = Notice::parse(message) else {
+            return;
+        };
+        if notice.limiter != inner.keyspace.policy() {
+            return;
+        }
+        let Ok(subject) = Subject::from_encoded(&notice.subject) else {
+            return;
+        };
+        if let Some(cache) = &inner.deny_cache {
+            cache.remove(&self.keys_for(&subject)[0]);
+        }
+        if let (Action::Reset, Some(fallback)) = (notice.action, &inner.fallback) {
+            // The local fallback's store is in process: done at once.
+            let keys = fallback.keys_for(&subject);
+            if let Some(store) = fallback.inner.backend.admin() {
+                let _ = futures_util::FutureExt::now_or_never(store.delete(&keys));
+            }
+        }
+        tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), action = ?notice.action, "heard an admin action");
+    }
+
+    fn operated(&self) -> Result<&Operated> {
+        self.inner.operated.as_ref().ok_or_else(|| {
+            Error::InvalidConfig(format!(
+                "the {} store has no operator plane",
+                self.inner.backend.kind()
+            ))
+        })
+    }
+
+    async fn announce(&self, action: Action, subject: &Subject) -> Result<()> {
+        let notices = Notices::of(self.inner.keyspace.prefix());
+        let notice = Notice {
+            action,
+            limiter: self.inner.keyspace.policy().to_owned(),
+            subject: subject.as_encoded().to_owned(),
+        };
+        tracing::info!(policy = self.inner.keyspace.policy(), subject = subject.as_encoded(), action = ?action, "admin action");
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tollgate_admin_actions_total",
+            "policy" => self.inner.keyspace.policy().to_owned(),
+            "action" => notice.action.name(),
+        )
+        .increment(1);
+        self.operated()?
+            .store
+            .announce(&notices.channel, &notices.version_key, &notice.to_message())
+            .await
+    }
+
+    /// Runs an admin action in a span of its own (OpenTelemetry exports it
+    /// through `tracing-opentelemetry`).
+    async fn traced<T>(
+        &self,
+        action: Action,
+        subject: &Subject,
+        work: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "tollgate.admin",
+            action = action.name(),
+            policy = self.inner.keyspace.policy(),
+            subject = subject.as_encoded(),
+        );
+        work.instrument(span).await
+    }
+
+    /// What the store holds for `subject` now: units left, when one more
+    /// could be admitted, when every quota is full, and a block's end.
+    /// Takes nothing.
+    pub async fn inspect(&self, subject: &Subject) -> Result<SubjectState> {
+        let store = Arc::clone(&self.operated()?.store);
+        let d = self.peek(subject).await?;
+        let left = store.block_left(&self.block_key_for(subject)).await?;
+        let strictest = d
+            .quotas
+            .iter()
+            .min_by_key(|q| q.remaining)
+            .map(|q| (q.limit, q.reset_after));
+        let (limit, reset) = strictest.unwrap_or((0, Duration::ZERO));
+        let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        // Until one more unit: the latest of the empty quotas' next units.
+        let next_unit = d
+            .quotas
+            .iter()
+            .filter(|q| q.remaining == 0)
+            .map(|q| q.next_after.max(Duration::from_micros(1)))
+            .max();
+        let retry = match (next_unit, left) {
+            (r, Some(l)) => Some(r.map_or(l, |r| r.max(l))),
+            (r, None) => r,
+        };
+        Ok(SubjectState {
+            limiter: self.inner.keyspace.policy().to_owned(),
+            subject: subject.as_encoded().to_owned(),
+            remaining: d.remaining,
+            limit,
+            retry_after_ms: retry.map(|r| ms(r).max(1)),
+            reset_after_ms: ms(reset),
+            blocked_until_ms: left.map(|l| epoch_ms().saturating_add(ms(l).max(1))),
+        })
+    }
+
+    /// Gives `subject` its whole quota back (every instance forgets its
+    /// cached denials within a round trip, or [`VERSION_POLL`](crate::admin::VERSION_POLL)
+    /// if it missed the message). A block stays.
+    pub async fn reset(&self, subject: &Subject) -> Result<()> {
+        self.traced(Action::Reset, subject, async {
+            let store = Arc::clone(&self.operated()?.store);
+            store.delete(&self.keys_for(subject)).await?;
+            self.announce(Action::Reset, subject).await
+        })
+        .await
+    }
+
+    /// Refuses `subject` for `duration` whatever its quota holds, on every
+    /// instance (with a `Retry-After` of the block's end); a later block
+    /// replaces this one. A duration of zero or over a year is refused
+    /// with [`Error::InvalidConfig`].
+    pub async fn block(&self, subject: &Subject, duration: Duration) -> Result<()> {
+        if duration.is_zero() || duration > LONGEST_BLOCK {
+            return Err(Error::InvalidConfig(format!(
+                "a block of {duration:?}: between 1 ms and a year"
+            )));
+        }
+        let store = Arc::clone(&self.operated()?.store);
+        store
+            .set_block(&self.block_key_for(subject), duration)
+            .await?;
+        self.announce(Action::Block, subject).await
+    }
+
+    /// Lifts a block of `subject` on every instance.
+    pub async fn unblock(&self, subject: &Subject) -> Result<()> {
+        self.traced(Action::Unblock, subject, async {
+            let store = Arc::clone(&self.operated()?.store);
+            store.unblock(&self.block_key_for(subject)).await?;
+            self.announce(Action::Unblock, subject).await
+        })
+        .await
+    }
+}
+
+impl RateLimiter {
+    /// A check of cost 0 by the store itself (no cache, no breaker, no
+    /// block): the figures as they stand.
+    async fn peek(&self, subject: &Subject) -> Result<super::Decision> {
+        let inner = &self.inner;
+        let request = RateRequest {
+            algorithm: inner.algorithm,
+            keys: self.keys_for(subject),
+            quotas: Arc::clone(&inner.quotas),
+            cost: 0,
+            now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
+            nonce: super::refund::next_id(),
+            deadline: None,
+            unclaimed: None,
+        };
+        let reply = match inner.backend.check_rate_now(&request) {
+            Some(reply) => reply?,
+            None => tokio::time::timeout(inner.timeout, inner.backend.check_rate(&request))
+                .await
+                .unwrap_or(Err(Error::Timeout(inner.timeout)))?,
+        };
+        if reply.outcomes.len() != inner.quotas.len() {
+            return Err(Error::Protocol(format!(
+                "{} outcomes for {} quotas",
+                reply.outcomes.len(),
+                inner.quotas.len()
+            )));
+        }
+        Ok(super::Decision::from_outcomes(
+            inner.algorithm,
+            &inner.quotas,
+            &reply.outcomes,
+            reply.allowed,
+            super::DecisionSource::Backend,
+        ))
+    }
+}
+
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,104 @@
+//! [`AdminBackend`]: what the operator plane asks of a store — the
+//! registry, one subject's keys, blocks, the admin channel, the throttled
+//! lists and the holders' descriptions.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::error::Result;
+
+/// Called with every message of the admin channel a store watches.
+pub type AdminListener = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The longest an instance that missed an admin message keeps serving
+/// what it cached: a store's watcher polls the version stamp this often.
+pub const VERSION_POLL: Duration = Duration::from_millis(500);
+
+/// What a watcher hears when it may have missed messages: forget
+/// everything cached.
+pub const EVERYTHING: &str = "*";
+
+/// Denials of one subject, counted by one instance since its last flush.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DenialCount {
+    /// The subject's id.
+    pub subject: String,
+    /// Denials counted.
+    pub denied: u64,
+    /// The last one (ms since the epoch).
+    pub last_denied_ms: u64,
+    /// The application's label for the subject, if any.
+    pub label: Option<String>,
+}
+
+/// The operator plane's operations on a store. Every key named here is
+/// built by the caller (the keyspace's rules); the store only reads and
+/// writes it.
+pub trait AdminBackend: Send + Sync + 'static {
+    /// Whether every operation completes at once (a store in this
+    /// process), so that it may be done in place of a task.
+    fn in_process(&self) -> bool {
+        false
+    }
+
+    /// Writes `value` under `field` of the registry `key` (a hash), which
+    /// then lives `ttl` (writers refresh it well before).
+    fn register<'a>(
+        &'a self,
+        key: &'a str,
+        field: &'a str,
+        value: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// Every `(field, value)` of the registry `key`.
+    fn registered<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>>;
+
+    /// Deletes `keys` (one subject's: one hash tag).
+    fn delete<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Result<()>>;
+
+    /// Sets the block `key` for `ttl` (replacing an earlier one).
+    fn set_block<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<()>>;
+
+    /// Lifts the block `key`.
+    fn unblock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<()>>;
+
+    /// What is left of the block `key` (`None`: not blocked).
+    fn block_left<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Duration>>>;
+
+    /// Publishes `message` on `channel` for every instance, and bumps the
+    /// version stamp `version_key` that instances poll in case a message is
+    /// lost (the stamp expires a day after its last change).
+    fn announce<'a>(
+        &'a self,
+        channel: &'a str,
+        version_key: &'a str,
+        message: &'a str,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// The version stamp under `key` (0 when absent).
+    fn version<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<u64>>;
+
+    /// Calls `listener` with each message published on `channel` from now
+    /// on, for as long as the store lives (reconnecting as needed); and
+    /// with [`EVERYTHING`] when the version stamp `version_key` moved
+    /// without a message (one was lost). One subscription per channel,
+    /// however many listeners.
+    fn watch(&self, channel: &str, version_key: &str, listener: AdminListener);
+
+    /// Adds `counts` to the throttled list under `key` (kept `ttl` after
+    /// the last addition, at most `keep` subjects: the most denied).
+    fn add_denials<'a>(
+        &'a self,
+        key: &'a str,
+        counts: &'a [DenialCount],
+        ttl: Duration,
+        keep: usize,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// The `n` most denied subjects of the throttled list under `key`.
+    fn top_denials<'a>(&'a self, key: &'a str, n: usize)
+        -> BoxFuture<'a, Result<Vec<DenialCount>>>;
+}
