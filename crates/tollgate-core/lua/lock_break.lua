@@ -16,8 +16,8 @@ if kind == 'string' then
   n = 1
 elseif kind == 'zset' then
   local t = redis.call('TIME')
-  local now = t[1] * 1000000 + t[2]
-  local live = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('(%d', now), '+inf')
+  local after = string.format('(%d', t[1] * 1000000 + t[2])
+  local live = redis.call('ZRANGEBYSCORE', KEYS[1], after, '+inf')
   local seen = {}
   for i = 1, #live do
     local token = string.match(live[i], '^(.*)#%d+$') or live[i]
@@ -27,7 +27,8 @@ elseif kind == 'zset' then
       redis.call('DEL', KEYS[1] .. ':holder:' .. token)
     end
   end
-  redis.call('DEL', KEYS[1])
+  -- The live holders only: anything else in a sorted set is not a permit's.
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], after, '+inf')
 end
 if n > 0 then
   redis.call('PUBLISH', ARGV[1], 'released')

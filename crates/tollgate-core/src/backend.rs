@@ -12,8 +12,7 @@ use crate::redis::RedisBackend;
 use crate::store::{
     AcquireReply, AcquireRequest, AdminBackend, ClaimReply, ClaimRequest, FencingToken,
     IdempotencyBackend, LockBackend, LockHolder, LockKeys, RateBackend, RateReply, RateRequest,
-    RecordKeys,
-    RefundRequest, ReleaseEvents, StoredResponse,
+    RecordKeys, RefundRequest, ReleaseEvents, StoredResponse,
 };
 
 /// The store an application picked: this process's memory, or Redis

@@ -1,6 +1,7 @@
 //! Who holds what: every lock and permit carries `host:pid` and since when,
 //! so an operator lists the holders from the store alone and breaks a stuck
-//! one without letting fences go back — on memory, a standalone
+//! one without letting fences go back — through the store traits, the
+//! plain API and the operator's [`Admin`], on memory, a standalone
 //! redis-server and a 3-master cluster (real processes).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,6 +11,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
+use tollgate_core::admin::{Admin, HolderKind};
 use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore};
 use tollgate_core::lock::{AcquireReply, AcquireRequest, LockHolder, LockKeys, ReleaseEvents};
 use tollgate_core::{
@@ -217,7 +219,39 @@ async fn held_ones_are_listed(kind: Kind) {
         assert!(p.ttl <= ttl && p.ttl > ttl / 2, "{:?}", p.ttl);
     }
 
+    // The operator's view: the same, as the admin API's JSON shows it.
+    let admin = Admin::new(backend.clone()).with_prefix(&prefix);
+    let seen = admin.holders().await.unwrap();
+    let summary: Vec<_> = seen
+        .iter()
+        .map(|h| (h.kind, h.name.as_str(), h.subject.as_str(), h.fence))
+        .collect();
+    let mut expected = vec![(HolderKind::Lock, "lock", "orders", lease.fence().get())];
+    for p in permits {
+        expected.push((HolderKind::Permit, "sem", "gpu", p.fence.get()));
+    }
+    assert_eq!(summary, expected);
+    for h in &seen {
+        assert!(h.holder.ends_with(&pid_suffix()), "{}", h.holder);
+        assert!(h.ttl_ms <= 20_000 && h.ttl_ms > 10_000, "{}", h.ttl_ms);
+    }
+    let json = serde_json::to_value(&seen[1]).unwrap();
+    let fields: Vec<_> = json.as_object().unwrap().keys().cloned().collect();
+    let mut wanted = [
+        "fence", "held_ms", "holder", "kind", "name", "subject", "ttl_ms",
+    ];
+    wanted.sort();
+    assert_eq!(fields, wanted);
+    assert_eq!(json["kind"], "permit");
+    assert_eq!(json["subject"], "gpu");
+
     // Held for longer at each look.
+    let first = seen[0].held_ms;
+    eventually(Duration::from_secs(3), "held_ms grows", || async {
+        let now = admin.holders().await.unwrap();
+        (now[0].held_ms > first).then_some(())
+    })
+    .await;
     let first = lock.held;
     eventually(Duration::from_secs(3), "held grows", || async {
         let now = holders(&backend, &prefix).await;
@@ -249,7 +283,11 @@ async fn a_broken_lock_is_free_at_once(kind: Kind) {
     let stuck = locker.try_acquire("job", &opts).await.unwrap();
     assert!(locker.try_acquire("job", &opts).await.is_err());
 
-    assert!(locker.break_lock("job").await.unwrap());
+    let admin = Admin::new(backend.clone()).with_prefix(&prefix);
+    assert!(admin
+        .break_lock("lock", &Subject::new("job"))
+        .await
+        .unwrap());
     let next = locker
         .try_acquire("job", &opts)
         .await
@@ -268,6 +306,10 @@ async fn a_broken_lock_is_free_at_once(kind: Kind) {
     assert!(next.is_held());
     assert!(!stuck.release().await.unwrap());
     assert!(next.release().await.unwrap());
+    assert!(!admin
+        .break_lock("lock", &Subject::new("job"))
+        .await
+        .unwrap());
     assert!(!locker.break_lock("job").await.unwrap());
     assert_keys_expire(kind, &prefix);
 }
@@ -301,8 +343,10 @@ async fn broken_permits_go_to_the_waiters(kind: Kind) {
     .await;
     assert!(!waiter.is_finished());
 
+    let admin = Admin::new(backend.clone()).with_prefix(&prefix);
     let started = std::time::Instant::now();
-    assert_eq!(sem.break_permits("export").await.unwrap(), 2);
+    let export = Subject::new("export");
+    assert_eq!(admin.break_permits("sem", &export).await.unwrap(), 2);
     let got = waiter.await.unwrap().expect("a permit once broken");
     // Woken by the break, not by the permits' expiry.
     assert!(started.elapsed() < Duration::from_millis(1200));
@@ -318,6 +362,7 @@ async fn broken_permits_go_to_the_waiters(kind: Kind) {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].fence, got.fence());
     assert!(got.release().await.unwrap());
+    assert_eq!(admin.break_permits("sem", &export).await.unwrap(), 0);
     assert_eq!(sem.break_permits("export").await.unwrap(), 0);
     assert_keys_expire(kind, &prefix);
 }
@@ -400,6 +445,40 @@ async fn every_name_is_found(kind: Kind) {
     }
 }
 
+/// A fair lock is stored as permits: listed as one, broken as a lock.
+async fn a_fair_lock_is_listed_and_broken(kind: Kind) {
+    let backend = backend(kind).await;
+    let prefix = unique("fair");
+    let locker = Locker::builder(backend.clone())
+        .prefix(&prefix)
+        .fair()
+        .build()
+        .unwrap();
+    let opts = LockOptions::new().ttl(Duration::from_millis(1500));
+    let stuck = locker.try_acquire("queue", &opts).await.unwrap();
+    let admin = Admin::new(backend.clone()).with_prefix(&prefix);
+    let listed = admin.holders().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].kind, listed[0].name.as_str(), listed[0].fence),
+        (HolderKind::Permit, "lock", stuck.fence().get())
+    );
+    assert!(admin
+        .break_lock("lock", &Subject::new("queue"))
+        .await
+        .unwrap());
+    let next = locker.try_acquire("queue", &opts).await.unwrap();
+    assert!(next.fence() > stuck.fence());
+    eventually(
+        Duration::from_secs(3),
+        "the broken lease is lost",
+        || async { stuck.is_lost().then_some(()) },
+    )
+    .await;
+    assert!(next.release().await.unwrap());
+    assert_eq!(admin.holders().await.unwrap(), []);
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {
         mod memory {
@@ -429,6 +508,7 @@ on_every_store!(
     broken_permits_go_to_the_waiters,
     dead_holders_leave_with_their_ttl,
     every_name_is_found,
+    a_fair_lock_is_listed_and_broken,
 );
 
 /// The fence key survives a break: on a clock that does not move, the next
