@@ -479,6 +479,59 @@ async fn a_fair_lock_is_listed_and_broken(kind: Kind) {
     assert_eq!(admin.holders().await.unwrap(), []);
 }
 
+/// A named locker's and semaphore's holders are listed, and broken, under
+/// their names.
+async fn named_ones_go_by_their_names(kind: Kind) {
+    let backend = backend(kind).await;
+    let prefix = unique("named");
+    let generate = Semaphore::builder(backend.clone(), 2)
+        .prefix(&prefix)
+        .name("generate")
+        .build()
+        .unwrap();
+    let nightly = Locker::builder(backend.clone())
+        .prefix(&prefix)
+        .name("nightly")
+        .build()
+        .unwrap();
+    let opts = LockOptions::new();
+    let permit = generate.try_acquire("key-1", &opts).await.unwrap();
+    let lease = nightly.try_acquire("run", &opts).await.unwrap();
+    let admin = Admin::new(backend.clone()).with_prefix(&prefix);
+    let listed: Vec<_> = admin
+        .holders()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| (h.kind, h.name, h.subject, h.fence))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                HolderKind::Permit,
+                "generate".into(),
+                "key-1".into(),
+                permit.fence().get()
+            ),
+            (
+                HolderKind::Lock,
+                "nightly".into(),
+                "run".into(),
+                lease.fence().get()
+            ),
+        ]
+    );
+    let key = Subject::new("key-1");
+    assert_eq!(admin.break_permits("generate", &key).await.unwrap(), 1);
+    assert!(admin
+        .break_lock("nightly", &Subject::new("run"))
+        .await
+        .unwrap());
+    assert_eq!(admin.holders().await.unwrap(), []);
+    assert_eq!(generate.in_use("key-1").await.unwrap(), 0);
+}
+
 macro_rules! on_every_store {
     ($($scenario:ident),* $(,)?) => {
         mod memory {
@@ -509,6 +562,7 @@ on_every_store!(
     dead_holders_leave_with_their_ttl,
     every_name_is_found,
     a_fair_lock_is_listed_and_broken,
+    named_ones_go_by_their_names,
 );
 
 /// The fence key survives a break: on a clock that does not move, the next

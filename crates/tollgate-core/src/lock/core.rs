@@ -134,7 +134,18 @@ impl Core {
                 )));
             }
         }
-        let policy = if s.permits.is_some() { "sem" } else { s.policy };
+        let policy = match (&s.name, s.permits) {
+            (Some(name), _) => name.as_str(),
+            (None, Some(_)) => "sem",
+            (None, None) => s.policy,
+        };
+        if policy.contains(':') {
+            // The operator's listing tells a lock's key from a rate
+            // limiter's (`<policy>:<algorithm>:{…}`) by it.
+            return Err(Error::InvalidConfig(format!(
+                "a lock's or semaphore's name holds no ':', got {policy:?}"
+            )));
+        }
         let keyspace = Keyspace::new(s.prefix.clone(), policy)?;
         let channel_prefix = format!("{}:{}:", keyspace.prefix(), keyspace.policy());
         // A fair name wakes every local waiter on a release: only the head of

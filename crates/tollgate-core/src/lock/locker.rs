@@ -355,7 +355,8 @@ impl Locker {
         self.core.first_ttl(options).map(drop)
     }
 
-    /// The keyspace: the prefix and the policy `lock`.
+    /// The keyspace: the prefix and the policy (`lock`, or the
+    /// [name](LockerBuilder::name)).
     pub fn keyspace(&self) -> &Keyspace {
         self.core.keyspace()
     }
@@ -465,6 +466,26 @@ impl<T: Built> LockerBuilder<T> {
     /// `<prefix>:lock:{<name>}` (`<prefix>:sem:{<name>}` for a semaphore).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Names the locker or semaphore: its keys become
+    /// `<prefix>:<name>:{<subject>}` instead of `…:lock:…` or `…:sem:…`,
+    /// and the operator plane lists and breaks its holders under that name
+    /// ([`Admin::holders`](crate::admin::Admin::holders)). Names are
+    /// checked by `build`: non-empty, no braces, whitespace or `:`; a lock
+    /// and a semaphore never share one.
+    ///
+    /// ```
+    /// use tollgate::{MemoryBackend, Semaphore};
+    ///
+    /// let exports = Semaphore::builder(MemoryBackend::new(), 2).name("export").build()?;
+    /// assert_eq!(exports.keys_for("tenant-7").lock, "tollgate:export:{tenant-7}");
+    /// assert!(Semaphore::builder(MemoryBackend::new(), 2).name("a:b").build().is_err());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.settings.name = Some(name.into());
         self
     }
 

@@ -364,7 +364,8 @@ impl Semaphore {
         self.core.first_ttl(options).map(drop)
     }
 
-    /// The keyspace: the prefix and the policy `sem`.
+    /// The keyspace: the prefix and the policy (`sem`, or the
+    /// [name](LockerBuilder::name)).
     pub fn keyspace(&self) -> &Keyspace {
         self.core.keyspace()
     }
