@@ -36,6 +36,7 @@
 //! # Ok(()) }
 //! ```
 
+mod holders;
 mod notices;
 mod registry;
 mod tally;
