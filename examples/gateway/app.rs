@@ -332,11 +332,12 @@ where
     // Redis down: 503, so "at most 2 in flight" holds even then.
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
         .prefix("gateway")
+        // Its holders are listed by the operator plane as `generate`.
+        .name("generate")
         .on_failure(FailurePolicy::Deny)
         .build()
         .expect("valid semaphore settings");
     let in_flight = ConcurrencyLimitLayer::new(generate_permits, by_api_key())
-        .namespace("generate")
         .options(LockOptions::new().ttl(PERMIT_TTL));
     let v1 = Router::new()
         .route(

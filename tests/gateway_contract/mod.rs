@@ -99,6 +99,7 @@ impl Permits {
         Permits(
             Semaphore::builder(backend, 2)
                 .prefix("gateway")
+                .name("generate")
                 .build()
                 .unwrap(),
         )
@@ -106,8 +107,7 @@ impl Permits {
 
     /// Waits until `key` has `n` permits in use.
     pub(crate) async fn wait_for(&self, key: &str, n: u32) {
-        let keyed = crate::app::subject_of(key).expect("a valid API key");
-        let subject = Subject::compound(["generate", keyed.as_encoded()]);
+        let subject = crate::app::subject_of(key).expect("a valid API key");
         common::eventually(Duration::from_secs(10), "permits in use", || async {
             (self.0.in_use(subject.clone()).await.unwrap() == n).then_some(())
         })

@@ -13,7 +13,7 @@ use http::Method;
 use serde_json::json;
 use tollgate_axum::admin::AdminRouter;
 use tollgate_core::admin::Admin;
-use tollgate_core::{MemoryBackend, Subject};
+use tollgate_core::{LockOptions, MemoryBackend, Semaphore, Subject};
 use tollgate_testkit::eventually;
 use tollgate_testkit::http::{in_process, loopback};
 use tollgate_tower::key::{HeaderKey, KeyExtractor};
@@ -168,7 +168,11 @@ async fn the_token_guards_the_api_on_redis() {
 /// Each route's answer, and what the actions do to the limiters.
 async fn the_routes_answer_as_the_contract_says(store: Store) {
     let App {
-        addr, login, api, ..
+        addr,
+        login,
+        api,
+        admin,
+        backend,
     } = serve(backend(store).await).await;
 
     // Limiters, by name, as registered.
@@ -271,9 +275,35 @@ async fn the_routes_answer_as_the_contract_says(store: Store) {
     let lifted = json(&get(addr, "/admin/api/subjects?limiter=login&subject=alice").await);
     assert!(lifted["blocked_until_ms"].is_null(), "{lifted}");
 
-    // Holders: not listed by this version of the core; said so.
-    let detail = problem(&get(addr, "/admin/api/holders").await, 501);
-    assert!(detail.contains("holders"), "{detail}");
+    // Holders: a permit held here is listed with this process as holder;
+    // released, it is gone.
+    let semaphore = Semaphore::builder(backend.clone(), 2)
+        .prefix(admin.prefix())
+        .name("jobs")
+        .build()
+        .unwrap();
+    let permit = semaphore
+        .acquire("nightly", &LockOptions::new().ttl(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let v = json(&get(addr, "/admin/api/holders").await);
+    let holders = v["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 1, "{v}");
+    let h = &holders[0];
+    assert_eq!(
+        (h["kind"].as_str(), h["name"].as_str()),
+        (Some("permit"), Some("jobs")),
+        "{h}"
+    );
+    assert_eq!(h["subject"], "nightly", "{h}");
+    assert_eq!(h["fence"].as_u64(), Some(permit.fence().get()), "{h}");
+    let me = format!(":{}", std::process::id());
+    assert!(h["holder"].as_str().unwrap().ends_with(&me), "{h}");
+    assert!(h["ttl_ms"].as_u64().unwrap() <= 30_000, "{h}");
+    assert!(h["held_ms"].is_u64(), "{h}");
+    permit.release().await.unwrap();
+    let v = json(&get(addr, "/admin/api/holders").await);
+    assert_eq!(v["holders"].as_array().unwrap().len(), 0, "{v}");
 }
 
 #[tokio::test]

@@ -106,7 +106,7 @@ impl Subject {
 
     /// The subject whose id (its escaped form, [`as_encoded`](Self::as_encoded))
     /// is `id`, as the operator plane prints it. Errors with
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a string
+    /// [`Error::InvalidConfig`] for a string
     /// no subject encodes to.
     ///
     /// ```
@@ -116,7 +116,7 @@ impl Subject {
     /// assert_eq!(Subject::from_encoded(s.as_encoded()).unwrap(), s);
     /// assert!(Subject::from_encoded("a{b}").is_err());
     /// ```
-    pub fn from_encoded(id: &str) -> crate::Result<Self> {
+    pub fn from_encoded(id: &str) -> Result<Self> {
         let bytes = id.as_bytes();
         let digest = id.strip_prefix("%h").is_some_and(|h| {
             h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -141,7 +141,7 @@ impl Subject {
         if valid || id == "%e" || digest {
             Ok(Subject::plain(id.to_owned()))
         } else {
-            Err(crate::Error::InvalidConfig(format!(
+            Err(Error::InvalidConfig(format!(
                 "{id:?} is not a subject id (the escaped form keys and the throttled list show)"
             )))
         }

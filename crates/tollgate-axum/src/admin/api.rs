@@ -13,7 +13,7 @@ use axum::Json;
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
-use tollgate_core::admin::{LimiterInfo, ThrottledSubject};
+use tollgate_core::admin::{Holder, LimiterInfo, ThrottledSubject};
 use tollgate_core::{Error, Subject};
 use tollgate_tower::key::KeyError;
 use tollgate_tower::rejection::Rejection;
@@ -266,15 +266,17 @@ pub(super) async fn throttled(State(admin): State<Arc<AdminRouter>>) -> Response
     }
 }
 
-/// `GET /api/holders`: who holds which lock and which permits. The core
-/// does not list holders yet: 501 (the page shows an empty table and says
-/// why) rather than an empty list that would claim nobody holds anything.
-pub(super) async fn holders(State(_admin): State<Arc<AdminRouter>>) -> Response {
-    problem(
-        StatusCode::NOT_IMPLEMENTED,
-        "this version of tollgate does not list lock and permit holders yet",
-    )
-    .into_response()
+/// `GET /api/holders`: who holds which lock and which permits, read from
+/// the store (every master of a cluster).
+pub(super) async fn holders(State(admin): State<Arc<AdminRouter>>) -> Response {
+    #[derive(Serialize)]
+    struct Holders {
+        holders: Vec<Holder>,
+    }
+    match bounded(admin.admin.holders()).await {
+        Ok(holders) => Json(Holders { holders }).into_response(),
+        Err(e) => failure("holders", e),
+    }
 }
 
 /// Any other path under `/api` (after the token was checked).

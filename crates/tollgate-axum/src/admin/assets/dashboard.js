@@ -426,17 +426,7 @@
       settled(limiters, "limiters-table", (v) => renderLimiters(v.limiters || [], throttledList)),
       settled(throttled, "throttled-table", () => renderThrottled(throttledList)),
     ];
-    const unlisted =
-      holders.status === "rejected" && (holders.reason.status === 404 || holders.reason.status === 501);
-    if (unlisted) {
-      // A server that does not list holders: an empty table, said so.
-      renderHolders([]);
-      document.querySelector('[data-empty-for="holders-table"]').hidden = true;
-      showError("holders-table", "");
-    } else {
-      errors.push(settled(holders, "holders-table", (v) => renderHolders(v.holders || [])));
-    }
-    setText($("holders-note"), unlisted ? "This server does not list lock and permit holders yet." : "");
+    errors.push(settled(holders, "holders-table", (v) => renderHolders(v.holders || [])));
     for (const [i, e] of errors.entries()) {
       if (e) {
         showError(["limiters-table", "throttled-table", "holders-table"][i], e.message);
