@@ -18,14 +18,19 @@ pub(crate) struct Notice {
     pub(crate) subject: String,
 }
 
-impl Notice {
-    pub(crate) fn to_message(&self) -> String {
-        let action = match self.action {
+impl Action {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
             Action::Reset => "reset",
             Action::Block => "block",
             Action::Unblock => "unblock",
-        };
-        format!("{action} {} {}", self.limiter, self.subject)
+        }
+    }
+}
+
+impl Notice {
+    pub(crate) fn to_message(&self) -> String {
+        format!("{} {} {}", self.action.name(), self.limiter, self.subject)
     }
 
     pub(crate) fn parse(message: &str) -> Option<Notice> {

@@ -135,10 +135,35 @@ impl RateLimiter {
             subject: subject.as_encoded().to_owned(),
         };
         tracing::info!(policy = self.inner.keyspace.policy(), subject = subject.as_encoded(), action = ?action, "admin action");
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "tollgate_admin_actions_total",
+            "policy" => self.inner.keyspace.policy().to_owned(),
+            "action" => notice.action.name(),
+        )
+        .increment(1);
         self.operated()?
             .store
             .announce(&notices.channel, &notices.version_key, &notice.to_message())
             .await
+    }
+
+    /// Runs an admin action in a span of its own (OpenTelemetry exports it
+    /// through `tracing-opentelemetry`).
+    async fn traced<T>(
+        &self,
+        action: Action,
+        subject: &Subject,
+        work: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        use tracing::Instrument;
+        let span = tracing::info_span!(
+            "tollgate.admin",
+            action = action.name(),
+            policy = self.inner.keyspace.policy(),
+            subject = subject.as_encoded(),
+        );
+        work.instrument(span).await
     }
 
     /// What the store holds for `subject` now: units left, when one more
@@ -181,9 +206,12 @@ impl RateLimiter {
     /// cached denials within a round trip, or [`VERSION_POLL`](crate::admin::VERSION_POLL)
     /// if it missed the message). A block stays.
     pub async fn reset(&self, subject: &Subject) -> Result<()> {
-        let store = Arc::clone(&self.operated()?.store);
-        store.delete(&self.keys_for(subject)).await?;
-        self.announce(Action::Reset, subject).await
+        self.traced(Action::Reset, subject, async {
+            let store = Arc::clone(&self.operated()?.store);
+            store.delete(&self.keys_for(subject)).await?;
+            self.announce(Action::Reset, subject).await
+        })
+        .await
     }
 
     /// Refuses `subject` for `duration` whatever its quota holds, on every
@@ -205,9 +233,12 @@ impl RateLimiter {
 
     /// Lifts a block of `subject` on every instance.
     pub async fn unblock(&self, subject: &Subject) -> Result<()> {
-        let store = Arc::clone(&self.operated()?.store);
-        store.unblock(&self.block_key_for(subject)).await?;
-        self.announce(Action::Unblock, subject).await
+        self.traced(Action::Unblock, subject, async {
+            let store = Arc::clone(&self.operated()?.store);
+            store.unblock(&self.block_key_for(subject)).await?;
+            self.announce(Action::Unblock, subject).await
+        })
+        .await
     }
 }
 

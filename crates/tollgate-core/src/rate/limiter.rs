@@ -247,7 +247,16 @@ impl RateLimiter {
         let inner = &self.inner;
         prepared.request.deadline = Instant::now().checked_add(inner.timeout);
         let outcome = {
-            let mut call = inner.backend.check_rate(&prepared.request);
+            // A span per round trip (none in process): what a trace of a
+            // slow request shows.
+            let span = tracing::debug_span!(
+                "tollgate.rate.check",
+                policy = inner.keyspace.policy(),
+                store = inner.backend.kind(),
+                cost = prepared.request.cost,
+            );
+            let mut call =
+                tracing::Instrument::instrument(inner.backend.check_rate(&prepared.request), span);
             // A backend that answers on the first poll needs no timer (and
             // then none is required of the runtime).
             match futures_util::poll!(&mut call) {

@@ -168,6 +168,9 @@ pub(super) fn unclaimed(
                 match done {
                     Ok(_) => {
                         tracing::debug!(policy = %policy, cost = refund.cost, "gave back an admission its caller never received");
+                        #[cfg(feature = "metrics")]
+                        metrics::counter!("tollgate_unclaimed_refunds_total", "policy" => policy.clone())
+                            .increment(1);
                         return;
                     }
                     Err(e) if !is_outage(&e) => {

@@ -1,0 +1,251 @@
+//! The operator plane on every store (memory, standalone, a cluster): the
+//! registry, inspect, reset, block and unblock, the throttled list, and —
+//! on Redis — the fleet-wide effect on another instance's deny cache, with
+//! the admin message delivered and with it lost (the version stamp).
+
+mod rate_common;
+
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use rate_common::{assert_ttls, cluster, prefix, server};
+use tollgate_core::admin::Admin;
+use tollgate_core::{
+    Algorithm, Backend, DecisionSource, Error, MemoryBackend, Quota, RateLimiter, RedisBackend,
+    Subject,
+};
+use tollgate_testkit::eventually;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn login(backend: &Backend, prefix: &str, deny_cache: usize) -> RateLimiter {
+    RateLimiter::builder(backend.clone(), Algorithm::SlidingWindowLog)
+        .quota(Quota::per_minute(3))
+        .prefix(prefix)
+        .name("login")
+        .deny_cache(deny_cache)
+        .build()
+        .unwrap()
+}
+
+async fn standalone() -> Backend {
+    RedisBackend::connect(&server().url()).await.unwrap().into()
+}
+
+async fn clustered() -> Backend {
+    RedisBackend::connect_cluster(cluster().seeds())
+        .await
+        .unwrap()
+        .into()
+}
+
+/// Everything one store offers, in one scenario.
+async fn operations(backend: Backend, prefix: &str) {
+    let l = login(&backend, prefix, 0);
+    let admin = Admin::new(backend.clone()).with_prefix(prefix);
+    let listed = eventually(WAIT, "the limiter registers", || async {
+        admin.limiters().await.ok().filter(|l| !l.is_empty())
+    })
+    .await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].name, "login");
+    assert_eq!(listed[0].algorithm, "sliding_window_log");
+    assert_eq!(
+        (
+            listed[0].quotas[0].limit,
+            listed[0].quotas[0].period_seconds
+        ),
+        (3, 60)
+    );
+
+    let alice = Subject::new("alice:1").with_label("ali…");
+    for _ in 0..3 {
+        assert!(l.check(&alice).await.unwrap().allowed);
+    }
+    assert!(!l.check(&alice).await.unwrap().allowed);
+    let state = admin.inspect("login", &alice).await.unwrap();
+    assert_eq!(state.subject, alice.as_encoded());
+    assert_eq!((state.remaining, state.limit), (0, 3));
+    let retry = state.retry_after_ms.expect("empty: a retry");
+    assert!(retry > 0 && retry <= 60_000, "{state:?}");
+    assert_eq!(state.blocked_until_ms, None);
+    // Inspecting takes nothing: a subject with room keeps it.
+    for _ in 0..5 {
+        assert_eq!(
+            admin
+                .inspect("login", &Subject::new("bob"))
+                .await
+                .unwrap()
+                .remaining,
+            3
+        );
+    }
+
+    admin.reset("login", &alice).await.unwrap();
+    let d = l.check(&alice).await.unwrap();
+    assert!(d.allowed && d.remaining == 2, "{d:?}");
+
+    // A block refuses whatever the quota holds, with its own wait, on a
+    // single check and on checks coalesced into one batch.
+    admin
+        .block("login", &alice, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let blocked = join_all((0..20).map(|_| l.check(&alice))).await;
+    for d in &blocked {
+        let d = d.as_ref().unwrap();
+        assert!(!d.allowed, "{d:?}");
+        let retry = d.retry_after.unwrap();
+        assert!(
+            retry > Duration::from_secs(25) && retry <= Duration::from_secs(30),
+            "{d:?}"
+        );
+    }
+    let state = admin.inspect("login", &alice).await.unwrap();
+    assert_eq!(state.remaining, 2, "a block takes nothing: {state:?}");
+    let until = state.blocked_until_ms.expect("blocked");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(until > now + 25_000 && until <= now + 31_000, "{state:?}");
+    assert!(state.retry_after_ms.unwrap() > 25_000, "{state:?}");
+    // Another subject is not blocked.
+    assert!(
+        l.check("bob").await.unwrap().allowed,
+        "another subject is not blocked"
+    );
+    admin.unblock("login", &alice).await.unwrap();
+    assert!(l.check(&alice).await.unwrap().allowed);
+    assert_eq!(
+        admin
+            .inspect("login", &alice)
+            .await
+            .unwrap()
+            .blocked_until_ms,
+        None
+    );
+
+    // Bad input loses nothing and says what is wrong.
+    assert!(matches!(
+        admin.inspect("nope", &alice).await,
+        Err(Error::NotRegistered(_))
+    ));
+    for bad in [Duration::ZERO, Duration::from_secs(400 * 86_400)] {
+        assert!(matches!(
+            admin.block("login", &alice, bad).await,
+            Err(Error::InvalidConfig(_))
+        ));
+    }
+
+    // Who is throttled: the denials above, with the label, fleet-wide.
+    let top = eventually(WAIT, "the throttled list fills", || async {
+        let top = admin.throttled(10).await.ok()?;
+        top.into_iter()
+            .find(|t| t.subject == alice.as_encoded() && t.denied >= 21)
+    })
+    .await;
+    assert_eq!(top.limiter, "login");
+    assert_eq!(top.label.as_deref(), Some("ali…"));
+    assert!(top.last_denied_ms > 0);
+}
+
+#[tokio::test]
+async fn memory_operations() {
+    operations(MemoryBackend::new().into(), &prefix()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_operations() {
+    let prefix = prefix();
+    operations(standalone().await, &prefix).await;
+    assert_ttls(&[server()], &prefix);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_operations() {
+    let prefix = prefix();
+    operations(clustered().await, &prefix).await;
+    assert_ttls(&cluster().nodes().iter().collect::<Vec<_>>(), &prefix);
+}
+
+/// Denies `subject` on `l` until the denial comes from its deny cache.
+async fn cached_denial(l: &RateLimiter, subject: &str) {
+    for _ in 0..4 {
+        l.check(subject).await.unwrap();
+    }
+    let d = l.check(subject).await.unwrap();
+    assert_eq!(d.source, DecisionSource::DenyCache, "{d:?}");
+}
+
+/// Waits until instance `b` admits `subject` again; returns how long it took.
+async fn admitted_again(b: &RateLimiter, subject: &str) -> Duration {
+    let start = Instant::now();
+    eventually(WAIT, "the other instance admits again", || async {
+        b.check(subject).await.ok().filter(|d| d.allowed)?;
+        Some(())
+    })
+    .await;
+    start.elapsed()
+}
+
+/// Two instances (two connections, each with its limiter and deny cache):
+/// an admin action on one reaches the other's cache — by its message, and
+/// by the version stamp when the message is lost.
+async fn fleet_wide(a: Backend, b: Backend, raw: impl Fn(&[&str]) -> String) {
+    let prefix = prefix();
+    let (la, lb) = (login(&a, &prefix, 1000), login(&b, &prefix, 1000));
+    let admin = Admin::new(a.clone()).with_prefix(&prefix);
+    eventually(WAIT, "registered", || async {
+        admin.limiters().await.ok().filter(|l| !l.is_empty())
+    })
+    .await;
+
+    cached_denial(&lb, "carol").await;
+    admin.reset("login", &Subject::new("carol")).await.unwrap();
+    let took = admitted_again(&lb, "carol").await;
+    eprintln!("reset reached the other instance in {took:?}");
+
+    // A block, then an unblock, whose denials the other instance cached.
+    admin
+        .block("login", &Subject::new("dave"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let d = lb.check("dave").await.unwrap();
+    assert!(!d.allowed && d.retry_after.unwrap() > Duration::from_secs(55));
+    assert_eq!(
+        lb.check("dave").await.unwrap().source,
+        DecisionSource::DenyCache
+    );
+    admin.unblock("login", &Subject::new("dave")).await.unwrap();
+    admitted_again(&lb, "dave").await;
+
+    // A lost message: an operator who deletes the keys by hand and bumps
+    // the stamp publishes nothing; the cache is forgotten at the next poll.
+    cached_denial(&lb, "erin").await;
+    let keys = la.keys_for(&Subject::new("erin"));
+    raw(&["DEL", &keys[0]]);
+    raw(&["INCR", &format!("{prefix}:admin:version")]);
+    raw(&["PEXPIRE", &format!("{prefix}:admin:version"), "60000"]);
+    let took = admitted_again(&lb, "erin").await;
+    eprintln!("a lost message cost {took:?}");
+    drop(la);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_fleet_wide() {
+    fleet_wide(standalone().await, standalone().await, |args| {
+        server().cli(args)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_fleet_wide() {
+    fleet_wide(clustered().await, clustered().await, |args| {
+        let c = cluster();
+        let node = c.master_for_key(args[1]);
+        c.nodes()[node].cli(args)
+    })
+    .await;
+}
