@@ -119,7 +119,18 @@ async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
     let json = cli.json;
     let bounded = async {
         Ok(match &cli.command {
-            Command::Limiters => output::limiters(&admin.limiters().await?, json),
+            Command::Limiters => {
+                let limiters = admin.limiters().await?;
+                if limiters.is_empty() && !json {
+                    // The usual cause is a prefix other than the applications'.
+                    eprintln!(
+                        "tollgate: no limiter is registered under the prefix {:?} \
+                         (--prefix sets the applications' prefix)",
+                        admin.prefix()
+                    );
+                }
+                output::limiters(&limiters, json)
+            }
             Command::Inspect { limiter, subject } => {
                 let state = admin.inspect(limiter, subject).await?;
                 output::subject(&state, SystemTime::now(), json)

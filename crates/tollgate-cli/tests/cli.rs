@@ -424,6 +424,12 @@ async fn mistakes_exit_non_zero_with_a_message() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--redis"), "{}", stderr(&out));
 
+    // A prefix no application uses: an empty table and a hint.
+    let out = tollgate(&["--redis", &url, "--prefix", "nobody", "limiters"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim_end(), "NAME  ALGORITHM  QUOTAS");
+    assert!(stderr(&out).contains("\"nobody\""), "{}", stderr(&out));
+
     // An unknown limiter.
     let out = tollgate(&["--redis", &url, "inspect", "nope", "alice"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
