@@ -106,6 +106,7 @@ off in this build."
 //! |---|---|---|
 //! | `tower` | yes | the tower middleware in `tollgate::tower` |
 //! | `axum` | yes | the axum extractors in `tollgate::axum` (and `tower`); key extractors that read axum's `ConnectInfo` and `MatchedPath`; rejections as axum responses |
+//! | `admin` | yes | `tollgate::admin::AdminRouter`: the admin JSON API and the dashboard page as an axum `Router` (and `axum`) |
 //! | `grpc` | no | key extractors read tonic's peer address (and `tower`); gRPC-shaped rejections need no feature |
 //! | `metrics` | no | decision counters through the `metrics` facade (and `tower`) |
 //! | `sentinel` | no | `RedisBackend::sentinel`: a master behind Redis Sentinel, followed across failovers |
@@ -215,4 +216,29 @@ pub mod axum {
     //! # let _ = app;
     //! ```
     pub use tollgate_axum::*;
+}
+
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin {
+    //! The operator plane: [`Admin`] (inspect, reset, block and unblock
+    //! subjects, who is throttled, who holds what, fleet-wide) and, with
+    //! feature `admin`, [`AdminRouter`]: the admin JSON API and a live
+    //! dashboard page as an axum `Router` to mount where the application
+    //! likes.
+    //!
+    //! ```
+    //! use axum::Router;
+    //! use tollgate::admin::{Admin, AdminRouter};
+    //! use tollgate::MemoryBackend;
+    //!
+    //! # fn main() -> Result<(), tollgate::Error> {
+    //! let admin = AdminRouter::new(Admin::new(MemoryBackend::new()), "s3cret-admin-token")?;
+    //! // The dashboard at /admin/, the API at /admin/api/*.
+    //! let app: Router = Router::new().merge(admin.mount_at("/admin"));
+    //! # let _ = app;
+    //! # Ok(()) }
+    //! ```
+    pub use tollgate_axum::admin::*;
+    pub use tollgate_core::admin::*;
 }

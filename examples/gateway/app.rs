@@ -55,13 +55,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde_json::json;
+use tollgate::admin::{Admin, AdminRouter};
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::ExtensionKey;
 use tollgate::tower::rate_limit::PlanExtension;
 use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer, RateLimitLayer};
 use tollgate::{
-    Algorithm, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans, Quota,
-    RateBackend, RateLimiter, Semaphore,
+    Algorithm, Backend, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans,
+    Quota, RateBackend, RateLimiter, Semaphore, Subject,
 };
 
 /// Requests in flight per API key on `/v1/generate`.
@@ -93,6 +94,17 @@ impl ApiKey {
 }
 
 impl ApiKey {
+    /// What the gateway keys a caller by: a digest of the key (the
+    /// operator plane shows subject ids, and an API key is a secret),
+    /// labelled with its first 4 characters and `…`.
+    pub(crate) fn subject(&self) -> Subject {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(self.0.as_bytes());
+        let id: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let shown: String = self.0.chars().take(4).collect();
+        Subject::new(id).with_label(format!("{shown}…"))
+    }
+
     /// The caller's plan: keys that start with `pro-` are on pro.
     fn plan(&self) -> &'static str {
         if self.0.starts_with("pro-") {
@@ -264,24 +276,58 @@ fn login_failures<B: RateBackend>(backend: B) -> RateLimitLayer<ExtensionKey<Api
         .build()
         .expect("valid login settings");
     RateLimitLayer::new(failures)
-        .key(ExtensionKey::<ApiKey>::new())
+        .key(by_api_key())
         .count_if(|status: StatusCode| status == StatusCode::UNAUTHORIZED)
 }
 
-/// The gateway's router on `backend` (see the module docs for the contract).
+/// The subject a raw `X-Api-Key` value is keyed by, exactly as the routes
+/// key it (`None` for a value the routes refuse).
+pub(crate) fn subject_of(raw: &str) -> Option<Subject> {
+    ApiKey::parse(raw.as_bytes()).map(|k| k.subject())
+}
+
+/// Keys a request by its caller's API key ([`ApiKey::subject`]).
+fn by_api_key() -> ExtensionKey<ApiKey> {
+    ExtensionKey::with(ApiKey::subject)
+}
+
+/// The gateway's router on `backend` (see the module docs for the
+/// contract), with the admin router at `/admin` when
+/// `TOLLGATE_ADMIN_TOKEN` is set.
 pub(crate) fn router<B>(backend: B) -> Router
 where
-    B: RateBackend + IdempotencyBackend + Clone,
+    B: RateBackend + IdempotencyBackend + Clone + Into<Backend>,
 {
+    let token = std::env::var("TOLLGATE_ADMIN_TOKEN").ok();
+    router_with_admin(backend, token.filter(|t| !t.trim().is_empty()))
+}
+
+/// The operator plane at `/admin`, behind `token`: every limiter of the
+/// gateway resolves a raw `X-Api-Key` as its routes key it.
+fn admin_router(backend: Backend, token: String) -> Router {
+    let admin = Admin::new(backend).with_prefix("gateway");
+    let mut routes = AdminRouter::new(admin, token).expect("a non-empty admin token");
+    for limiter in ["login", "quota-free", "quota-pro"] {
+        routes = routes.try_resolve_key(limiter, subject_of);
+    }
+    Router::new().merge(routes.mount_at("/admin"))
+}
+
+/// The gateway's router on `backend`, with the admin router at `/admin`
+/// when given a token (else `/admin` is 404).
+pub(crate) fn router_with_admin<B>(backend: B, admin_token: Option<String>) -> Router
+where
+    B: RateBackend + IdempotencyBackend + Clone + Into<Backend>,
+{
+    let admin = admin_token.map(|token| admin_router(backend.clone().into(), token));
     let orders = IdempotencyStore::builder(backend.clone())
         .prefix("gateway")
         .record_ttl(ORDER_RECORD_TTL)
         .build()
         .expect("valid idempotency settings");
-    let once_per_key = IdempotencyLayer::new(orders, ExtensionKey::<ApiKey>::new());
+    let once_per_key = IdempotencyLayer::new(orders, by_api_key());
     let by_plan = PlanExtension::with(|key: &ApiKey| Some(key.plan()));
-    let per_key_by_plan =
-        RateLimitLayer::plans(quota_plans(&backend), by_plan).key(ExtensionKey::<ApiKey>::new());
+    let per_key_by_plan = RateLimitLayer::plans(quota_plans(&backend), by_plan).key(by_api_key());
     let failed_logins = login_failures(backend.clone());
     // Redis down: 503, so "at most 2 in flight" holds even then.
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
@@ -289,7 +335,7 @@ where
         .on_failure(FailurePolicy::Deny)
         .build()
         .expect("valid semaphore settings");
-    let in_flight = ConcurrencyLimitLayer::new(generate_permits, ExtensionKey::<ApiKey>::new())
+    let in_flight = ConcurrencyLimitLayer::new(generate_permits, by_api_key())
         .namespace("generate")
         .options(LockOptions::new().ttl(PERMIT_TTL));
     let v1 = Router::new()
@@ -303,7 +349,11 @@ where
         .route("/orders", post(create_order).route_layer(once_per_key))
         .route("/quota", get(quota).route_layer(per_key_by_plan))
         .route("/login", post(login).route_layer(failed_logins));
-    Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)))
+    let app = Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)));
+    match admin {
+        Some(admin) => app.merge(admin),
+        None => app,
+    }
 }
 
 #[cfg(test)]

@@ -106,7 +106,8 @@ impl Permits {
 
     /// Waits until `key` has `n` permits in use.
     pub(crate) async fn wait_for(&self, key: &str, n: u32) {
-        let subject = Subject::compound(["generate", Subject::new(key).as_encoded()]);
+        let keyed = crate::app::subject_of(key).expect("a valid API key");
+        let subject = Subject::compound(["generate", keyed.as_encoded()]);
         common::eventually(Duration::from_secs(10), "permits in use", || async {
             (self.0.in_use(subject.clone()).await.unwrap() == n).then_some(())
         })

@@ -31,6 +31,9 @@
 //! `application/problem+json` document; gRPC requests get gRPC-shaped
 //! answers.
 //!
+//! With feature `admin`, `admin::AdminRouter` serves the operator plane
+//! (the admin JSON API and a live dashboard page) as a `Router`.
+//!
 //! ```
 //! use axum::{routing::post, Router};
 //! use tollgate::{Locker, MemoryBackend};
@@ -53,6 +56,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 mod limit;
 mod lock;
 mod permit;

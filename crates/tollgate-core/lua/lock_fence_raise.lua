@@ -4,7 +4,9 @@
 -- KEYS[1]: the lock key. KEYS[2]: its fence key. ARGV[1]: the owner token.
 -- ARGV[2]: the fence. ARGV[3]: the fence key's TTL in ms.
 -- Returns 1 when the stored fence is now >= ARGV[2] while the lock is ours.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- Ours: the value is the token, or starts with `token|` (lock_acquire.lua).
+local v = redis.call('GET', KEYS[1])
+if not (v and (v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '|')) then
   return 0
 end
 local prev = tonumber(redis.call('GET', KEYS[2]) or '0') or 0

@@ -12,7 +12,9 @@
 -- so its replay finds the marker and reports the truth, "released", instead
 -- of "not held". Only a token that released gets one: an expired lease
 -- finds none.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- Ours: the value is the token, or starts with `token|` (lock_acquire.lua).
+local v = redis.call('GET', KEYS[1])
+if v and (v == ARGV[1] or string.sub(v, 1, #ARGV[1] + 1) == ARGV[1] .. '|') then
   redis.call('DEL', KEYS[1])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
   redis.call('PUBLISH', ARGV[2], 'released')

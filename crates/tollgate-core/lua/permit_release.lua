@@ -1,8 +1,9 @@
 -- Give back a holder's permits (compare-and-remove), or take a waiter's
 -- ticket out of a fair queue, and tell waiters.
 -- KEYS[1]: the holders. KEYS[2]: the token's release marker (the holders key
--- + ':released:' + token, same hash tag). Fair names also pass KEYS[3]
--- (queue), KEYS[4] (tickets). ARGV[1]: the owner token or ticket.
+-- + ':released:' + token, same hash tag). KEYS[3]: the holder's description
+-- (permit_acquire.lua). Fair names also pass KEYS[4] (queue), KEYS[5]
+-- (tickets). ARGV[1]: the owner token or ticket.
 -- ARGV[2]: the weight. ARGV[3]: the release channel. ARGV[4]: the marker's
 -- TTL in ms.
 -- Returns 1 when the token held live permits, now removed by this call or
@@ -26,14 +27,15 @@ else
   end
 end
 local dequeued = 0
-if KEYS[3] then
-  dequeued = redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
+if KEYS[4] then
+  dequeued = redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('ZREM', KEYS[5], ARGV[1])
 end
 if removed > 0 or dequeued > 0 then
   redis.call('PUBLISH', ARGV[3], 'released')
 end
 if removed > 0 then
+  redis.call('DEL', KEYS[3])
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
   return 1
 end

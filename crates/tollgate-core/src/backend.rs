@@ -11,8 +11,8 @@ use crate::memory::MemoryBackend;
 use crate::redis::RedisBackend;
 use crate::store::{
     AcquireReply, AcquireRequest, AdminBackend, ClaimReply, ClaimRequest, FencingToken,
-    IdempotencyBackend, LockBackend, LockKeys, RateBackend, RateReply, RateRequest, RecordKeys,
-    RefundRequest, ReleaseEvents, StoredResponse,
+    IdempotencyBackend, LockBackend, LockHolder, LockKeys, RateBackend, RateReply, RateRequest,
+    RecordKeys, RefundRequest, ReleaseEvents, StoredResponse,
 };
 
 /// The store an application picked: this process's memory, or Redis
@@ -243,6 +243,14 @@ impl LockBackend for Backend {
 
     fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
         self.idempotency().permits_in_use(keys)
+    }
+
+    fn lock_holders<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockHolder>>> {
+        self.idempotency().lock_holders(prefix)
+    }
+
+    fn break_holders<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        self.idempotency().break_holders(keys)
     }
 
     fn local_lock(&self) -> Arc<dyn LockBackend> {

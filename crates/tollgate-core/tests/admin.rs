@@ -148,6 +148,24 @@ async fn operations(backend: Backend, prefix: &str) {
     assert_eq!(top.limiter, "login");
     assert_eq!(top.label.as_deref(), Some("ali…"));
     assert!(top.last_denied_ms > 0);
+
+    // What it decided lately, per second, fleet-wide (each instance adds
+    // its counts once a second; the figure averages the last 5 seconds).
+    let traffic = eventually(WAIT, "traffic is reported", || async {
+        let l = admin.limiters().await.ok()?.pop()?;
+        l.traffic
+            .filter(|t| t.allowed_per_second > 0.0 && t.denied_per_second > 0.0)
+    })
+    .await;
+    // 7 admitted and 21 refused in all, over a 5 s average.
+    assert!(
+        traffic.allowed_per_second <= 7.0 / 5.0 + 1e-9,
+        "{traffic:?}"
+    );
+    assert!(
+        traffic.denied_per_second <= 21.0 / 5.0 + 1e-9,
+        "{traffic:?}"
+    );
 }
 
 #[tokio::test]

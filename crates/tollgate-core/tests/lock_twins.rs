@@ -5,7 +5,8 @@
 //! expires during a run — so the answers do not depend on either clock;
 //! fences are compared by order (each side strictly increasing per name),
 //! since they come from each side's clock. Only answers both sides gave
-//! count as agreement.
+//! count as agreement. At the end of each sequence both list the same
+//! holders.
 
 mod rate_common;
 
@@ -67,6 +68,22 @@ async fn answer(
     }
 }
 
+/// Who holds what under `prefix`: (subject, permits, weight, holder), sorted.
+async fn listing(backend: &dyn LockBackend, prefix: &str) -> Vec<(String, bool, u32, String)> {
+    let mut all: Vec<_> = backend
+        .lock_holders(prefix)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| {
+            assert_eq!(h.name, "twins");
+            (h.subject, h.permits, h.weight, h.holder)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
 async fn sequence(redis: RedisBackend, what: &str) {
     let mut seed: u64 = 0x9FB2_1C65_1E98_DF25;
     let mut rand = move |n: u64| {
@@ -95,6 +112,12 @@ async fn sequence(redis: RedisBackend, what: &str) {
             );
             *seen.entry(format!("{m:?}")).or_insert(0) += 1;
         }
+        // Both list the same holders (fences aside: each side's clock).
+        assert_eq!(
+            listing(&memory, keyspace.prefix()).await,
+            listing(&redis, keyspace.prefix()).await,
+            "{what} {permits:?}: holders"
+        );
         for needed in [
             "Acquired",
             "Held",

@@ -36,18 +36,19 @@
 //! # Ok(()) }
 //! ```
 
+mod holders;
 mod notices;
 mod registry;
-mod throttled;
+mod tally;
 mod views;
 
 use std::time::Duration;
 
 pub(crate) use self::notices::{Action, Notice, Notices};
 pub(crate) use self::registry::{register, REGISTER_EVERY};
-pub(crate) use self::throttled::{list_key as throttled_list_key, Throttled};
+pub(crate) use self::tally::Tally;
 pub use self::views::{
-    Holder, HolderKind, LimiterInfo, QuotaInfo, Registered, SubjectState, ThrottledSubject,
+    Holder, HolderKind, LimiterInfo, QuotaInfo, Registered, SubjectState, ThrottledSubject, Traffic,
 };
 pub use crate::store::VERSION_POLL;
 
@@ -100,8 +101,17 @@ impl Admin {
         registry::read(self.store(), &self.prefix).await
     }
 
-    /// The registered limiters, by name.
+    /// The registered limiters, by name, each with what it decided lately
+    /// ([`LimiterInfo::traffic`]).
     pub async fn limiters(&self) -> Result<Vec<LimiterInfo>> {
+        let mut limiters = self.registered_limiters().await?;
+        for l in &mut limiters {
+            l.traffic = Some(tally::traffic(self, &l.name).await?);
+        }
+        Ok(limiters)
+    }
+
+    async fn registered_limiters(&self) -> Result<Vec<LimiterInfo>> {
         Ok(self
             .registered()
             .await?
@@ -118,7 +128,7 @@ impl Admin {
     /// [`Error::NotRegistered`] when there is none.
     pub async fn limiter(&self, name: &str) -> Result<RateLimiter> {
         let info = self
-            .limiters()
+            .registered_limiters()
             .await?
             .into_iter()
             .find(|l| l.name == name)
@@ -150,6 +160,6 @@ impl Admin {
     /// The most throttled subjects over every registered limiter, most
     /// denied first (at most `n`).
     pub async fn throttled(&self, n: usize) -> Result<Vec<ThrottledSubject>> {
-        throttled::top(self, n).await
+        tally::top(self, n).await
     }
 }

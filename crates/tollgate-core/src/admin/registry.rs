@@ -36,9 +36,9 @@ impl Registered {
 
 /// How long the registry lives after its last write: every live limiter
 /// writes it again each [`REGISTER_EVERY`].
-const REGISTRY_TTL: Duration = Duration::from_secs(24 * 3600);
+const REGISTRY_TTL: Duration = Duration::from_secs(3600);
 /// How often a live limiter writes its entry again.
-pub(crate) const REGISTER_EVERY: Duration = Duration::from_secs(3600);
+pub(crate) const REGISTER_EVERY: Duration = Duration::from_secs(15 * 60);
 
 /// Writes `entry` into the registry of `prefix`.
 pub(crate) async fn register(
@@ -88,6 +88,7 @@ impl LimiterInfo {
                     burst: q.burst(),
                 })
                 .collect(),
+            traffic: None,
         }
     }
 }

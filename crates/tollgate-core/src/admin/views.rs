@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::store::Algorithm;
 
 /// A registered limiter, as its application described it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LimiterInfo {
     /// Its name (the keyspace's policy).
     pub name: String,
@@ -14,6 +14,20 @@ pub struct LimiterInfo {
     pub algorithm: String,
     /// Its quotas, in order.
     pub quotas: Vec<QuotaInfo>,
+    /// What it decided lately (filled by [`Admin::limiters`](super::Admin::limiters);
+    /// never stored in the registry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic: Option<Traffic>,
+}
+
+/// What a limiter decided lately, fleet-wide (the last few whole seconds,
+/// averaged; each instance adds its counts once a second).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Traffic {
+    /// Checks admitted per second.
+    pub allowed_per_second: f64,
+    /// Checks refused per second.
+    pub denied_per_second: f64,
 }
 
 /// One quota of a registered limiter.
@@ -30,7 +44,7 @@ pub struct QuotaInfo {
 }
 
 /// Kinds of things an application registers.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Registered {
     /// A rate limiter.

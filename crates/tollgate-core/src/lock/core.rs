@@ -134,7 +134,18 @@ impl Core {
                 )));
             }
         }
-        let policy = if s.permits.is_some() { "sem" } else { s.policy };
+        let policy = match (&s.name, s.permits) {
+            (Some(name), _) => name.as_str(),
+            (None, Some(_)) => "sem",
+            (None, None) => s.policy,
+        };
+        if policy.contains(':') {
+            // The operator's listing tells a lock's key from a rate
+            // limiter's (`<policy>:<algorithm>:{…}`) by it.
+            return Err(Error::InvalidConfig(format!(
+                "a lock's or semaphore's name holds no ':', got {policy:?}"
+            )));
+        }
         let keyspace = Keyspace::new(s.prefix.clone(), policy)?;
         let channel_prefix = format!("{}:{}:", keyspace.prefix(), keyspace.policy());
         // A fair name wakes every local waiter on a release: only the head of
@@ -252,6 +263,40 @@ impl Core {
         tokio::time::timeout(self.instances.timeout, backend.permits_in_use(&keys))
             .await
             .map_err(|_| Error::Timeout(self.instances.timeout))?
+    }
+
+    /// Removes whoever holds `subject` on every instance, keeping the fence
+    /// keys (an operator's break); the most holders one instance removed.
+    /// An error only when no instance answered.
+    pub(crate) async fn break_holders(&self, subject: &Subject) -> Result<u32> {
+        let keys = self.keys(subject, 1);
+        let timeout = self.instances.timeout;
+        let replies = futures_util::future::join_all(self.instances.backends().iter().map(|b| {
+            let keys = &keys;
+            async move {
+                tokio::time::timeout(timeout, b.break_holders(keys))
+                    .await
+                    .unwrap_or(Err(Error::Timeout(timeout)))
+            }
+        }))
+        .await;
+        let (mut removed, mut error) = (None, None);
+        for reply in replies {
+            match reply {
+                Ok(n) => removed = Some(removed.unwrap_or(0).max(n)),
+                Err(e) => error = error.or(Some(e)),
+            }
+        }
+        match (removed, error) {
+            (None, Some(e)) => Err(e),
+            (removed, _) => {
+                let removed = removed.unwrap_or(0);
+                if removed > 0 {
+                    self.instances.waiters.wake(&keys.channel);
+                }
+                Ok(removed)
+            }
+        }
     }
 
     /// The TTL of the first acquire (cut to `max_hold`), checked.

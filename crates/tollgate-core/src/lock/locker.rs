@@ -279,6 +279,33 @@ impl Locker {
         Ok(value)
     }
 
+    /// Breaks the lock `name` whoever holds it — an operator's tool for a
+    /// holder that is stuck (alive, renewing, doing nothing) — on every
+    /// instance of a Redlock. The fence key stays, so the next holder's
+    /// fence is still higher than the broken one's (the resource goes on
+    /// refusing the old holder's writes); waiters take the lock at once.
+    /// The broken holder's [`Lease`] is lost at its next renewal (at most
+    /// a third of its TTL later), and its release reports "not held".
+    /// `true` when there was a holder.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let stuck = locker.try_acquire("nightly", &LockOptions::new()).await?;
+    /// assert!(locker.break_lock("nightly").await?);
+    /// let next = locker.try_acquire("nightly", &LockOptions::new()).await?;
+    /// assert!(next.fence() > stuck.fence());
+    /// assert!(!stuck.release().await?); // no longer its own
+    /// assert!(!locker.break_lock("free").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn break_lock(&self, name: impl Into<Subject>) -> Result<bool> {
+        Ok(self.core.break_holders(&name.into()).await? > 0)
+    }
+
     /// The backend's kind (`"memory"`, `"redis"`, `"cluster"`, …), or
     /// `"redlock"` for a Redlock.
     pub fn backend_kind(&self) -> &'static str {
@@ -328,7 +355,8 @@ impl Locker {
         self.core.first_ttl(options).map(drop)
     }
 
-    /// The keyspace: the prefix and the policy `lock`.
+    /// The keyspace: the prefix and the policy (`lock`, or the
+    /// [name](LockerBuilder::name)).
     pub fn keyspace(&self) -> &Keyspace {
         self.core.keyspace()
     }
@@ -438,6 +466,26 @@ impl<T: Built> LockerBuilder<T> {
     /// `<prefix>:lock:{<name>}` (`<prefix>:sem:{<name>}` for a semaphore).
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.settings.prefix = prefix.into();
+        self
+    }
+
+    /// Names the locker or semaphore: its keys become
+    /// `<prefix>:<name>:{<subject>}` instead of `…:lock:…` or `…:sem:…`,
+    /// and the operator plane lists and breaks its holders under that name
+    /// ([`Admin::holders`](crate::admin::Admin::holders)). Names are
+    /// checked by `build`: non-empty, no braces, whitespace or `:`; a lock
+    /// and a semaphore never share one.
+    ///
+    /// ```
+    /// use tollgate::{MemoryBackend, Semaphore};
+    ///
+    /// let exports = Semaphore::builder(MemoryBackend::new(), 2).name("export").build()?;
+    /// assert_eq!(exports.keys_for("tenant-7").lock, "tollgate:export:{tenant-7}");
+    /// assert!(Semaphore::builder(MemoryBackend::new(), 2).name("a:b").build().is_err());
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.settings.name = Some(name.into());
         self
     }
 

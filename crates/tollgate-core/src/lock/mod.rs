@@ -154,8 +154,8 @@ pub use self::options::{
     LockOptions, DEFAULT_MAX_HOLD_FLOOR, DEFAULT_MAX_HOLD_TTLS, DEFAULT_TTL, MAX_LOCK_DURATION,
 };
 pub use crate::store::{
-    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys, ReleaseEvent,
-    ReleaseEvents,
+    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockHolder, LockKeys,
+    ReleaseEvent, ReleaseEvents,
 };
 
 /// The largest permit count a name may have. A holder of weight k is k

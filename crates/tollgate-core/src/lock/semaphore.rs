@@ -314,6 +314,31 @@ impl Semaphore {
         Ok(self.permits().saturating_sub(self.in_use(name).await?))
     }
 
+    /// Takes every permit of `name` from whoever holds them — an operator's
+    /// tool for stuck holders. Fences never go back (the fence key stays);
+    /// waiters take the freed permits at once, a fair queue keeping its
+    /// order; each broken holder's [`Permit`] is lost at its next renewal.
+    /// Returns how many holders lost their permits.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use tollgate::{LockOptions, MemoryBackend, Semaphore};
+    ///
+    /// let exports = Semaphore::new(MemoryBackend::new(), 2)?;
+    /// let opts = LockOptions::new();
+    /// let a = exports.try_acquire("tenant-7", &opts).await?;
+    /// let _b = exports.try_acquire("tenant-7", &opts).await?;
+    /// assert_eq!(exports.break_permits("tenant-7").await?, 2);
+    /// assert_eq!(exports.in_use("tenant-7").await?, 0);
+    /// let c = exports.try_acquire("tenant-7", &opts).await?;
+    /// assert!(c.fence() > a.fence());
+    /// # Ok(()) }
+    /// ```
+    pub async fn break_permits(&self, name: impl Into<Subject>) -> Result<u32> {
+        self.core.break_holders(&name.into()).await
+    }
+
     /// The permit count per name.
     pub fn permits(&self) -> u32 {
         self.core.permits().unwrap_or(1)
@@ -339,7 +364,8 @@ impl Semaphore {
         self.core.first_ttl(options).map(drop)
     }
 
-    /// The keyspace: the prefix and the policy `sem`.
+    /// The keyspace: the prefix and the policy (`sem`, or the
+    /// [name](LockerBuilder::name)).
     pub fn keyspace(&self) -> &Keyspace {
         self.core.keyspace()
     }

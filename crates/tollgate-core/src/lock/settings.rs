@@ -53,6 +53,8 @@ pub(crate) struct Settings {
     /// The keyspace policy of a lock's keys (`lock` by default; the
     /// idempotency store's leases use `idem`).
     pub(crate) policy: &'static str,
+    /// A name given with `LockerBuilder::name`: the policy instead.
+    pub(crate) name: Option<String>,
 }
 
 impl Default for Settings {
@@ -69,6 +71,7 @@ impl Default for Settings {
             fair: false,
             failure: FailurePolicy::Allow,
             policy: "lock",
+            name: None,
         }
     }
 }

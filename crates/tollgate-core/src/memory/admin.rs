@@ -25,7 +25,11 @@ pub(crate) struct MemoryAdmin {
     listeners: Mutex<HashMap<String, Vec<AdminListener>>>,
     versions: Mutex<HashMap<String, u64>>,
     throttled: Mutex<HashMap<String, BTreeMap<String, DenialCount>>>,
+    traffic: Mutex<HashMap<String, Seconds>>,
 }
+
+/// A traffic key's counts: second → (admitted, refused).
+type Seconds = BTreeMap<u64, (u64, u64)>;
 
 fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while these are held.
@@ -189,6 +193,42 @@ impl AdminBackend for MemoryBackend {
             }
         }
         ready(())
+    }
+
+    fn add_traffic<'a>(
+        &'a self,
+        key: &'a str,
+        second: u64,
+        admitted: u64,
+        refused: u64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        let mut all = guard(&self.inner.admin.traffic);
+        let seconds = all.entry(key.to_owned()).or_default();
+        let e = seconds.entry(second).or_default();
+        e.0 += admitted;
+        e.1 += refused;
+        // Kept as long as a store would keep it.
+        let oldest = second.saturating_sub(ttl.as_secs());
+        seconds.retain(|s, _| *s >= oldest);
+        ready(())
+    }
+
+    fn traffic<'a>(
+        &'a self,
+        key: &'a str,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<Vec<(u64, u64, u64)>>> {
+        let counts = guard(&self.inner.admin.traffic)
+            .get(key)
+            .map(|s| {
+                s.range(from..=to.max(from))
+                    .map(|(s, (a, r))| (*s, *a, *r))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ready(counts)
     }
 
     fn top_denials<'a>(

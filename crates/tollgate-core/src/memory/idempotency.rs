@@ -53,6 +53,8 @@ impl MemoryLocks {
                     Holder {
                         token: req.token.clone(),
                         expires_at: now.saturating_add(micros(req.ttl)),
+                        // As idem_claim.lua: the lease's value is the bare token.
+                        who: None,
                     },
                 );
             }

@@ -7,13 +7,13 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use tokio::sync::broadcast;
 
-use super::state::{micros, Fence, Holder, MemoryLocks, State};
+use super::state::{micros, Fence, Holder, MemoryLocks, State, Who};
 use super::MemoryBackend;
 use crate::error::Result;
 use crate::lock::RELEASE_MARKER_TTL;
 use crate::store::{
-    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys, ReleaseEvent,
-    ReleaseEvents,
+    AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockHolder, LockKeys,
+    ReleaseEvent, ReleaseEvents,
 };
 
 impl MemoryLocks {
@@ -49,14 +49,19 @@ impl MemoryLocks {
             let fence = Self::next_fence(&mut state, req, now);
             return Ok(AcquireReply::Acquired { fence });
         }
+        let fence = Self::next_fence(&mut state, req, now);
         state.held.insert(
             req.keys.lock.clone(),
             Holder {
                 token: req.token.clone(),
                 expires_at: now.saturating_add(micros(req.ttl)),
+                who: Some(Who {
+                    fence: fence.get(),
+                    since: now,
+                    holder: req.holder.clone(),
+                }),
             },
         );
-        let fence = Self::next_fence(&mut state, req, now);
         Ok(AcquireReply::Acquired { fence })
     }
 
@@ -271,6 +276,16 @@ impl LockBackend for MemoryBackend {
     ) -> Option<BoxFuture<'static, Result<ReleaseEvents>>> {
         let events = self.locks().events(channel_prefix);
         Some(futures_util::future::ready(Ok(events)).boxed())
+    }
+
+    fn lock_holders<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockHolder>>> {
+        let holders = self.locks().holders(prefix, self.clock().now_micros());
+        futures_util::future::ready(Ok(holders)).boxed()
+    }
+
+    fn break_holders<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        let n = self.locks().break_holders(keys, self.clock().now_micros());
+        futures_util::future::ready(Ok(n)).boxed()
     }
 
     fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {

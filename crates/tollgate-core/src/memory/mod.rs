@@ -12,6 +12,7 @@ use self::state::MemoryLocks;
 use crate::clock::{Clock, SystemClock};
 
 mod admin;
+mod holders;
 mod idempotency;
 mod lock;
 mod permits;

@@ -1,7 +1,7 @@
 //! The Rust twin of `lua/permit_*.lua` for the memory backend: the same
 //! decisions, wait hints and fences, timed by the backend's clock (µs).
 
-use super::state::{micros, MemoryLocks, State};
+use super::state::{micros, MemoryLocks, State, Who};
 use crate::error::{Error, Result};
 use crate::store::{shape, AcquireReply, AcquireRequest, LockKeys};
 
@@ -65,7 +65,14 @@ impl MemoryLocks {
             }
         }
         let expiry = now.saturating_add(ttl);
-        let previous = set.holders.insert(req.token.clone(), (weight, expiry));
+        // The fence is filled in below, once it is drawn (as the script
+        // writes the description last).
+        let who = Who {
+            fence: 0,
+            since: now,
+            holder: req.holder.clone(),
+        };
+        let previous = set.holders.insert(req.token.clone(), (weight, expiry, who));
         if previous.is_none() {
             set.used += weight;
         }
@@ -77,6 +84,13 @@ impl MemoryLocks {
         }
         let next_in_line = fair && !set.queue.is_empty() && set.used < limit;
         let fence = MemoryLocks::next_fence(state, req, now);
+        if let Some((_, _, who)) = state
+            .permits
+            .get_mut(&req.keys.lock)
+            .and_then(|set| set.holders.get_mut(&req.token))
+        {
+            who.fence = fence.get();
+        }
         if next_in_line {
             self.notify(&req.keys.channel);
         }
@@ -91,7 +105,7 @@ impl MemoryLocks {
                 return Ok(MemoryLocks::released_by(&state, keys, token, now));
             };
             set.expire(now);
-            let removed = set.holders.remove(token).is_some_and(|(w, _)| {
+            let removed = set.holders.remove(token).is_some_and(|(w, _, _)| {
                 set.used -= w;
                 true
             });
@@ -132,7 +146,7 @@ impl MemoryLocks {
         };
         set.expire(now);
         match set.holders.get_mut(token) {
-            Some((_, exp)) => {
+            Some((_, exp, _)) => {
                 *exp = now.saturating_add(micros(ttl));
                 set.expires_at = set.expires_at.max(*exp);
                 Ok(true)

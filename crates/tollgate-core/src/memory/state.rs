@@ -42,6 +42,19 @@ pub(crate) struct Holder {
     pub(crate) token: String,
     /// Expiry on the backend clock, µs.
     pub(crate) expires_at: u64,
+    /// Who holds it (what the lock's value carries after the token on
+    /// Redis); `None` for an idempotency record's lease, as there.
+    pub(crate) who: Option<Who>,
+}
+
+/// A holder's description: its fence, since when (µs, the backend's
+/// clock) and `host:pid` — the description key of `permit_acquire.lua`, or
+/// what follows the token in a lock's value.
+#[derive(Clone)]
+pub(crate) struct Who {
+    pub(crate) fence: u64,
+    pub(crate) since: u64,
+    pub(crate) holder: String,
 }
 
 pub(crate) struct Fence {
@@ -118,8 +131,8 @@ impl MemoryLocks {
 /// sorted sets of the scripts (a holder of weight k is k members there).
 #[derive(Default)]
 pub(crate) struct PermitSet {
-    /// Owner token → (weight, expiry µs).
-    pub(crate) holders: HashMap<String, (u32, u64)>,
+    /// Owner token → (weight, expiry µs, who).
+    pub(crate) holders: HashMap<String, (u32, u64, Who)>,
     /// Permits held (the sum of the weights).
     pub(crate) used: u32,
     /// The holders key's TTL (µs): the longest any holder was given.
@@ -143,8 +156,8 @@ impl PermitSet {
             self.queue.clear();
             self.tickets.clear();
         }
-        self.holders.retain(|_, (_, exp)| *exp > now);
-        self.used = self.holders.values().map(|(w, _)| *w).sum();
+        self.holders.retain(|_, (_, exp, _)| *exp > now);
+        self.used = self.holders.values().map(|(w, _, _)| *w).sum();
     }
 
     /// Drops tickets whose expiry passed.
@@ -162,7 +175,8 @@ impl PermitSet {
     /// µs until `need` more permits are free: the need-th earliest expiry
     /// counting each holder `weight` times; `None` when there is none.
     pub(crate) fn wait(&self, need: u32, now: u64) -> Option<u64> {
-        let mut expiries: Vec<(u64, u32)> = self.holders.values().map(|(w, e)| (*e, *w)).collect();
+        let mut expiries: Vec<(u64, u32)> =
+            self.holders.values().map(|(w, e, _)| (*e, *w)).collect();
         expiries.sort_unstable();
         let mut seen = 0;
         for (exp, w) in expiries {

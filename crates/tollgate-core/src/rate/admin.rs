@@ -10,8 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::limiter::Inner;
 use super::RateLimiter;
 use crate::admin::{
-    register, throttled_list_key, Action, LimiterInfo, Notice, Notices, Registered, SubjectState,
-    Throttled, REGISTER_EVERY,
+    register, Action, LimiterInfo, Notice, Notices, Registered, SubjectState, Tally, REGISTER_EVERY,
 };
 use crate::error::{Error, Result};
 use crate::keyspace::Subject;
@@ -26,7 +25,7 @@ const LONGEST_BLOCK: Duration = Duration::from_secs(366 * 24 * 3600);
 /// What a limiter keeps for the operator plane.
 pub(super) struct Operated {
     pub(super) store: Arc<dyn AdminBackend>,
-    pub(super) throttled: Arc<Throttled>,
+    pub(super) tally: Arc<Tally>,
 }
 
 impl RateLimiter {
@@ -68,9 +67,10 @@ impl RateLimiter {
                     Err(_) => tracing::warn!("no runtime to register the limiter on: the operator plane will not list it"),
                 }
             }
-            op.throttled.start(
+            op.tally.start(
                 Arc::clone(&op.store),
-                throttled_list_key(inner.keyspace.prefix(), inner.keyspace.policy()),
+                inner.keyspace.prefix(),
+                inner.keyspace.policy(),
             );
         }
         let notices = Notices::of(inner.keyspace.prefix());

@@ -226,7 +226,7 @@ impl RateLimiterBuilder {
         );
         let operated = self.backend.admin().map(|store| Operated {
             store,
-            throttled: Arc::default(),
+            tally: Arc::default(),
         });
         let limiter = RateLimiter {
             inner: Arc::new(Inner {

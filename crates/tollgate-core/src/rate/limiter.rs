@@ -211,7 +211,7 @@ impl RateLimiter {
             if let Some(d) = cache.get(&keys[0], cost, sent_at) {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
                 if let Some(op) = &inner.operated {
-                    op.throttled.denied(subject);
+                    op.tally.denied(subject);
                 }
                 return_keys(keys);
                 return Ok(Ok(d));
@@ -316,12 +316,15 @@ impl RateLimiter {
         );
         d.charge = charge_of(inner.algorithm, request, reply, &d);
         if reply.allowed {
+            if let Some(op) = &inner.operated {
+                op.tally.admitted();
+            }
             tracing::trace!(policy = inner.keyspace.policy(), subject = %subject.digest(), remaining = d.remaining, "admitted");
         } else {
             // Middleware reports decisions at info; the plain API at debug.
             tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), retry_after = ?d.retry_after, "rate limited");
             if let Some(op) = &inner.operated {
-                op.throttled.denied(subject);
+                op.tally.denied(subject);
             }
             if let Some(cache) = &inner.deny_cache {
                 let replied_at = self.local_now();

@@ -19,9 +19,9 @@ use crate::store::{
     millis_ceil, AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL,
 };
 
-/// How long a version stamp lives after its last change (a day): a
+/// How long a version stamp lives after its last change (an hour): a
 /// watcher reading it back at 0 just keeps going.
-const VERSION_TTL_MS: u64 = 24 * 3600 * 1000;
+const VERSION_TTL_MS: u64 = 3600 * 1000;
 
 /// The listeners of each watched channel, shared by a backend's clones.
 #[derive(Default)]
@@ -224,6 +224,66 @@ impl AdminBackend for RedisBackend {
             })
             .await?;
             Ok(())
+        }
+        .boxed()
+    }
+
+    fn add_traffic<'a>(
+        &'a self,
+        key: &'a str,
+        second: u64,
+        admitted: u64,
+        refused: u64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("HINCRBY")
+                .arg(key)
+                .arg(format!("{second}:a"))
+                .arg(admitted)
+                .ignore()
+                .cmd("HINCRBY")
+                .arg(key)
+                .arg(format!("{second}:r"))
+                .arg(refused)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(key)
+                .arg(millis_ceil(ttl).max(1))
+                .ignore();
+            let mut conn = self.conn.clone();
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .map_err(redis_error)?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn traffic<'a>(
+        &'a self,
+        key: &'a str,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<Vec<(u64, u64, u64)>>> {
+        async move {
+            let seconds: Vec<u64> = (from..=to.max(from)).collect();
+            let fields: Vec<String> = seconds
+                .iter()
+                .flat_map(|s| [format!("{s}:a"), format!("{s}:r")])
+                .collect();
+            let values: Vec<Option<u64>> = self
+                .query(redis::cmd("HMGET").arg(key).arg(&fields))
+                .await?;
+            Ok(seconds
+                .iter()
+                .zip(values.chunks(2))
+                .filter_map(|(s, v)| {
+                    let (a, r) = (v[0].unwrap_or(0), v.get(1).copied().flatten().unwrap_or(0));
+                    (a + r > 0).then_some((*s, a, r))
+                })
+                .collect())
         }
         .boxed()
     }

@@ -5,19 +5,19 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 
-use super::permits;
 use super::reply::{parse_acquire, parse_flag};
 use super::scripts::{LOCK_ACQUIRE, LOCK_EXTEND, LOCK_FENCE_RAISE, LOCK_RELEASE};
 use super::RedisBackend;
+use super::{holders, permits};
 use crate::error::{redis_error, Result};
 use crate::lock::RELEASE_MARKER_TTL;
 use crate::store::{
-    millis_ceil, AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys,
-    ReleaseEvent, ReleaseEvents,
+    millis_ceil, AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockHolder,
+    LockKeys, ReleaseEvent, ReleaseEvents,
 };
 
 /// Escapes Redis glob metacharacters so a prefix matches only itself.
-fn glob_escape(s: &str) -> String {
+pub(super) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
@@ -41,7 +41,8 @@ impl LockBackend for RedisBackend {
                         .arg(req.keys.fence.as_str())
                         .arg(req.token.as_str())
                         .arg(millis_ceil(req.ttl))
-                        .arg(millis_ceil(req.fence_ttl));
+                        .arg(millis_ceil(req.fence_ttl))
+                        .arg(req.holder.as_str());
                 })
                 .await?;
             parse_acquire(value)
@@ -158,6 +159,14 @@ impl LockBackend for RedisBackend {
 
     fn permits_in_use<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
         permits::in_use(self, keys).boxed()
+    }
+
+    fn lock_holders<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockHolder>>> {
+        holders::list(self, prefix).boxed()
+    }
+
+    fn break_holders<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        holders::break_holders(self, keys).boxed()
     }
 
     fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {

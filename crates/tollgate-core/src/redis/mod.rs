@@ -20,6 +20,7 @@ use crate::error::{redis_error, Error, Result};
 mod admin;
 mod coalesce;
 mod conn;
+mod holders;
 mod idempotency;
 mod lock;
 mod permits;

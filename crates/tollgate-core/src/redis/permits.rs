@@ -12,11 +12,13 @@ use crate::store::{millis_ceil, shape, AcquireReply, AcquireRequest, LockKeys};
 pub(crate) async fn acquire(backend: &RedisBackend, req: &AcquireRequest) -> Result<AcquireReply> {
     let (limit, weight, fair) = shape(&req.keys)?;
     let (queue, tickets) = (req.keys.queue(), req.keys.tickets());
+    let holder = req.keys.holder_key(&req.token);
     let value = backend
         .invoke(&PERMIT_ACQUIRE, |cmd| {
-            cmd.arg(if fair { 4 } else { 2 })
+            cmd.arg(if fair { 5 } else { 3 })
                 .arg(req.keys.lock.as_str())
-                .arg(req.keys.fence.as_str());
+                .arg(req.keys.fence.as_str())
+                .arg(holder.as_str());
             if fair {
                 cmd.arg(queue.as_str()).arg(tickets.as_str());
             }
@@ -24,7 +26,8 @@ pub(crate) async fn acquire(backend: &RedisBackend, req: &AcquireRequest) -> Res
                 .arg(weight)
                 .arg(limit)
                 .arg(millis_ceil(req.ttl))
-                .arg(millis_ceil(req.fence_ttl));
+                .arg(millis_ceil(req.fence_ttl))
+                .arg(req.holder.as_str());
             if fair {
                 match &req.ticket {
                     Some((ticket, ttl)) => cmd.arg(ticket.as_str()).arg(millis_ceil(*ttl)),
@@ -41,11 +44,13 @@ pub(crate) async fn release(backend: &RedisBackend, keys: &LockKeys, token: &str
     let (_, weight, fair) = shape(keys)?;
     let (queue, tickets) = (keys.queue(), keys.tickets());
     let marker = keys.release_marker(token);
+    let holder = keys.holder_key(token);
     let value = backend
         .invoke(&PERMIT_RELEASE, |cmd| {
-            cmd.arg(if fair { 4 } else { 2 })
+            cmd.arg(if fair { 5 } else { 3 })
                 .arg(keys.lock.as_str())
-                .arg(marker.as_str());
+                .arg(marker.as_str())
+                .arg(holder.as_str());
             if fair {
                 cmd.arg(queue.as_str()).arg(tickets.as_str());
             }
@@ -65,10 +70,12 @@ pub(crate) async fn extend(
     ttl: std::time::Duration,
 ) -> Result<bool> {
     let (_, weight, _) = shape(keys)?;
+    let holder = keys.holder_key(token);
     let value = backend
         .invoke(&PERMIT_EXTEND, |cmd| {
-            cmd.arg(1)
+            cmd.arg(2)
                 .arg(keys.lock.as_str())
+                .arg(holder.as_str())
                 .arg(token)
                 .arg(weight)
                 .arg(millis_ceil(ttl));

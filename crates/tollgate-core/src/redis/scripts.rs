@@ -136,6 +136,8 @@ scripts! {
     LOCK_RELEASE => "lock_release",
     LOCK_EXTEND => "lock_extend",
     LOCK_FENCE_RAISE => "lock_fence_raise",
+    LOCK_HOLDERS => "lock_holders",
+    LOCK_BREAK => "lock_break",
     PERMIT_ACQUIRE => "permit_acquire",
     PERMIT_RELEASE => "permit_release",
     PERMIT_EXTEND => "permit_extend",

@@ -70,7 +70,7 @@ pub trait AdminBackend: Send + Sync + 'static {
 
     /// Publishes `message` on `channel` for every instance, and bumps the
     /// version stamp `version_key` that instances poll in case a message is
-    /// lost (the stamp expires a day after its last change).
+    /// lost (the stamp expires an hour after its last change).
     fn announce<'a>(
         &'a self,
         channel: &'a str,
@@ -97,6 +97,26 @@ pub trait AdminBackend: Send + Sync + 'static {
         ttl: Duration,
         keep: usize,
     ) -> BoxFuture<'a, Result<()>>;
+
+    /// Adds one instance's counts of `second` (since the epoch) to the
+    /// traffic counts under `key` (kept `ttl` after the last addition).
+    fn add_traffic<'a>(
+        &'a self,
+        key: &'a str,
+        second: u64,
+        admitted: u64,
+        refused: u64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>>;
+
+    /// The traffic counts under `key` for each second from `from` to `to`
+    /// (inclusive) that has any: `(second, admitted, refused)`.
+    fn traffic<'a>(
+        &'a self,
+        key: &'a str,
+        from: u64,
+        to: u64,
+    ) -> BoxFuture<'a, Result<Vec<(u64, u64, u64)>>>;
 
     /// The `n` most denied subjects of the throttled list under `key`.
     fn top_denials<'a>(&'a self, key: &'a str, n: usize)

@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
+use super::holders::LockHolder;
 use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
 
@@ -74,7 +75,8 @@ impl From<u64> for FencingToken {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockKeys {
-    /// The lock key; its value is the holder's owner token.
+    /// The lock key; its value is the holder's owner token, then who holds
+    /// it (`token|fence|since_ms|host:pid`).
     pub lock: String,
     /// The fence key: the last fencing token handed out for this name.
     pub fence: String,
@@ -159,6 +161,22 @@ impl LockKeys {
     pub fn release_marker(&self, token: &str) -> String {
         format!("{}:released:{token}", self.lock)
     }
+
+    /// Where a permit holder's description lives while it holds:
+    /// `<lock>:holder:<token>` (same hash tag), with the permits' TTL. A
+    /// lock's holder keeps its description in the lock's own value.
+    ///
+    /// ```
+    /// use tollgate::lock::LockKeys;
+    /// use tollgate::{Keyspace, Subject};
+    ///
+    /// let keys = LockKeys::permits(&Keyspace::new("app", "sem")?, &Subject::new("gpu"), 2, 1, false);
+    /// assert_eq!(keys.holder_key("ab12"), "app:sem:{gpu}:holder:ab12");
+    /// # Ok::<(), tollgate::Error>(())
+    /// ```
+    pub fn holder_key(&self, token: &str) -> String {
+        format!("{}:holder:{token}", self.lock)
+    }
 }
 
 /// How many may hold one name at once.
@@ -198,6 +216,9 @@ pub struct AcquireRequest {
     /// the next attempt refreshes it. `None`: do not queue — admitted only
     /// when nobody waits (a `try_acquire`), or the name is not fair.
     pub ticket: Option<(String, Duration)>,
+    /// Who acquires, stored with the holder for operators' listings:
+    /// `host:pid` of this process unless set otherwise. Holds no `|`.
+    pub holder: String,
 }
 
 impl AcquireRequest {
@@ -209,6 +230,7 @@ impl AcquireRequest {
             ttl,
             fence_ttl,
             ticket: None,
+            holder: super::holders::this_process().to_owned(),
         }
     }
 
@@ -226,6 +248,7 @@ impl fmt::Debug for AcquireRequest {
             .field("keys", &self.keys)
             .field("ttl", &self.ttl)
             .field("fence_ttl", &self.fence_ttl)
+            .field("holder", &self.holder)
             .finish_non_exhaustive()
     }
 }
@@ -338,6 +361,36 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         ))))
     }
 
+    /// Every holder of a lock or of permits under `prefix` now: the keys
+    /// `<prefix>:<name>:{<subject>}` (a name without `:`) that a lock or
+    /// permit holder left its description in — every one this version
+    /// acquired (an idempotency record's lease carries none, and is not
+    /// listed). For operators: it walks the keyspace (`SCAN` on every
+    /// master of a cluster), so it costs time in proportion to all keys,
+    /// never anything on the acquire path. Backends without it keep the
+    /// default, an error.
+    fn lock_holders<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockHolder>>> {
+        let _ = prefix;
+        Box::pin(std::future::ready(Err(unsupported(
+            self.lock_kind(),
+            "listing holders",
+        ))))
+    }
+
+    /// Removes whoever holds `keys` — the lock, or every permit of the name
+    /// (the stored kind decides, not [`LockKeys::holders`]) — and tells
+    /// waiters. The fence key stays, so the next holder's fence is still
+    /// higher than every earlier one; the holders learn it at their next
+    /// renewal. Returns how many holders were removed (0 or 1 for a lock).
+    /// Backends without it keep the default, an error.
+    fn break_holders<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        let _ = keys;
+        Box::pin(std::future::ready(Err(unsupported(
+            self.lock_kind(),
+            "breaking holders",
+        ))))
+    }
+
     /// A store in this process to hold permits on while this one is down:
     /// the local semaphore of [`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback).
     fn local_lock(&self) -> Arc<dyn LockBackend>;
@@ -392,6 +445,14 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
         (**self).permits_in_use(keys)
     }
 
+    fn lock_holders<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<LockHolder>>> {
+        (**self).lock_holders(prefix)
+    }
+
+    fn break_holders<'a>(&'a self, keys: &'a LockKeys) -> BoxFuture<'a, Result<u32>> {
+        (**self).break_holders(keys)
+    }
+
     fn local_lock(&self) -> Arc<dyn LockBackend> {
         (**self).local_lock()
     }
@@ -399,6 +460,10 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     fn lock_kind(&self) -> &'static str {
         (**self).lock_kind()
     }
+}
+
+fn unsupported(kind: &str, what: &str) -> Error {
+    Error::InvalidConfig(format!("the {kind} backend does not support {what}"))
 }
 
 /// `(limit, weight, fair)` of a permit name; an error for a lock's keys.

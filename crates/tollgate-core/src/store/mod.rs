@@ -8,11 +8,14 @@
 //! store.
 
 mod admin;
+mod holders;
 mod idempotency;
 mod lock;
 mod rate;
 
 pub use self::admin::{AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL};
+pub use self::holders::LockHolder;
+pub(crate) use self::holders::{parse_description, parse_lock_key};
 pub use self::idempotency::{
     ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
 };

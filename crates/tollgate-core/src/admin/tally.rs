@@ -1,13 +1,16 @@
-//! Who is throttled: each limiter counts its denials per subject in a small
-//! top list in memory (no Redis write per denial) and adds it to a
-//! fleet-wide list in the store once a second; the operator plane merges
-//! the lists of every registered limiter.
+//! What each limiter decided, for the operator plane: how many checks it
+//! admitted and refused (per second, fleet-wide) and who it refused most.
+//! Each instance counts in memory (no Redis write per decision) and adds
+//! its counts to the store once a second: the admitted and refused of that
+//! second, and its top denials (a small Space-Saving sketch) to the
+//! limiter's throttled list. The operator plane merges every instance's.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::views::ThrottledSubject;
+use super::views::{ThrottledSubject, Traffic};
 use super::Admin;
 use crate::error::Result;
 use crate::keyspace::Subject;
@@ -23,15 +26,28 @@ const LIST_TTL: Duration = Duration::from_secs(3600);
 /// Subjects a fleet-wide list keeps (the most denied).
 const LIST_KEEP: usize = 200;
 
+/// Seconds of traffic a limiter's counts are kept for.
+const TRAFFIC_KEPT: Duration = Duration::from_secs(120);
+/// The seconds the operator plane averages traffic over (whole seconds
+/// before the current one, which is still being counted).
+const TRAFFIC_WINDOW: u64 = 5;
+
 /// The store key of a limiter's throttled list (its own slot).
 pub(crate) fn list_key(prefix: &str, limiter: &str) -> String {
     format!("{prefix}:throttled:{{{limiter}}}")
 }
 
-/// One limiter's denials since the last flush.
+/// The store key of a limiter's traffic counts (its own slot).
+pub(crate) fn traffic_key(prefix: &str, limiter: &str) -> String {
+    format!("{prefix}:traffic:{{{limiter}}}")
+}
+
+/// One limiter's decisions since the last flush.
 #[derive(Default)]
-pub(crate) struct Throttled {
+pub(crate) struct Tally {
     counts: Mutex<HashMap<String, DenialCount>>,
+    admitted: AtomicU64,
+    refused: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -40,11 +56,17 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl Throttled {
+impl Tally {
+    /// Counts one admission.
+    pub(crate) fn admitted(&self) {
+        self.admitted.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Counts one denial of `subject`. When the sketch is full, a new
     /// subject takes the place of the least denied one and inherits its
     /// count (Space-Saving): a subject denied often is never lost.
     pub(crate) fn denied(&self, subject: &Subject) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let at = now_ms();
         if let Some(c) = counts.get_mut(subject.as_encoded()) {
@@ -78,13 +100,20 @@ impl Throttled {
         counts.drain().map(|(_, c)| c).collect()
     }
 
-    /// Flushes every [`FLUSH_EVERY`] into `key` of `store` while the
-    /// limiter lives (on the current runtime; without one, never).
-    pub(crate) fn start(self: &Arc<Self>, store: Arc<dyn AdminBackend>, key: String) {
+    /// Flushes every [`FLUSH_EVERY`] into the limiter's keys under
+    /// `prefix` while the limiter lives (on the current runtime; without
+    /// one, at once into an in-process store, else never).
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        store: Arc<dyn AdminBackend>,
+        prefix: &str,
+        limiter: &str,
+    ) {
+        let (key, traffic) = (list_key(prefix, limiter), traffic_key(prefix, limiter));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let me: Weak<Throttled> = Arc::downgrade(self);
+        let me: Weak<Tally> = Arc::downgrade(self);
         runtime.spawn(async move {
             let mut tick = tokio::time::interval(FLUSH_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -92,7 +121,18 @@ impl Throttled {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
                 let counts = me.take();
+                let admitted = me.admitted.swap(0, Ordering::Relaxed);
+                let refused = me.refused.swap(0, Ordering::Relaxed);
                 drop(me);
+                if admitted + refused > 0 {
+                    let second = now_ms() / 1000;
+                    let added = store
+                        .add_traffic(&traffic, second, admitted, refused, TRAFFIC_KEPT)
+                        .await;
+                    if let Err(e) = added {
+                        tracing::debug!(error = %e, "could not add to the traffic counts");
+                    }
+                }
                 if counts.is_empty() {
                     continue;
                 }
@@ -108,7 +148,7 @@ impl Throttled {
 /// The `n` most denied subjects over every registered limiter.
 pub(super) async fn top(admin: &Admin, n: usize) -> Result<Vec<ThrottledSubject>> {
     let mut all = Vec::new();
-    for limiter in admin.limiters().await? {
+    for limiter in admin.registered_limiters().await? {
         let key = list_key(admin.prefix(), &limiter.name);
         for c in admin.store().top_denials(&key, n).await? {
             all.push(ThrottledSubject {
@@ -127,4 +167,23 @@ pub(super) async fn top(admin: &Admin, n: usize) -> Result<Vec<ThrottledSubject>
     });
     all.truncate(n);
     Ok(all)
+}
+
+/// What `limiter` admitted and refused per second, fleet-wide, averaged
+/// over the last whole seconds.
+pub(super) async fn traffic(admin: &Admin, limiter: &str) -> Result<Traffic> {
+    let now = now_ms() / 1000;
+    let from = now.saturating_sub(TRAFFIC_WINDOW);
+    let counts = admin
+        .store()
+        .traffic(&traffic_key(admin.prefix(), limiter), from, now - 1)
+        .await?;
+    let (a, r) = counts
+        .iter()
+        .fold((0, 0), |(a, r), (_, x, y)| (a + x, r + y));
+    let per_second = |n: u64| n as f64 / TRAFFIC_WINDOW as f64;
+    Ok(Traffic {
+        allowed_per_second: per_second(a),
+        denied_per_second: per_second(r),
+    })
 }

@@ -1,0 +1,264 @@
+//! The gateway's operator plane (`/admin`), end to end over HTTP: two
+//! gateway processes on one Redis (and on a cluster) with
+//! `TOLLGATE_ADMIN_TOKEN`, the admin API asked of one and its effect seen
+//! on both; without the token `/admin` is 404. Real `redis-server`
+//! processes, the example binary itself, no mocks.
+
+#[allow(dead_code)]
+#[path = "../examples/gateway/app.rs"]
+mod app;
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use http::{Method, StatusCode};
+use serde_json::{json, Value};
+use tollgate_testkit::http::loopback::send_with;
+use tollgate_testkit::{unique, RedisCluster, RedisServer};
+
+use common::{eventually, launch, send, Reply};
+
+const TOKEN: &str = "s3cret-admin-token";
+/// The contract's "within 1 s" (and "within 2 s" for the throttled list),
+/// with room for a loaded machine: the figures are printed, not asserted.
+const WITHIN: Duration = Duration::from_secs(10);
+
+fn bearer() -> String {
+    format!("Bearer {TOKEN}")
+}
+
+async fn admin_get(addr: SocketAddr, path: &str) -> Reply {
+    send(addr, Method::GET, path, &[("authorization", &bearer())]).await
+}
+
+async fn admin_post(addr: SocketAddr, path: &str, body: Value) -> Reply {
+    let auth = bearer();
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let body = Bytes::from(body.to_string());
+    send_with(addr, Method::POST, path, &headers, None, body).await
+}
+
+fn json_of(r: &Reply) -> Value {
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("{e}: {r:?}"))
+}
+
+async fn quota(addr: SocketAddr, key: &str) -> Reply {
+    send(addr, Method::GET, "/v1/quota", &[("x-api-key", key)]).await
+}
+
+/// Waits until both instances answer `/v1/quota` for `key` with `status`;
+/// returns how long it took.
+async fn both_answer(a: SocketAddr, b: SocketAddr, key: &str, status: StatusCode) -> Duration {
+    let start = std::time::Instant::now();
+    eventually(WITHIN, "both instances agree", || async {
+        let (ra, rb) = (quota(a, key).await, quota(b, key).await);
+        (ra.status == status && rb.status == status).then_some(())
+    })
+    .await;
+    start.elapsed()
+}
+
+/// The whole contract of `/admin` across instances `a` and `b` (processes
+/// `pid_b` of `b`).
+async fn admin_contract(a: SocketAddr, b: SocketAddr, pid_b: u32) {
+    // Auth: a missing or wrong token is 401 problem+json.
+    for auth in [None, Some("Bearer nope"), Some("Basic czNjcmV0")] {
+        let headers: Vec<(&str, &str)> = auth.map(|v| ("authorization", v)).into_iter().collect();
+        let r = send(a, Method::GET, "/admin/api/limiters", &headers).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{r:?}");
+        assert_eq!(r.expect_header("content-type"), "application/problem+json");
+    }
+    let limiters = json_of(&admin_get(a, "/admin/api/limiters").await);
+    let names: Vec<&str> = limiters["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap())
+        .collect();
+    for name in ["login", "quota-free", "quota-pro"] {
+        assert!(names.contains(&name), "{limiters}");
+    }
+    let login = limiters["limiters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "login")
+        .unwrap();
+    assert_eq!(login["algorithm"], "sliding_window_log");
+    assert_eq!(login["quotas"][0]["limit"], 3);
+    assert_eq!(login["quotas"][0]["period_seconds"], 60);
+
+    // The page.
+    let page = send(a, Method::GET, "/admin/", &[]).await;
+    assert_eq!(page.status, StatusCode::OK, "{page:?}");
+    assert!(page.expect_header("content-type").starts_with("text/html"));
+
+    // A throttled key, on both instances (each caches the denial).
+    let key = unique("cust");
+    for _ in 0..10 {
+        assert_eq!(quota(a, &key).await.status, StatusCode::OK);
+    }
+    assert_eq!(quota(a, &key).await.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(quota(b, &key).await.status, StatusCode::TOO_MANY_REQUESTS);
+    let subject = json_of(
+        &admin_get(
+            b,
+            &format!("/admin/api/subjects?limiter=quota-free&key={key}"),
+        )
+        .await,
+    );
+    let id = subject["subject"].as_str().unwrap().to_owned();
+    assert_eq!(subject["limiter"], "quota-free");
+    assert_eq!(subject["remaining"], 0);
+    assert_eq!(subject["limit"], 10);
+    assert!(subject["retry_after_ms"].as_u64().unwrap() > 0, "{subject}");
+    assert_eq!(subject["blocked_until_ms"], Value::Null);
+    assert!(!id.contains(&key), "the id is not the API key: {id}");
+    let r = admin_get(a, &format!("/admin/api/subjects?limiter=nope&key={key}")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{r:?}");
+
+    // Throttled, fleet-wide, with the same id and a label that is not the key.
+    let start = std::time::Instant::now();
+    let entry = eventually(WITHIN, "the key is listed as throttled", || async {
+        let top = json_of(&admin_get(a, "/admin/api/throttled").await);
+        top["subjects"]
+            .as_array()?
+            .iter()
+            .find(|s| s["subject"] == id.as_str())
+            .cloned()
+    })
+    .await;
+    eprintln!("throttled list showed the key after {:?}", start.elapsed());
+    assert_eq!(entry["limiter"], "quota-free");
+    assert_eq!(entry["label"], format!("{}…", &key[..4]));
+    assert!(entry["denied"].as_u64().unwrap() >= 2, "{entry}");
+    assert!(entry["last_denied_ms"].as_u64().unwrap() > 0, "{entry}");
+
+    // Reset by key on one instance: both admit again.
+    let r = admin_post(
+        a,
+        "/admin/api/reset",
+        json!({"limiter": "quota-free", "key": key}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    let took = both_answer(a, b, &key, StatusCode::OK).await;
+    eprintln!("reset reached both instances in {took:?}");
+
+    // Block by subject id: both refuse with an honest Retry-After.
+    let r = admin_post(
+        b,
+        "/admin/api/block",
+        json!({"limiter": "quota-free", "subject": id, "seconds": 30}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    let took = both_answer(a, b, &key, StatusCode::TOO_MANY_REQUESTS).await;
+    eprintln!("block reached both instances in {took:?}");
+    for addr in [a, b] {
+        let r = quota(addr, &key).await;
+        let retry: u64 = r.expect_header("retry-after").parse().unwrap();
+        assert!(retry > 0 && retry <= 30, "{r:?}");
+    }
+    let blocked = json_of(
+        &admin_get(
+            a,
+            &format!("/admin/api/subjects?limiter=quota-free&subject={id}"),
+        )
+        .await,
+    );
+    assert!(blocked["blocked_until_ms"].as_u64().is_some(), "{blocked}");
+    let r = admin_post(
+        a,
+        "/admin/api/unblock",
+        json!({"limiter": "quota-free", "key": key}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{r:?}");
+    let took = both_answer(a, b, &key, StatusCode::OK).await;
+    eprintln!("unblock reached both instances in {took:?}");
+
+    // Holders: a running generate on `b` is a permit named `generate`.
+    let gen_key = unique("gen");
+    let k = gen_key.clone();
+    let running = tokio::spawn(async move {
+        send(
+            b,
+            Method::POST,
+            "/v1/generate?ms=3000",
+            &[("x-api-key", &k)],
+        )
+        .await
+    });
+    let gen_id = app::subject_of(&gen_key).unwrap().as_encoded().to_owned();
+    let holder = eventually(WITHIN, "the permit is listed", || async {
+        let h = json_of(&admin_get(a, "/admin/api/holders").await);
+        h["holders"]
+            .as_array()?
+            .iter()
+            .find(|h| h["subject"] == gen_id.as_str())
+            .cloned()
+    })
+    .await;
+    assert_eq!(holder["kind"], "permit", "{holder}");
+    assert_eq!(holder["name"], "generate", "{holder}");
+    assert!(
+        holder["holder"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!(":{pid_b}")),
+        "{holder}"
+    );
+    assert!(holder["fence"].as_u64().unwrap() > 0, "{holder}");
+    assert!(holder["ttl_ms"].as_u64().unwrap() <= 5_000, "{holder}");
+    assert_eq!(running.await.unwrap().status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_the_admin_plane_on_redis() {
+    let server = RedisServer::start().unwrap();
+    let env = [
+        ("REDIS_URL", server.url()),
+        ("TOLLGATE_ADMIN_TOKEN", TOKEN.to_owned()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = launch("gateway", &env).await;
+    let b = launch("gateway", &env).await;
+    let pid_b = b.child.id().unwrap();
+    admin_contract(a.addr, b.addr, pid_b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_the_admin_plane_on_a_cluster() {
+    let cluster = RedisCluster::start().unwrap();
+    let seeds = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.addr())
+        .collect::<Vec<_>>()
+        .join(",");
+    let env = [
+        ("REDIS_CLUSTER", seeds.as_str()),
+        ("TOLLGATE_ADMIN_TOKEN", TOKEN),
+    ];
+    let a = launch("gateway", &env).await;
+    let b = launch("gateway", &env).await;
+    let pid_b = b.child.id().unwrap();
+    admin_contract(a.addr, b.addr, pid_b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_there_is_no_admin() {
+    let server = RedisServer::start().unwrap();
+    let a = launch("gateway", &[("REDIS_URL", &server.url())]).await;
+    for path in ["/admin", "/admin/", "/admin/api/limiters"] {
+        let r = send(a.addr, Method::GET, path, &[("authorization", &bearer())]).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {r:?}");
+    }
+}
