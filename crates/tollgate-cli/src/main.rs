@@ -167,7 +167,7 @@ async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
                 let n = usize::try_from(*limit).unwrap_or(usize::MAX);
                 output::throttled(&admin.throttled(n).await?, SystemTime::now(), json)
             }
-            Command::Holders => output::holders(&holders(&admin).await?, json),
+            Command::Holders => output::holders(&admin.holders().await?, json),
         })
     };
     match tokio::time::timeout(timeout, bounded).await {
@@ -177,13 +177,6 @@ async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
             humantime::format_duration(timeout)
         ))),
     }
-}
-
-/// Who holds a lock or a permit: the core's listing is not in this build yet.
-async fn holders(_admin: &Admin) -> Result<Vec<tollgate::admin::Holder>, Error> {
-    Err(Error::InvalidConfig(
-        "`holders` needs tollgate::admin::Admin::holders, which this build lacks".into(),
-    ))
 }
 
 fn id(subject: &Subject) -> &str {

@@ -11,10 +11,23 @@ pub(crate) fn limiters(limiters: &[LimiterInfo], as_json: bool) -> String {
     if as_json {
         return wrapped("limiters", limiters);
     }
-    let mut table = table(&["NAME", "ALGORITHM", "QUOTAS"], &[]);
+    let mut table = table(
+        &["NAME", "ALGORITHM", "QUOTAS", "ALLOWED/S", "DENIED/S"],
+        &[3, 4],
+    );
     for l in limiters {
         let quotas: Vec<String> = l.quotas.iter().map(quota).collect();
-        table.add_row(vec![l.name.clone(), l.algorithm.clone(), quotas.join(", ")]);
+        let (allowed, denied) = match &l.traffic {
+            Some(t) => (rate(t.allowed_per_second), rate(t.denied_per_second)),
+            None => ("-".to_owned(), "-".to_owned()),
+        };
+        table.add_row(vec![
+            l.name.clone(),
+            l.algorithm.clone(),
+            quotas.join(", "),
+            allowed,
+            denied,
+        ]);
     }
     render(table)
 }
@@ -138,6 +151,15 @@ fn quota(q: &QuotaInfo) -> String {
     }
 }
 
+/// Checks per second: whole numbers from 10 up, one decimal below.
+fn rate(per_second: f64) -> String {
+    if per_second >= 10.0 {
+        format!("{per_second:.0}")
+    } else {
+        format!("{per_second:.1}")
+    }
+}
+
 /// A duration as an operator reads it: `250ms` below a second, else whole
 /// seconds rounded up (`1m 5s`), so a wait is never shown shorter than it is.
 pub(crate) fn span(d: Duration) -> String {
@@ -192,6 +214,7 @@ fn render(table: Table) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate::admin::Traffic;
 
     fn login() -> LimiterInfo {
         LimiterInfo {
@@ -203,6 +226,10 @@ mod tests {
                 period_micros: 60_000_000,
                 burst: 3,
             }],
+            traffic: Some(Traffic {
+                allowed_per_second: 2.0,
+                denied_per_second: 41.6,
+            }),
         }
     }
 
@@ -211,21 +238,35 @@ mod tests {
         let table = limiters(&[login()], false);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines.len(), 2, "{table}");
-        assert!(lines[0].starts_with("NAME  "), "{table}");
-        assert!(lines[0].contains("ALGORITHM") && lines[0].ends_with("QUOTAS"));
-        assert!(lines[1].starts_with("login  "), "{table}");
-        assert!(lines[1].ends_with("3 per 1m"), "{table}");
+        assert_eq!(
+            lines[0],
+            "NAME   ALGORITHM           QUOTAS    ALLOWED/S  DENIED/S"
+        );
+        assert_eq!(
+            lines[1],
+            "login  sliding_window_log  3 per 1m        2.0        42"
+        );
 
         let v: serde_json::Value = serde_json::from_str(&limiters(&[login()], true)).unwrap();
         assert_eq!(v["limiters"][0]["name"], "login");
         assert_eq!(v["limiters"][0]["algorithm"], "sliding_window_log");
         assert_eq!(v["limiters"][0]["quotas"][0]["limit"], 3);
         assert_eq!(v["limiters"][0]["quotas"][0]["period_seconds"], 60);
+        assert_eq!(v["limiters"][0]["traffic"]["denied_per_second"], 41.6);
+        let quiet = LimiterInfo {
+            traffic: None,
+            ..login()
+        };
+        assert!(limiters(std::slice::from_ref(&quiet), false).ends_with("-         -"));
+        assert!(!limiters(&[quiet], true).contains("traffic"));
     }
 
     #[test]
     fn an_empty_list_still_has_its_header() {
-        assert_eq!(limiters(&[], false), "NAME  ALGORITHM  QUOTAS");
+        assert_eq!(
+            limiters(&[], false),
+            "NAME  ALGORITHM  QUOTAS  ALLOWED/S  DENIED/S"
+        );
         assert_eq!(
             throttled(&[], SystemTime::now(), true),
             r#"{"subjects":[]}"#
