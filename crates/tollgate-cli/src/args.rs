@@ -41,7 +41,7 @@ const AFTER_HELP: &str = "\
 Examples:
   tollgate --redis redis://127.0.0.1:6379 throttled
   tollgate --redis redis://127.0.0.1:6379 inspect login alice
-  tollgate --cluster 10.0.0.1:7000,10.0.0.2:7000 reset login alice
+  tollgate --cluster redis-a:7000,redis-b:7000 reset login alice
   tollgate block login alice 600 --json
 
 SUBJECT is a subject id as `throttled`, `inspect` and the admin API print it.
@@ -91,7 +91,7 @@ pub(crate) struct StoreArgs {
 /// What to do.
 #[derive(Subcommand, Debug)]
 pub(crate) enum Command {
-    /// List the registered rate limiters: name, algorithm and quotas
+    /// List the registered rate limiters: name, algorithm, quotas, checks per second
     Limiters,
 
     /// Show a subject's state on a limiter: remaining, when it may retry, a block

@@ -14,7 +14,7 @@
 //!
 //! | command | does |
 //! |---|---|
-//! | `limiters` | lists the registered limiters: name, algorithm, quotas |
+//! | `limiters` | lists the registered limiters: name, algorithm, quotas, checks per second |
 //! | `inspect LIMITER SUBJECT` | a subject's remaining quota, retry-after, block |
 //! | `reset LIMITER SUBJECT` | gives the subject its whole quota back |
 //! | `block LIMITER SUBJECT SECONDS` | refuses the subject for that long, whatever its quota |
@@ -49,6 +49,7 @@ mod args;
 mod connect;
 mod output;
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -100,10 +101,11 @@ fn main() -> ExitCode {
             .block_on(run(&cli, &target))
     });
     match outcome {
-        Ok(out) => {
-            println!("{out}");
-            ExitCode::SUCCESS
-        }
+        // A reader that went away (`| head`) is no failure to report.
+        Ok(out) => match writeln!(std::io::stdout().lock(), "{out}") {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(1),
+        },
         Err(failure) => {
             eprintln!("tollgate: {}", failure.message());
             failure.exit_code()
