@@ -157,6 +157,29 @@ is the id the other commands take; LABEL is what the application chose to show (
 
     /// List who holds a lock or a semaphore permit now: host:pid, fence, for how long
     Holders,
+
+    /// Break a stuck lock: its holder is forgotten, its fence key stays
+    #[command(
+        name = "break-lock",
+        long_about = "Break a stuck lock: its holder is forgotten at once (waiters take over) and its fence key stays, so the next holder's fence is higher than every earlier one. The broken holder finds out at its next renewal. NAME and SUBJECT as `tollgate holders` prints them."
+    )]
+    BreakLock {
+        /// The locker's name (`lock` unless the application named it)
+        name: String,
+        /// The lock's subject id
+        #[arg(value_parser = parse_subject)]
+        subject: Subject,
+    },
+
+    /// Break a semaphore's permits on a subject: every holder is forgotten, the fence stays
+    #[command(name = "break-permits")]
+    BreakPermits {
+        /// The semaphore's name (`sem` unless the application named it)
+        name: String,
+        /// The subject id
+        #[arg(value_parser = parse_subject)]
+        subject: Subject,
+    },
 }
 
 /// A block longer than ten years is a typo, not a policy.

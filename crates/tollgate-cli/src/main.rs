@@ -170,6 +170,20 @@ async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
                 output::throttled(&admin.throttled(n).await?, SystemTime::now(), json)
             }
             Command::Holders => output::holders(&admin.holders().await?, json),
+            Command::BreakLock { name, subject } => {
+                let broken = admin.break_lock(name, subject).await?;
+                let msg = if broken {
+                    format!("broke lock {name} {}; its fence key stays", id(subject))
+                } else {
+                    format!("lock {name} {} was not held", id(subject))
+                };
+                output::done(&msg, json)
+            }
+            Command::BreakPermits { name, subject } => {
+                let n = admin.break_permits(name, subject).await?;
+                let msg = format!("broke {n} permit(s) of {name} {}", id(subject));
+                output::done(&msg, json)
+            }
         })
     };
     match tokio::time::timeout(timeout, bounded).await {

@@ -348,7 +348,35 @@ async fn holders_lists_a_held_lock_with_this_process_as_holder() {
         lines.any(|l| l.starts_with("lock ") && l.contains("orders")),
         "{table}"
     );
-    lease.release().await.unwrap();
+
+    // A stuck lock broken from the CLI: another holder gets it at once,
+    // with a higher fence, and the broken lease learns it is lost.
+    let broke = ok(tollgate(&[
+        "--redis",
+        &url,
+        "--prefix",
+        &prefix,
+        "break-lock",
+        "lock",
+        "orders",
+    ])
+    .await);
+    assert!(broke.contains("broke lock lock orders"), "{broke}");
+    let next = locker.try_acquire("orders", &options).await.unwrap();
+    assert!(next.fence() > lease.fence());
+    assert!(!lease.extend(Duration::from_secs(30)).await.unwrap());
+    let again = ok(tollgate(&[
+        "--redis",
+        &url,
+        "--prefix",
+        &prefix,
+        "break-lock",
+        "lock",
+        "nothing",
+    ])
+    .await);
+    assert!(again.contains("was not held"), "{again}");
+    next.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

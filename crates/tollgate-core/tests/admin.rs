@@ -82,6 +82,9 @@ async fn operations(backend: Backend, prefix: &str) {
     }
 
     admin.reset("login", &alice).await.unwrap();
+    let fresh = admin.inspect("login", &alice).await.unwrap();
+    assert_eq!((fresh.remaining, fresh.reset_after_ms), (3, 0), "{fresh:?}");
+    assert_eq!(fresh.retry_after_ms, None, "{fresh:?}");
     let d = l.check(&alice).await.unwrap();
     assert!(d.allowed && d.remaining == 2, "{d:?}");
 

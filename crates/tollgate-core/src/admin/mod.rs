@@ -68,7 +68,7 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// The operator plane of `backend`, for the default prefix (`tg`).
+    /// The operator plane of `backend`, for the default prefix (`tollgate`).
     pub fn new(backend: impl Into<Backend>) -> Self {
         Admin {
             backend: backend.into(),

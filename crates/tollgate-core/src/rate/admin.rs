@@ -173,11 +173,16 @@ impl RateLimiter {
         let store = Arc::clone(&self.operated()?.store);
         let d = self.peek(subject).await?;
         let left = store.block_left(&self.block_key_for(subject)).await?;
-        let strictest = d
-            .quotas
-            .iter()
-            .min_by_key(|q| q.remaining)
-            .map(|q| (q.limit, q.reset_after));
+        // A full quota has nothing to reset (a log reports its period as
+        // the reset of a cost-0 check on an empty log).
+        let strictest = d.quotas.iter().min_by_key(|q| q.remaining).map(|q| {
+            let reset = if q.remaining >= q.limit {
+                Duration::ZERO
+            } else {
+                q.reset_after
+            };
+            (q.limit, reset)
+        });
         let (limit, reset) = strictest.unwrap_or((0, Duration::ZERO));
         let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
         // Until one more unit: the latest of the empty quotas' next units.
