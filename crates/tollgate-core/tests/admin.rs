@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use rate_common::{assert_ttls, cluster, prefix, server};
-use tollgate_core::admin::Admin;
+use tollgate_core::admin::{Admin, Registered};
 use tollgate_core::{
     Algorithm, Backend, DecisionSource, Error, MemoryBackend, Quota, RateLimiter, RedisBackend,
-    Subject,
+    Semaphore, Subject,
 };
 use tollgate_testkit::eventually;
 
@@ -57,6 +57,25 @@ async fn operations(backend: Backend, prefix: &str) {
         ),
         (3, 60)
     );
+    // A semaphore registers what it is too.
+    let jobs = Semaphore::builder(backend.clone(), 4)
+        .prefix(prefix)
+        .name("jobs")
+        .build()
+        .unwrap();
+    let semaphore = Registered::Semaphore {
+        name: "jobs".into(),
+        permits: 4,
+    };
+    eventually(WAIT, "the semaphore registers", || async {
+        admin
+            .registered()
+            .await
+            .ok()
+            .filter(|r| r.contains(&semaphore))
+    })
+    .await;
+    drop(jobs);
 
     let alice = Subject::new("alice:1").with_label("ali…");
     for _ in 0..3 {

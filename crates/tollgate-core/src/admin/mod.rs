@@ -45,7 +45,7 @@ mod views;
 use std::time::Duration;
 
 pub(crate) use self::notices::{Action, Notice, Notices};
-pub(crate) use self::registry::{register, REGISTER_EVERY};
+pub(crate) use self::registry::keep_registered;
 pub(crate) use self::tally::Tally;
 pub use self::views::{
     Holder, HolderKind, LimiterInfo, QuotaInfo, Registered, SubjectState, ThrottledSubject, Traffic,

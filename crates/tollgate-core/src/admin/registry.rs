@@ -2,6 +2,7 @@
 //! limiter, semaphore or idempotency store (`<kind>:<name>`) holding its
 //! description as JSON, written once when it is built.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::views::{LimiterInfo, QuotaInfo, Registered};
@@ -51,6 +52,34 @@ pub(crate) async fn register(
     store
         .register(&registry_key(prefix), &entry.field(), &value, REGISTRY_TTL)
         .await
+}
+
+/// Keeps `entry` in the registry of `prefix` while `alive` says so: at
+/// once in an in-process store, else from a task that writes it again
+/// every [`REGISTER_EVERY`] (the registry expires unless someone keeps it).
+pub(crate) fn keep_registered(
+    store: Arc<dyn AdminBackend>,
+    prefix: String,
+    entry: Registered,
+    alive: impl Fn() -> bool + Send + 'static,
+) {
+    if store.in_process() {
+        // Listed before the first use, with or without a runtime.
+        let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry));
+        return;
+    }
+    let registering = async move {
+        while alive() {
+            if let Err(e) = register(&*store, &prefix, &entry).await {
+                tracing::warn!(error = %e, "could not register: the operator plane will not list it");
+            }
+            tokio::time::sleep(REGISTER_EVERY).await;
+        }
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(registering)),
+        Err(_) => tracing::warn!("no runtime to register on: the operator plane will not list it"),
+    }
 }
 
 /// Everything registered under `prefix`, by name; an entry this version

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::limiter::Inner;
 use super::RateLimiter;
 use crate::admin::{
-    register, Action, LimiterInfo, Notice, Notices, Registered, SubjectState, Tally, REGISTER_EVERY,
+    keep_registered, Action, LimiterInfo, Notice, Notices, Registered, SubjectState, Tally,
 };
 use crate::error::{Error, Result};
 use crate::keyspace::Subject;
@@ -43,30 +43,13 @@ impl RateLimiter {
         let Some(op) = &inner.operated else { return };
         let prefix = inner.keyspace.prefix().to_owned();
         if register_it {
-            let (store, entry) = (
+            let alive: Weak<Inner> = Arc::downgrade(inner);
+            keep_registered(
                 Arc::clone(&op.store),
+                prefix,
                 Registered::Limiter(LimiterInfo::of(self)),
+                move || alive.strong_count() > 0,
             );
-            if store.in_process() {
-                // Listed before the first check, with or without a runtime.
-                let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry));
-            } else {
-                let alive: Weak<Inner> = Arc::downgrade(inner);
-                // Again and again while it lives: the registry expires
-                // unless someone keeps it.
-                let registering = async move {
-                    while alive.strong_count() > 0 {
-                        if let Err(e) = register(&*store, &prefix, &entry).await {
-                            tracing::warn!(error = %e, "could not register the limiter: the operator plane will not list it");
-                        }
-                        tokio::time::sleep(REGISTER_EVERY).await;
-                    }
-                };
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => drop(runtime.spawn(registering)),
-                    Err(_) => tracing::warn!("no runtime to register the limiter on: the operator plane will not list it"),
-                }
-            }
             op.tally.start(
                 Arc::clone(&op.store),
                 inner.keyspace.prefix(),

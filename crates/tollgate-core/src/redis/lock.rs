@@ -176,6 +176,10 @@ impl LockBackend for RedisBackend {
     fn lock_kind(&self) -> &'static str {
         crate::store::RateBackend::kind(self)
     }
+
+    fn lock_admin(&self) -> Option<std::sync::Arc<dyn crate::store::AdminBackend>> {
+        Some(std::sync::Arc::new(self.clone()))
+    }
 }
 
 #[cfg(test)]

@@ -397,6 +397,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs: `"memory"`, `"redis"`, `"cluster"`, ….
     fn lock_kind(&self) -> &'static str;
+
+    /// The operator plane of this store, if it has one (where a semaphore
+    /// registers). The default is none.
+    fn lock_admin(&self) -> Option<Arc<dyn super::AdminBackend>> {
+        None
+    }
 }
 
 impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
@@ -459,6 +465,10 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
 
     fn lock_kind(&self) -> &'static str {
         (**self).lock_kind()
+    }
+
+    fn lock_admin(&self) -> Option<Arc<dyn super::AdminBackend>> {
+        (**self).lock_admin()
     }
 }
 
