@@ -181,10 +181,10 @@ impl Core {
             return;
         };
         let alive = Arc::downgrade(self);
-        crate::admin::keep_registered(
+        crate::plane::registry::keep_registered(
             store,
             self.keyspace.prefix().to_owned(),
-            crate::admin::Registered::Semaphore {
+            crate::plane::views::Registered::Semaphore {
                 name: self.keyspace.policy().to_owned(),
                 permits,
             },

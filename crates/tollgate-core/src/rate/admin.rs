@@ -7,26 +7,17 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::limiter::Inner;
+use super::limiter::{Inner, Operated, BLOCK_KIND};
 use super::RateLimiter;
-use crate::admin::{
-    keep_registered, Action, LimiterInfo, Notice, Notices, Registered, SubjectState, Tally,
-};
 use crate::error::{Error, Result};
 use crate::keyspace::Subject;
-use crate::store::{AdminBackend, RateRequest, EVERYTHING};
-
-/// The kind in a block key's name (`<prefix>:<name>:block:{<subject>}`).
-pub(super) const BLOCK_KIND: &str = "block";
+use crate::plane::notices::{Action, Notice, Notices};
+use crate::plane::registry::keep_registered;
+use crate::plane::views::{LimiterInfo, QuotaInfo, Registered, SubjectState};
+use crate::store::{RateRequest, EVERYTHING};
 
 /// The longest block (a year): longer is a typo, not a policy.
 const LONGEST_BLOCK: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// What a limiter keeps for the operator plane.
-pub(super) struct Operated {
-    pub(super) store: Arc<dyn AdminBackend>,
-    pub(super) tally: Arc<Tally>,
-}
 
 impl RateLimiter {
     /// The key that blocks `subject` on this limiter (same hash tag as its
@@ -47,7 +38,7 @@ impl RateLimiter {
             keep_registered(
                 Arc::clone(&op.store),
                 prefix,
-                Registered::Limiter(LimiterInfo::of(self)),
+                Registered::Limiter(describe(self)),
                 move || alive.strong_count() > 0,
             );
             op.tally.start(
@@ -191,7 +182,7 @@ impl RateLimiter {
     }
 
     /// Gives `subject` its whole quota back (every instance forgets its
-    /// cached denials within a round trip, or [`VERSION_POLL`](crate::admin::VERSION_POLL)
+    /// cached denials within a round trip, or [`VERSION_POLL`](crate::store::VERSION_POLL)
     /// if it missed the message). A block stays.
     pub async fn reset(&self, subject: &Subject) -> Result<()> {
         self.traced(Action::Reset, subject, async {
@@ -272,4 +263,23 @@ fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The description of `limiter`, as the registry holds it.
+fn describe(limiter: &RateLimiter) -> LimiterInfo {
+    LimiterInfo {
+        name: limiter.keyspace().policy().to_owned(),
+        algorithm: limiter.algorithm().long_name().to_owned(),
+        quotas: limiter
+            .quotas()
+            .iter()
+            .map(|q| QuotaInfo {
+                limit: q.limit(),
+                period_seconds: q.period_micros().div_ceil(1_000_000),
+                period_micros: q.period_micros(),
+                burst: q.burst(),
+            })
+            .collect(),
+        traffic: None,
+    }
 }
