@@ -82,11 +82,18 @@ impl RateLimiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&self.keys_for(&subject)[0]);
         }
-        if let (Action::Reset, Some(fallback)) = (notice.action, &inner.fallback) {
-            // The local fallback's store is in process: done at once.
-            let keys = fallback.keys_for(&subject);
+        // The local fallback decides while the store is down: it gets the
+        // same reset or block (its store is in process: done at once).
+        if let Some(fallback) = &inner.fallback {
             if let Some(store) = fallback.inner.backend.admin() {
-                let _ = futures_util::FutureExt::now_or_never(store.delete(&keys));
+                let block = fallback.block_key_for(&subject);
+                let keys = fallback.keys_for(&subject);
+                let done = match (notice.action, notice.millis) {
+                    (Action::Reset, _) => store.delete(&keys),
+                    (Action::Block, Some(ms)) => store.set_block(&block, Duration::from_millis(ms)),
+                    (Action::Block, None) | (Action::Unblock, _) => store.unblock(&block),
+                };
+                let _ = futures_util::FutureExt::now_or_never(done);
             }
         }
         tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), action = ?notice.action, "heard an admin action");
@@ -101,12 +108,18 @@ impl RateLimiter {
         })
     }
 
-    async fn announce(&self, action: Action, subject: &Subject) -> Result<()> {
+    async fn announce(
+        &self,
+        action: Action,
+        subject: &Subject,
+        block: Option<Duration>,
+    ) -> Result<()> {
         let notices = Notices::of(self.inner.keyspace.prefix());
         let notice = Notice {
             action,
             limiter: self.inner.keyspace.policy().to_owned(),
             subject: subject.as_encoded().to_owned(),
+            millis: block.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX).max(1)),
         };
         tracing::info!(policy = self.inner.keyspace.policy(), subject = subject.as_encoded(), action = ?action, "admin action");
         #[cfg(feature = "metrics")]
@@ -188,7 +201,7 @@ impl RateLimiter {
         self.traced(Action::Reset, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store.delete(&self.keys_for(subject)).await?;
-            self.announce(Action::Reset, subject).await
+            self.announce(Action::Reset, subject, None).await
         })
         .await
     }
@@ -207,7 +220,7 @@ impl RateLimiter {
         store
             .set_block(&self.block_key_for(subject), duration)
             .await?;
-        self.announce(Action::Block, subject).await
+        self.announce(Action::Block, subject, Some(duration)).await
     }
 
     /// Lifts a block of `subject` on every instance.
@@ -215,7 +228,7 @@ impl RateLimiter {
         self.traced(Action::Unblock, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store.unblock(&self.block_key_for(subject)).await?;
-            self.announce(Action::Unblock, subject).await
+            self.announce(Action::Unblock, subject, None).await
         })
         .await
     }
