@@ -338,3 +338,43 @@ async fn a_block_reaches_the_local_fallback() {
         "{other:?}"
     );
 }
+
+/// A limiter of several quotas honours a block as one of one quota does
+/// (its checks carry a key per quota, then the block key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_holds_for_several_quotas() {
+    let backends: [Backend; 3] = [
+        MemoryBackend::new().into(),
+        standalone().await,
+        clustered().await,
+    ];
+    for backend in backends {
+        let prefix = prefix();
+        let l = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+            .quota(Quota::per_second(10))
+            .quota(Quota::per_hour(1000))
+            .prefix(&prefix)
+            .name("multi")
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        let admin = Admin::new(backend).with_prefix(&prefix);
+        eventually(WAIT, "registered", || async {
+            admin.limiters().await.ok().filter(|l| !l.is_empty())
+        })
+        .await;
+        let s = Subject::new("s");
+        admin
+            .block("multi", &s, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let refused = join_all((0..12).map(|_| l.check(&s))).await;
+        for d in refused {
+            let d = d.unwrap();
+            assert!(!d.allowed, "{d:?}");
+            assert!(d.quotas.iter().all(|q| !q.allowed), "{d:?}");
+        }
+        admin.unblock("multi", &s).await.unwrap();
+        assert!(l.check(&s).await.unwrap().allowed);
+    }
+}

@@ -42,9 +42,37 @@ pub(crate) fn traffic_key(prefix: &str, limiter: &str) -> String {
 /// One limiter's decisions since the last flush.
 #[derive(Default)]
 pub(crate) struct Tally {
-    counts: Mutex<HashMap<String, DenialCount>>,
+    counts: Mutex<HashMap<String, DenialCount, QuickHash>>,
     admitted: AtomicU64,
     refused: AtomicU64,
+    /// The wall clock (ms), as of the last flush tick: a denial's time to
+    /// the second without a clock read per denial.
+    clock_ms: AtomicU64,
+}
+
+/// The sketch's hasher: a quick word hash. It holds at most [`TRACKED`]
+/// subjects, so colliding input cannot make it slow (no SipHash needed).
+#[derive(Default, Clone, Copy)]
+struct QuickHash;
+
+impl std::hash::BuildHasher for QuickHash {
+    type Hasher = QuickHasher;
+
+    fn build_hasher(&self) -> QuickHasher {
+        QuickHasher(0)
+    }
+}
+
+struct QuickHasher(u64);
+
+impl std::hash::Hasher for QuickHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = crate::keyspace::quick_hash(self.0, bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -64,8 +92,11 @@ impl Tally {
     /// count (Space-Saving): a subject denied often is never lost.
     pub(crate) fn denied(&self, subject: &Subject) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        let at = match self.clock_ms.load(Ordering::Relaxed) {
+            0 => now_ms(),
+            ms => ms,
+        };
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = now_ms();
         if let Some(c) = counts.get_mut(subject.as_encoded()) {
             c.denied += 1;
             c.last_denied_ms = at;
@@ -117,6 +148,7 @@ impl Tally {
             loop {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
+                me.clock_ms.store(now_ms(), Ordering::Relaxed);
                 let counts = me.take();
                 let admitted = me.admitted.swap(0, Ordering::Relaxed);
                 let refused = me.refused.swap(0, Ordering::Relaxed);

@@ -230,6 +230,8 @@ impl RateLimiter {
             return_keys(keys);
             return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
         }
+        let mut keys = keys;
+        add_block_key(inner, subject, &mut keys);
         let request = RateRequest {
             algorithm: inner.algorithm,
             keys,
@@ -446,23 +448,32 @@ fn take_keys(inner: &Inner, subject: &Subject) -> Vec<String> {
         inner.algorithm.short_name(),
         inner.quotas.len(),
     );
-    // A store with an operator plane also reads the subject's block key.
-    let blocks = inner.operated.is_some();
-    keys.resize_with(n + usize::from(blocks), String::new);
-    keys.truncate(n + usize::from(blocks));
-    if blocks {
-        keys[n].clear();
-        ks.write_key_of(BLOCK_KIND, subject, &mut keys[n]);
-    }
+    // A store with an operator plane also reads the subject's block key,
+    // last: its place is kept here, written by `add_block_key`.
+    let total = n + usize::from(inner.operated.is_some());
+    keys.resize_with(total, String::new);
+    keys.truncate(total);
     if n == 1 {
         keys[0].clear();
         ks.write_key_of(kind, subject, &mut keys[0]);
     } else {
-        for (i, key) in keys.iter_mut().enumerate() {
+        for (i, key) in keys[..n].iter_mut().enumerate() {
             *key = ks.key_of(kind, subject, Some(&format!("q{i}")));
         }
     }
     keys
+}
+
+/// After the quota keys, the subject's block key, which every check
+/// script reads when the store has an operator plane (added only once the
+/// check goes to the store: a deny-cache answer needs none).
+fn add_block_key(inner: &Inner, subject: &Subject, keys: &mut [String]) {
+    if inner.operated.is_none() {
+        return;
+    }
+    let key = &mut keys[inner.quotas.len()];
+    key.clear();
+    inner.keyspace.write_key_of(BLOCK_KIND, subject, key);
 }
 
 fn return_keys(keys: Vec<String>) {
