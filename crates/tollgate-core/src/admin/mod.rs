@@ -1,7 +1,8 @@
 //! The operator plane: see and change what the stores hold — which
 //! limiters, semaphores and idempotency stores exist (a registry each
-//! writes once), one subject's state, resets, blocks, who is throttled and
-//! who holds what — with every instance told at once.
+//! writes once), one subject's state, resets, blocks, who is throttled,
+//! who holds what and which idempotency keys are in flight — with every
+//! instance told at once.
 //!
 //! [`Admin`] works from the store alone: a tool built without the
 //! application's code (the CLI, the dashboard) finds the limiters in the
@@ -37,6 +38,7 @@
 //! ```
 
 mod holders;
+mod in_flight;
 mod notices;
 mod registry;
 mod tally;
@@ -48,7 +50,8 @@ pub(crate) use self::notices::{Action, Notice, Notices};
 pub(crate) use self::registry::{register, REGISTER_EVERY};
 pub(crate) use self::tally::Tally;
 pub use self::views::{
-    Holder, HolderKind, LimiterInfo, QuotaInfo, Registered, SubjectState, ThrottledSubject, Traffic,
+    Holder, HolderKind, InFlightKey, LimiterInfo, QuotaInfo, Registered, SubjectState,
+    ThrottledSubject, Traffic,
 };
 pub use crate::store::VERSION_POLL;
 

@@ -127,6 +127,25 @@ pub struct Holder {
     pub ttl_ms: u64,
 }
 
+/// One idempotency key in flight: claimed, its handler running, not
+/// completed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlightKey {
+    /// The idempotency store's name (its keyspace policy, `idem` by
+    /// default).
+    pub name: String,
+    /// The key's subject id, as stored (the caller's scope, route and
+    /// `Idempotency-Key`; never the request's payload).
+    pub key: String,
+    /// The claim's fence.
+    pub fence: u64,
+    /// How long since the claim (ms); `None` for a key claimed by a version
+    /// that did not store when.
+    pub held_ms: Option<u64>,
+    /// How long its lease still runs unless renewed (ms).
+    pub ttl_ms: u64,
+}
+
 impl LimiterInfo {
     /// The algorithm, parsed (`None` for a name this version does not know).
     pub fn algorithm(&self) -> Option<Algorithm> {
