@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tollgate_testkit::http::loopback::send_with;
 use tollgate_testkit::{unique, RedisCluster, RedisServer};
 
-use common::{eventually, launch, send, Reply};
+use common::{cli_bin, eventually, launch, send, Reply};
 
 const TOKEN: &str = "s3cret-admin-token";
 /// The contract's "within 1 s" (and "within 2 s" for the throttled list),
@@ -62,6 +62,75 @@ async fn both_answer(a: SocketAddr, b: SocketAddr, key: &str, status: StatusCode
     })
     .await;
     start.elapsed()
+}
+
+/// Runs the `tollgate` CLI on the gateway's prefix with `store` (its
+/// `--redis URL` or `--cluster SEEDS`), expecting success.
+async fn cli(store: &[&str], args: &[&str]) -> String {
+    let out = tokio::process::Command::new(cli_bin())
+        .args(store)
+        .args(["--prefix", "gateway"])
+        .args(args)
+        .env_remove("REDIS_URL")
+        .env_remove("REDIS_CLUSTER")
+        .output()
+        .await
+        .expect("the CLI runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "tollgate {args:?}: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+async fn login(addr: SocketAddr, key: &str, password: &str) -> Reply {
+    let headers = [("x-api-key", key), ("content-type", "application/json")];
+    let body = Bytes::from(json!({ "password": password }).to_string());
+    send_with(addr, Method::POST, "/v1/login", &headers, None, body).await
+}
+
+/// The CLI on the same store: `throttled --json` shows what the API shows,
+/// and `reset login <id>` frees a throttled login on both instances.
+async fn cli_contract(a: SocketAddr, b: SocketAddr, store: &[&str]) {
+    let key = unique("guess");
+    for _ in 0..3 {
+        assert_eq!(
+            login(a, &key, "guess").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    for addr in [a, b] {
+        let r = login(addr, &key, "open-sesame").await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    }
+    let id = app::subject_of(&key).unwrap().as_encoded().to_owned();
+    let listed = eventually(WITHIN, "the CLI lists the login as throttled", || async {
+        let cli_view: Value =
+            serde_json::from_str(&cli(store, &["throttled", "--json"]).await).ok()?;
+        let api_view = json_of(&admin_get(a, "/admin/api/throttled").await);
+        let ours = |v: &Value| {
+            v["subjects"].as_array().and_then(|s| {
+                s.iter()
+                    .find(|s| s["limiter"] == "login" && s["subject"] == id.as_str())
+                    .cloned()
+            })
+        };
+        let (c, p) = (ours(&cli_view)?, ours(&api_view)?);
+        (c["denied"] == p["denied"]).then_some(c)
+    })
+    .await;
+    assert_eq!(listed["label"], format!("{}…", &key[..4]));
+    let said = cli(store, &["reset", "login", &id]).await;
+    assert!(said.contains("every instance"), "{said}");
+    for addr in [a, b] {
+        eventually(WITHIN, "the login is admitted again", || async {
+            let r = login(addr, &key, "open-sesame").await;
+            (r.status == StatusCode::OK).then_some(())
+        })
+        .await;
+    }
 }
 
 /// The whole contract of `/admin` across instances `a` and `b` (processes
@@ -241,6 +310,7 @@ async fn two_instances_share_the_admin_plane_on_redis() {
     let b = launch("gateway", &env).await;
     let pid_b = b.child.id().unwrap();
     admin_contract(a.addr, b.addr, pid_b).await;
+    cli_contract(a.addr, b.addr, &["--redis", &server.url()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,6 +330,7 @@ async fn two_instances_share_the_admin_plane_on_a_cluster() {
     let b = launch("gateway", &env).await;
     let pid_b = b.child.id().unwrap();
     admin_contract(a.addr, b.addr, pid_b).await;
+    cli_contract(a.addr, b.addr, &["--cluster", &seeds]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

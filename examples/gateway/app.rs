@@ -43,6 +43,22 @@
 //!   concurrency) and a success gives it back before it is answered, so a
 //!   login that arrives while others are being checked may see them as
 //!   taken. While the backend is unreachable, 503; a body over 2 MB is 413.
+//! - Callers are keyed by a digest of their API key (the subject id the
+//!   operator plane shows), labelled with the key's first 4 characters and
+//!   `…`.
+//! - With `TOLLGATE_ADMIN_TOKEN` set, the operator plane is mounted at
+//!   `/admin` (otherwise `/admin` is 404): `/admin/api/*` needs
+//!   `Authorization: Bearer <token>` (else 401 problem+json).
+//!   `GET /admin/api/limiters` lists `login`, `quota-free` and `quota-pro`;
+//!   `GET /admin/api/subjects?limiter=<name>&key=<raw X-Api-Key>` (or
+//!   `&subject=<id>`) gives the subject's state, 404 for an unknown limiter;
+//!   `POST /admin/api/reset`, `/block` (with `"seconds"`) and `/unblock`
+//!   with `{"limiter", "key" | "subject"}` answer 204 and take effect on
+//!   every instance within 1 s; `GET /admin/api/throttled` lists the most
+//!   denied subjects (within 2 s of a denial on any instance);
+//!   `GET /admin/api/holders` lists a running `/v1/generate` as a `permit`
+//!   named `generate` held by `<host>:<pid>`; `GET /admin/` is the
+//!   dashboard page.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

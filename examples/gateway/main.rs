@@ -8,6 +8,7 @@
 //! REDIS_CLUSTER=127.0.0.1:7000,127.0.0.1:7001 cargo run --example gateway
 //! REDIS_SENTINELS=127.0.0.1:26379 REDIS_SENTINEL_SERVICE=mymaster cargo run --example gateway --features sentinel
 //! TOLLGATE_ADDR=127.0.0.1:3001 cargo run --example gateway      # another port
+//! TOLLGATE_ADMIN_TOKEN=s3cret cargo run --example gateway       # the operator plane at /admin
 //! ```
 //!
 //! Then:
@@ -17,6 +18,8 @@
 //! # {"permit_fence":...}; a third concurrent one with the same key is 429
 //! curl -i -H 'X-Api-Key: demo' http://127.0.0.1:3000/v1/quota
 //! # {"plan":"free","remaining":9}; the 11th in a minute is 429 (pro-… keys: 100)
+//! curl -H 'Authorization: Bearer s3cret' http://127.0.0.1:3000/admin/api/throttled
+//! # who is throttled; the dashboard: http://127.0.0.1:3000/admin/#token=s3cret
 //! ```
 //!
 //! Several instances on one Redis share the limits. The contract is in

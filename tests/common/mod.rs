@@ -308,6 +308,59 @@ pub(crate) fn example_bin(name: &str) -> std::path::PathBuf {
     bin
 }
 
+/// The path of the `tollgate` CLI binary (`<target>/<profile>/tollgate`),
+/// built here with `cargo build -p tollgate-cli` when missing or older than
+/// the sources (a root test target does not build other packages' binaries).
+pub(crate) fn cli_bin() -> std::path::PathBuf {
+    use std::sync::Once;
+    static BUILT: Once = Once::new();
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in <target>/<profile>/deps");
+    let bin = profile_dir.join(format!("tollgate{}", std::env::consts::EXE_SUFFIX));
+    BUILT.call_once(|| {
+        let cli_src = concat!(env!("CARGO_MANIFEST_DIR"), "/crates/tollgate-cli/src");
+        let stale = is_stale(&bin)
+            || std::fs::metadata(&bin)
+                .and_then(|b| b.modified())
+                .ok()
+                .zip(newest_in(std::path::Path::new(cli_src)))
+                .is_some_and(|(built, src)| src > built);
+        if !stale {
+            return;
+        }
+        let target_dir = profile_dir.parent().expect("<target>");
+        let mut cmd = std::process::Command::new(env!("CARGO"));
+        cmd.args(["build", "-p", "tollgate-cli", "--manifest-path"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+            .env("CARGO_TARGET_DIR", target_dir);
+        if profile_dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "cargo build -p tollgate-cli failed");
+    });
+    assert!(bin.exists(), "{} was not built", bin.display());
+    bin
+}
+
+/// The newest modification time of a file under `dir`.
+fn newest_in(dir: &std::path::Path) -> Option<std::time::SystemTime> {
+    let mut latest = None;
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let t = if path.is_dir() {
+            newest_in(&path)
+        } else {
+            entry.metadata().and_then(|m| m.modified()).ok()
+        };
+        latest = latest.max(t);
+    }
+    latest
+}
+
 /// Whether a source file of the workspace is newer than `bin`.
 fn is_stale(bin: &std::path::Path) -> bool {
     fn newest(dir: &std::path::Path, acc: &mut std::time::SystemTime) {

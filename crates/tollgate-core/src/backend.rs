@@ -260,6 +260,10 @@ impl LockBackend for Backend {
     fn lock_kind(&self) -> &'static str {
         self.idempotency().lock_kind()
     }
+
+    fn lock_admin(&self) -> Option<Arc<dyn AdminBackend>> {
+        self.idempotency().lock_admin()
+    }
 }
 
 impl IdempotencyBackend for Backend {

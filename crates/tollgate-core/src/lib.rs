@@ -32,6 +32,7 @@ pub mod idempotency;
 pub mod keyspace;
 pub mod lock;
 mod memory;
+mod plane;
 mod quota;
 pub mod rate;
 mod redis;

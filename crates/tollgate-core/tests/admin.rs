@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use rate_common::{assert_ttls, cluster, prefix, server};
-use tollgate_core::admin::Admin;
+use tollgate_core::admin::{Admin, Registered};
 use tollgate_core::{
     Algorithm, Backend, DecisionSource, Error, MemoryBackend, Quota, RateLimiter, RedisBackend,
-    Subject,
+    Semaphore, Subject,
 };
 use tollgate_testkit::eventually;
 
@@ -57,6 +57,25 @@ async fn operations(backend: Backend, prefix: &str) {
         ),
         (3, 60)
     );
+    // A semaphore registers what it is too.
+    let jobs = Semaphore::builder(backend.clone(), 4)
+        .prefix(prefix)
+        .name("jobs")
+        .build()
+        .unwrap();
+    let semaphore = Registered::Semaphore {
+        name: "jobs".into(),
+        permits: 4,
+    };
+    eventually(WAIT, "the semaphore registers", || async {
+        admin
+            .registered()
+            .await
+            .ok()
+            .filter(|r| r.contains(&semaphore))
+    })
+    .await;
+    drop(jobs);
 
     let alice = Subject::new("alice:1").with_label("ali…");
     for _ in 0..3 {
@@ -269,4 +288,53 @@ async fn cluster_fleet_wide() {
         c.nodes()[node].cli(args)
     })
     .await;
+}
+
+/// A block reaches the local fallback too: with Redis down, a limiter that
+/// falls back to its own in-process quota still refuses the blocked
+/// subject (and only it), with the block's wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_reaches_the_local_fallback() {
+    let mut server = tollgate_testkit::RedisServer::start().unwrap();
+    let backend: Backend = RedisBackend::connect(&server.url()).await.unwrap().into();
+    let prefix = prefix();
+    let l = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+        .quota(Quota::per_minute(100))
+        .prefix(&prefix)
+        .name("api")
+        // Without a deny cache, so the refusal seen while Redis is down
+        // is the fallback's own.
+        .deny_cache(0)
+        .failure_policy(tollgate_core::FailurePolicy::Fallback {
+            instances: std::num::NonZeroU32::new(1).unwrap(),
+        })
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let admin = Admin::new(backend).with_prefix(&prefix);
+    eventually(WAIT, "registered", || async {
+        admin.limiters().await.ok().filter(|l| !l.is_empty())
+    })
+    .await;
+    let mallory = Subject::new("mallory");
+    admin
+        .block("api", &mallory, Duration::from_secs(60))
+        .await
+        .unwrap();
+    // The store refuses it; then Redis goes away. The notice was published
+    // before the block call returned: it reaches the instance even so (it
+    // is in flight or read already).
+    assert!(!l.check(&mallory).await.unwrap().allowed);
+    server.stop();
+    let d = eventually(WAIT, "the fallback refuses the blocked subject", || async {
+        let d = l.check(&mallory).await.ok()?;
+        (d.source == DecisionSource::Fallback && !d.allowed).then_some(d)
+    })
+    .await;
+    assert!(d.retry_after.unwrap() > Duration::from_secs(50), "{d:?}");
+    let other = l.check("someone").await.unwrap();
+    assert!(
+        other.allowed && other.source == DecisionSource::Fallback,
+        "{other:?}"
+    );
 }

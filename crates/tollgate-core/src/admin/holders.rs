@@ -3,10 +3,10 @@
 
 use tracing::Instrument;
 
-use super::views::{Holder, HolderKind};
 use super::Admin;
 use crate::error::Result;
 use crate::keyspace::{Keyspace, Subject};
+use crate::plane::views::{Holder, HolderKind};
 use crate::store::{LockBackend, LockHolder, LockKeys};
 
 fn view(h: LockHolder) -> Holder {

@@ -1,9 +1,9 @@
 //! Which idempotency keys are in flight: [`Admin::idempotency_in_flight`],
 //! from the store alone.
 
-use super::views::InFlightKey;
 use super::Admin;
 use crate::error::Result;
+use crate::plane::views::InFlightKey;
 use crate::store::{IdempotencyBackend, InFlightRecord};
 
 fn view(r: InFlightRecord) -> InFlightKey {

@@ -39,17 +39,12 @@
 
 mod holders;
 mod in_flight;
-mod notices;
-mod registry;
-mod tally;
-mod views;
+mod rebuild;
+mod reports;
 
 use std::time::Duration;
 
-pub(crate) use self::notices::{Action, Notice, Notices};
-pub(crate) use self::registry::{register, REGISTER_EVERY};
-pub(crate) use self::tally::Tally;
-pub use self::views::{
+pub use crate::plane::views::{
     Holder, HolderKind, InFlightKey, LimiterInfo, QuotaInfo, Registered, SubjectState,
     ThrottledSubject, Traffic,
 };
@@ -101,7 +96,7 @@ impl Admin {
 
     /// Everything registered under the prefix, by name.
     pub async fn registered(&self) -> Result<Vec<Registered>> {
-        registry::read(self.store(), &self.prefix).await
+        crate::plane::registry::read(self.store(), &self.prefix).await
     }
 
     /// The registered limiters, by name, each with what it decided lately
@@ -109,12 +104,12 @@ impl Admin {
     pub async fn limiters(&self) -> Result<Vec<LimiterInfo>> {
         let mut limiters = self.registered_limiters().await?;
         for l in &mut limiters {
-            l.traffic = Some(tally::traffic(self, &l.name).await?);
+            l.traffic = Some(reports::traffic(self, &l.name).await?);
         }
         Ok(limiters)
     }
 
-    async fn registered_limiters(&self) -> Result<Vec<LimiterInfo>> {
+    pub(super) async fn registered_limiters(&self) -> Result<Vec<LimiterInfo>> {
         Ok(self
             .registered()
             .await?
@@ -136,7 +131,7 @@ impl Admin {
             .into_iter()
             .find(|l| l.name == name)
             .ok_or_else(|| Error::NotRegistered(format!("limiter {name:?}")))?;
-        registry::rebuild(&self.backend, &self.prefix, &info)
+        rebuild::rebuild(&self.backend, &self.prefix, &info)
     }
 
     /// What the limiter `limiter` holds for `subject` now.
@@ -163,6 +158,6 @@ impl Admin {
     /// The most throttled subjects over every registered limiter, most
     /// denied first (at most `n`).
     pub async fn throttled(&self, n: usize) -> Result<Vec<ThrottledSubject>> {
-        tally::top(self, n).await
+        reports::throttled(self, n).await
     }
 }

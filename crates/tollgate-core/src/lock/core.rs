@@ -170,6 +170,28 @@ impl Core {
         self.instances.kind()
     }
 
+    /// A semaphore on one store with an operator plane registers itself
+    /// (name, permits) for as long as it lives; locks do not (their
+    /// holders are listed from their keys).
+    pub(crate) fn register(self: &Arc<Self>) {
+        let (Some(permits), [backend]) = (self.permits, self.instances.backends()) else {
+            return;
+        };
+        let Some(store) = backend.lock_admin() else {
+            return;
+        };
+        let alive = Arc::downgrade(self);
+        crate::plane::registry::keep_registered(
+            store,
+            self.keyspace.prefix().to_owned(),
+            crate::plane::views::Registered::Semaphore {
+                name: self.keyspace.policy().to_owned(),
+                permits,
+            },
+            move || alive.strong_count() > 0,
+        );
+    }
+
     pub(crate) fn keyspace(&self) -> &Keyspace {
         &self.keyspace
     }

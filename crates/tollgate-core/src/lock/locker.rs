@@ -555,7 +555,8 @@ impl<T: Built> LockerBuilder<T> {
     /// one instance).
     pub fn build(self) -> Result<T> {
         let settings = self.settings.clone();
-        let core = Core::new(self.backends, self.redlock, self.settings)?;
-        Ok(T::from_engine(Engine(Arc::new(core), settings)))
+        let core = Arc::new(Core::new(self.backends, self.redlock, self.settings)?);
+        core.register();
+        Ok(T::from_engine(Engine(core, settings)))
     }
 }

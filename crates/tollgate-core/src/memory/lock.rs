@@ -295,4 +295,8 @@ impl LockBackend for MemoryBackend {
     fn lock_kind(&self) -> &'static str {
         "memory"
     }
+
+    fn lock_admin(&self) -> Option<std::sync::Arc<dyn crate::store::AdminBackend>> {
+        Some(std::sync::Arc::new(self.clone()))
+    }
 }

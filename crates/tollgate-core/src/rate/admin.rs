@@ -7,26 +7,17 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::limiter::Inner;
+use super::limiter::{Inner, Operated, BLOCK_KIND};
 use super::RateLimiter;
-use crate::admin::{
-    register, Action, LimiterInfo, Notice, Notices, Registered, SubjectState, Tally, REGISTER_EVERY,
-};
 use crate::error::{Error, Result};
 use crate::keyspace::Subject;
-use crate::store::{AdminBackend, RateRequest, EVERYTHING};
-
-/// The kind in a block key's name (`<prefix>:<name>:block:{<subject>}`).
-pub(super) const BLOCK_KIND: &str = "block";
+use crate::plane::notices::{Action, Notice, Notices};
+use crate::plane::registry::keep_registered;
+use crate::plane::views::{LimiterInfo, QuotaInfo, Registered, SubjectState};
+use crate::store::{RateRequest, EVERYTHING};
 
 /// The longest block (a year): longer is a typo, not a policy.
 const LONGEST_BLOCK: Duration = Duration::from_secs(366 * 24 * 3600);
-
-/// What a limiter keeps for the operator plane.
-pub(super) struct Operated {
-    pub(super) store: Arc<dyn AdminBackend>,
-    pub(super) tally: Arc<Tally>,
-}
 
 impl RateLimiter {
     /// The key that blocks `subject` on this limiter (same hash tag as its
@@ -43,30 +34,13 @@ impl RateLimiter {
         let Some(op) = &inner.operated else { return };
         let prefix = inner.keyspace.prefix().to_owned();
         if register_it {
-            let (store, entry) = (
+            let alive: Weak<Inner> = Arc::downgrade(inner);
+            keep_registered(
                 Arc::clone(&op.store),
-                Registered::Limiter(LimiterInfo::of(self)),
+                prefix,
+                Registered::Limiter(describe(self)),
+                move || alive.strong_count() > 0,
             );
-            if store.in_process() {
-                // Listed before the first check, with or without a runtime.
-                let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry));
-            } else {
-                let alive: Weak<Inner> = Arc::downgrade(inner);
-                // Again and again while it lives: the registry expires
-                // unless someone keeps it.
-                let registering = async move {
-                    while alive.strong_count() > 0 {
-                        if let Err(e) = register(&*store, &prefix, &entry).await {
-                            tracing::warn!(error = %e, "could not register the limiter: the operator plane will not list it");
-                        }
-                        tokio::time::sleep(REGISTER_EVERY).await;
-                    }
-                };
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => drop(runtime.spawn(registering)),
-                    Err(_) => tracing::warn!("no runtime to register the limiter on: the operator plane will not list it"),
-                }
-            }
             op.tally.start(
                 Arc::clone(&op.store),
                 inner.keyspace.prefix(),
@@ -108,11 +82,18 @@ impl RateLimiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&self.keys_for(&subject)[0]);
         }
-        if let (Action::Reset, Some(fallback)) = (notice.action, &inner.fallback) {
-            // The local fallback's store is in process: done at once.
-            let keys = fallback.keys_for(&subject);
+        // The local fallback decides while the store is down: it gets the
+        // same reset or block (its store is in process: done at once).
+        if let Some(fallback) = &inner.fallback {
             if let Some(store) = fallback.inner.backend.admin() {
-                let _ = futures_util::FutureExt::now_or_never(store.delete(&keys));
+                let block = fallback.block_key_for(&subject);
+                let keys = fallback.keys_for(&subject);
+                let done = match (notice.action, notice.millis) {
+                    (Action::Reset, _) => store.delete(&keys),
+                    (Action::Block, Some(ms)) => store.set_block(&block, Duration::from_millis(ms)),
+                    (Action::Block, None) | (Action::Unblock, _) => store.unblock(&block),
+                };
+                let _ = futures_util::FutureExt::now_or_never(done);
             }
         }
         tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), action = ?notice.action, "heard an admin action");
@@ -127,12 +108,18 @@ impl RateLimiter {
         })
     }
 
-    async fn announce(&self, action: Action, subject: &Subject) -> Result<()> {
+    async fn announce(
+        &self,
+        action: Action,
+        subject: &Subject,
+        block: Option<Duration>,
+    ) -> Result<()> {
         let notices = Notices::of(self.inner.keyspace.prefix());
         let notice = Notice {
             action,
             limiter: self.inner.keyspace.policy().to_owned(),
             subject: subject.as_encoded().to_owned(),
+            millis: block.map(|b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX).max(1)),
         };
         tracing::info!(policy = self.inner.keyspace.policy(), subject = subject.as_encoded(), action = ?action, "admin action");
         #[cfg(feature = "metrics")]
@@ -208,13 +195,13 @@ impl RateLimiter {
     }
 
     /// Gives `subject` its whole quota back (every instance forgets its
-    /// cached denials within a round trip, or [`VERSION_POLL`](crate::admin::VERSION_POLL)
+    /// cached denials within a round trip, or [`VERSION_POLL`](crate::store::VERSION_POLL)
     /// if it missed the message). A block stays.
     pub async fn reset(&self, subject: &Subject) -> Result<()> {
         self.traced(Action::Reset, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store.delete(&self.keys_for(subject)).await?;
-            self.announce(Action::Reset, subject).await
+            self.announce(Action::Reset, subject, None).await
         })
         .await
     }
@@ -233,7 +220,7 @@ impl RateLimiter {
         store
             .set_block(&self.block_key_for(subject), duration)
             .await?;
-        self.announce(Action::Block, subject).await
+        self.announce(Action::Block, subject, Some(duration)).await
     }
 
     /// Lifts a block of `subject` on every instance.
@@ -241,7 +228,7 @@ impl RateLimiter {
         self.traced(Action::Unblock, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store.unblock(&self.block_key_for(subject)).await?;
-            self.announce(Action::Unblock, subject).await
+            self.announce(Action::Unblock, subject, None).await
         })
         .await
     }
@@ -289,4 +276,23 @@ fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The description of `limiter`, as the registry holds it.
+fn describe(limiter: &RateLimiter) -> LimiterInfo {
+    LimiterInfo {
+        name: limiter.keyspace().policy().to_owned(),
+        algorithm: limiter.algorithm().long_name().to_owned(),
+        quotas: limiter
+            .quotas()
+            .iter()
+            .map(|q| QuotaInfo {
+                limit: q.limit(),
+                period_seconds: q.period_micros().div_ceil(1_000_000),
+                period_micros: q.period_micros(),
+                burst: q.burst(),
+            })
+            .collect(),
+        traffic: None,
+    }
 }

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use super::admin::Operated;
 use super::deny_cache::DenyCache;
-use super::limiter::{Inner, RateLimiter, DEFAULT_TIMEOUT};
+use super::limiter::{Inner, Operated, RateLimiter, DEFAULT_TIMEOUT};
 use super::refund::unclaimed;
 use super::{Algorithm, Quota, MAX_LOG_LIMIT};
 use crate::clock::Clock;

@@ -7,7 +7,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::admin::{Operated, BLOCK_KIND};
 use super::deny_cache::DenyCache;
 use super::refund::{charge_of, next_id};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
@@ -16,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::failure::breaker::Breaker;
 use crate::failure::{is_outage, FailurePolicy};
 use crate::keyspace::{Keyspace, Subject};
-use crate::store::{RateBackend, RateReply, RateRequest, Unclaimed};
+use crate::plane::tally::Tally;
+use crate::store::{AdminBackend, RateBackend, RateReply, RateRequest, Unclaimed};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -43,6 +43,15 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct RateLimiter {
     pub(super) inner: Arc<Inner>,
+}
+
+/// The kind in a block key's name (`<prefix>:<name>:block:{<subject>}`).
+pub(super) const BLOCK_KIND: &str = "block";
+
+/// What a limiter keeps for the operator plane.
+pub(super) struct Operated {
+    pub(super) store: Arc<dyn AdminBackend>,
+    pub(super) tally: Arc<Tally>,
 }
 
 pub(super) struct Inner {

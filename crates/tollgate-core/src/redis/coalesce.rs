@@ -30,7 +30,7 @@ use futures_util::future::{join_all, select, BoxFuture, Either};
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
-use super::unclaimed::{finish_detached, Awaited};
+use super::unclaimed::{finish_detached, Awaited, OwnedCall};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
 use crate::store::{RateReply, RateRequest, Unclaimed};
@@ -138,6 +138,17 @@ struct Waiting {
 struct Lane {
     in_flight: usize,
     queue: VecDeque<Waiting>,
+}
+
+/// One check sent alone with `sender`, owning a copy of its request (so a
+/// caller that leaves does not take the reply with it).
+pub(crate) fn owned_call<S: Sender>(sender: &S, request: &RateRequest) -> OwnedCall {
+    let (sender, request) = (sender.clone(), request.clone());
+    async move {
+        let reply = sender.one(&request).await;
+        (request, reply)
+    }
+    .boxed()
 }
 
 /// Which lane: `None` for the one lane of a non-cluster backend, else the
@@ -274,7 +285,7 @@ impl<S: Sender> Coalescer<S> {
     pub(crate) async fn check(&self, request: &RateRequest) -> Result<RateReply> {
         match self.enter(request) {
             Entry::Now(turn) => {
-                let reply = Awaited::one(&self.sender, request, self.home()).await;
+                let reply = Awaited::new(owned_call(&self.sender, request), self.home()).await;
                 drop(turn);
                 reply
             }

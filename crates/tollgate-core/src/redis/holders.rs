@@ -17,7 +17,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Value;
 
-use super::lock::glob_escape;
+use super::pubsub::glob_escape;
 use super::reply::int;
 use super::scripts::{LOCK_BREAK, LOCK_HOLDERS};
 use super::RedisBackend;

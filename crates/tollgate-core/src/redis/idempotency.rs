@@ -10,7 +10,7 @@ use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use redis::Value;
 
 use super::holders::{scan, text, READS_IN_FLIGHT};
-use super::lock::glob_escape;
+use super::pubsub::glob_escape;
 use super::reply::{self, parse_flag, pttl};
 use super::scripts::{IDEM_ABANDON, IDEM_CLAIM, IDEM_COMPLETE, IDEM_IN_FLIGHT};
 use super::RedisBackend;

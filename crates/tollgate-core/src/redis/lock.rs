@@ -5,6 +5,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 
+use super::pubsub::glob_escape;
 use super::reply::{parse_acquire, parse_flag};
 use super::scripts::{LOCK_ACQUIRE, LOCK_EXTEND, LOCK_FENCE_RAISE, LOCK_RELEASE};
 use super::RedisBackend;
@@ -15,18 +16,6 @@ use crate::store::{
     millis_ceil, AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockHolder,
     LockKeys, ReleaseEvent, ReleaseEvents,
 };
-
-/// Escapes Redis glob metacharacters so a prefix matches only itself.
-pub(super) fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
-}
 
 impl LockBackend for RedisBackend {
     fn acquire_lock<'a>(&'a self, req: &'a AcquireRequest) -> BoxFuture<'a, Result<AcquireReply>> {
@@ -176,15 +165,8 @@ impl LockBackend for RedisBackend {
     fn lock_kind(&self) -> &'static str {
         crate::store::RateBackend::kind(self)
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn glob_metacharacters_are_escaped() {
-        assert_eq!(glob_escape("app:lock:"), "app:lock:");
-        assert_eq!(glob_escape("a*b?[c]\\^"), "a\\*b\\?\\[c\\]\\\\\\^");
+    fn lock_admin(&self) -> Option<std::sync::Arc<dyn crate::store::AdminBackend>> {
+        Some(std::sync::Arc::new(self.clone()))
     }
 }

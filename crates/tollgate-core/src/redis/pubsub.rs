@@ -97,6 +97,18 @@ fn live_nodes(nodes: &str) -> Vec<(String, u16)> {
         .collect()
 }
 
+/// Escapes Redis glob metacharacters so a prefix matches only itself.
+pub(super) fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,5 +132,11 @@ e7d1 :0@0 master,fail?,noaddr - 0 1 1 disconnected
         );
         assert!(live_nodes("").is_empty());
         assert!(live_nodes("garbage").is_empty());
+    }
+
+    #[test]
+    fn glob_metacharacters_are_escaped() {
+        assert_eq!(glob_escape("app:lock:"), "app:lock:");
+        assert_eq!(glob_escape("a*b?[c]\\^"), "a\\*b\\?\\[c\\]\\\\\\^");
     }
 }

@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 
-use super::coalesce::Sender;
+use super::coalesce::{owned_call, Sender};
 use super::conn::Conn;
 use super::scripts::{self, RATE_BATCH};
 use super::server_clock::ServerClock;
@@ -277,7 +277,7 @@ impl RateBackend for RedisBackend {
         async move {
             match &self.coalescer {
                 Some(coalescer) => coalescer.check(req).await,
-                None => Awaited::one(&self.rate, req, None).await,
+                None => Awaited::new(owned_call(&self.rate, req), None).await,
             }
         }
         .boxed()

@@ -12,7 +12,6 @@ use std::time::Duration;
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::FutureExt;
 
-use super::coalesce::Sender;
 use crate::error::Result;
 use crate::store::{RateReply, RateRequest, Unclaimed};
 
@@ -23,25 +22,19 @@ const KEPT_AT_MOST: Duration = Duration::from_secs(60);
 /// One call sent for a caller; dropped before its reply, it is finished by
 /// a task that gives back an admission (see the module).
 pub(crate) struct Awaited {
-    call: Option<BoxFuture<'static, (RateRequest, Result<RateReply>)>>,
+    call: Option<OwnedCall>,
     home: Option<tokio::runtime::Handle>,
 }
 
+/// A call that owns its request and gives it back with the reply.
+pub(crate) type OwnedCall = BoxFuture<'static, (RateRequest, Result<RateReply>)>;
+
 impl Awaited {
-    /// Sends `request` alone with `sender`; `home`: where a call left by
-    /// its caller is finished (else the current runtime).
-    pub(crate) fn one<S: Sender>(
-        sender: &S,
-        request: &RateRequest,
-        home: Option<tokio::runtime::Handle>,
-    ) -> Self {
-        let (sender, request) = (sender.clone(), request.clone());
-        let call = async move {
-            let reply = sender.one(&request).await;
-            (request, reply)
-        };
+    /// Awaits `call` for its caller; `home`: where a call left by its
+    /// caller is finished (else the current runtime).
+    pub(crate) fn new(call: OwnedCall, home: Option<tokio::runtime::Handle>) -> Self {
         Awaited {
-            call: Some(call.boxed()),
+            call: Some(call),
             home,
         }
     }

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::lock::FencingToken;
+use super::fence::FencingToken;
 
 /// One holder of a lock, or of a semaphore name's permits, as the store
 /// keeps it: what an operator's listing shows.

@@ -8,51 +8,10 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
+pub use super::fence::FencingToken;
 use super::holders::LockHolder;
 use crate::error::{Error, Result};
 use crate::keyspace::{Keyspace, Subject};
-
-/// A fencing token: strictly increasing per lock name, across all holders,
-/// processes and Redis restarts (see the [module docs](crate::lock) for the
-/// guarantee and its assumption). The protected resource remembers the
-/// highest token it has seen and refuses writes that carry a lower one.
-///
-/// ```
-/// use tollgate::FencingToken;
-///
-/// let old = FencingToken(1_700_000_000_000_000);
-/// let new = FencingToken(1_700_000_000_000_001);
-/// assert!(new > old);
-/// assert_eq!(new.get(), 1_700_000_000_000_001);
-/// assert_eq!(new.to_string(), "1700000000000001");
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub struct FencingToken(pub u64);
-
-impl FencingToken {
-    /// The token as an integer.
-    pub fn get(self) -> u64 {
-        self.0
-    }
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl From<FencingToken> for u64 {
-    fn from(token: FencingToken) -> u64 {
-        token.0
-    }
-}
-
-impl From<u64> for FencingToken {
-    fn from(token: u64) -> FencingToken {
-        FencingToken(token)
-    }
-}
 
 /// The keys and channel of one lock name: `<prefix>:lock:{<name>}`, its fence
 /// key `<prefix>:lock:{<name>}:fence` (same hash tag, so the same cluster
@@ -397,6 +356,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// A short name for logs: `"memory"`, `"redis"`, `"cluster"`, ….
     fn lock_kind(&self) -> &'static str;
+
+    /// The operator plane of this store, if it has one (where a semaphore
+    /// registers). The default is none.
+    fn lock_admin(&self) -> Option<Arc<dyn super::AdminBackend>> {
+        None
+    }
 }
 
 impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
@@ -459,6 +424,10 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
 
     fn lock_kind(&self) -> &'static str {
         (**self).lock_kind()
+    }
+
+    fn lock_admin(&self) -> Option<Arc<dyn super::AdminBackend>> {
+        (**self).lock_admin()
     }
 }
 

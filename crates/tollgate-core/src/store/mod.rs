@@ -8,6 +8,7 @@
 //! store.
 
 mod admin;
+mod fence;
 mod holders;
 mod idempotency;
 mod lock;

@@ -10,9 +10,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::views::{ThrottledSubject, Traffic};
-use super::Admin;
-use crate::error::Result;
 use crate::keyspace::Subject;
 use crate::store::{AdminBackend, DenialCount};
 
@@ -30,7 +27,7 @@ const LIST_KEEP: usize = 200;
 const TRAFFIC_KEPT: Duration = Duration::from_secs(120);
 /// The seconds the operator plane averages traffic over (whole seconds
 /// before the current one, which is still being counted).
-const TRAFFIC_WINDOW: u64 = 5;
+pub(crate) const TRAFFIC_WINDOW: u64 = 5;
 
 /// The store key of a limiter's throttled list (its own slot).
 pub(crate) fn list_key(prefix: &str, limiter: &str) -> String {
@@ -50,7 +47,7 @@ pub(crate) struct Tally {
     refused: AtomicU64,
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -143,47 +140,4 @@ impl Tally {
             }
         });
     }
-}
-
-/// The `n` most denied subjects over every registered limiter.
-pub(super) async fn top(admin: &Admin, n: usize) -> Result<Vec<ThrottledSubject>> {
-    let mut all = Vec::new();
-    for limiter in admin.registered_limiters().await? {
-        let key = list_key(admin.prefix(), &limiter.name);
-        for c in admin.store().top_denials(&key, n).await? {
-            all.push(ThrottledSubject {
-                limiter: limiter.name.clone(),
-                subject: c.subject,
-                label: c.label,
-                denied: c.denied,
-                last_denied_ms: c.last_denied_ms,
-            });
-        }
-    }
-    all.sort_by(|a, b| {
-        b.denied
-            .cmp(&a.denied)
-            .then(b.last_denied_ms.cmp(&a.last_denied_ms))
-    });
-    all.truncate(n);
-    Ok(all)
-}
-
-/// What `limiter` admitted and refused per second, fleet-wide, averaged
-/// over the last whole seconds.
-pub(super) async fn traffic(admin: &Admin, limiter: &str) -> Result<Traffic> {
-    let now = now_ms() / 1000;
-    let from = now.saturating_sub(TRAFFIC_WINDOW);
-    let counts = admin
-        .store()
-        .traffic(&traffic_key(admin.prefix(), limiter), from, now - 1)
-        .await?;
-    let (a, r) = counts
-        .iter()
-        .fold((0, 0), |(a, r), (_, x, y)| (a + x, r + y));
-    let per_second = |n: u64| n as f64 / TRAFFIC_WINDOW as f64;
-    Ok(Traffic {
-        allowed_per_second: per_second(a),
-        denied_per_second: per_second(r),
-    })
 }

@@ -9,13 +9,16 @@ pub(crate) enum Action {
     Unblock,
 }
 
-/// One admin message: `<action> <limiter> <subject id>` (neither a
-/// limiter's name nor a subject id holds a space).
+/// One admin message: `<action> <limiter> <subject id>`, and for a block
+/// its length in ms (neither a limiter's name nor a subject id holds a
+/// space).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Notice {
     pub(crate) action: Action,
     pub(crate) limiter: String,
     pub(crate) subject: String,
+    /// A block's length (ms).
+    pub(crate) millis: Option<u64>,
 }
 
 impl Action {
@@ -30,7 +33,11 @@ impl Action {
 
 impl Notice {
     pub(crate) fn to_message(&self) -> String {
-        format!("{} {} {}", self.action.name(), self.limiter, self.subject)
+        let mut m = format!("{} {} {}", self.action.name(), self.limiter, self.subject);
+        if let Some(ms) = self.millis {
+            m.push_str(&format!(" {ms}"));
+        }
+        m
     }
 
     pub(crate) fn parse(message: &str) -> Option<Notice> {
@@ -42,10 +49,16 @@ impl Notice {
             _ => return None,
         };
         let (limiter, subject) = (parts.next()?, parts.next()?);
+        let millis = match (action, parts.next()) {
+            (Action::Block, Some(ms)) => Some(ms.parse().ok()?),
+            (_, None) => None,
+            _ => return None,
+        };
         parts.next().is_none().then(|| Notice {
             action,
             limiter: limiter.to_owned(),
             subject: subject.to_owned(),
+            millis,
         })
     }
 }
@@ -76,8 +89,13 @@ mod tests {
             action: Action::Block,
             limiter: "login".into(),
             subject: "a%20b:c".into(),
+            millis: Some(30_000),
         };
         assert_eq!(Notice::parse(&n.to_message()), Some(n));
+        let reset = Notice::parse("reset login a").unwrap();
+        assert_eq!((reset.action, reset.millis), (Action::Reset, None));
+        assert_eq!(Notice::parse("reset login a 5"), None);
+        assert_eq!(Notice::parse("block login a x"), None);
         assert_eq!(Notice::parse("block login"), None);
         assert_eq!(Notice::parse("drop login x"), None);
         assert_eq!(Notice::parse("reset a b c"), None);

@@ -1,0 +1,50 @@
+//! What the operator plane reads back from the limiters' tallies: the
+//! most throttled subjects and each limiter's traffic, fleet-wide.
+
+use super::Admin;
+use crate::error::Result;
+use crate::plane::tally::{list_key, now_ms, traffic_key, TRAFFIC_WINDOW};
+use crate::plane::views::{ThrottledSubject, Traffic};
+
+/// The `n` most denied subjects over every registered limiter.
+pub(super) async fn throttled(admin: &Admin, n: usize) -> Result<Vec<ThrottledSubject>> {
+    let mut all = Vec::new();
+    for limiter in admin.registered_limiters().await? {
+        let key = list_key(admin.prefix(), &limiter.name);
+        for c in admin.store().top_denials(&key, n).await? {
+            all.push(ThrottledSubject {
+                limiter: limiter.name.clone(),
+                subject: c.subject,
+                label: c.label,
+                denied: c.denied,
+                last_denied_ms: c.last_denied_ms,
+            });
+        }
+    }
+    all.sort_by(|a, b| {
+        b.denied
+            .cmp(&a.denied)
+            .then(b.last_denied_ms.cmp(&a.last_denied_ms))
+    });
+    all.truncate(n);
+    Ok(all)
+}
+
+/// What `limiter` admitted and refused per second, fleet-wide, averaged
+/// over the last whole seconds.
+pub(super) async fn traffic(admin: &Admin, limiter: &str) -> Result<Traffic> {
+    let now = now_ms() / 1000;
+    let from = now.saturating_sub(TRAFFIC_WINDOW);
+    let counts = admin
+        .store()
+        .traffic(&traffic_key(admin.prefix(), limiter), from, now - 1)
+        .await?;
+    let (a, r) = counts
+        .iter()
+        .fold((0, 0), |(a, r), (_, x, y)| (a + x, r + y));
+    let per_second = |n: u64| n as f64 / TRAFFIC_WINDOW as f64;
+    Ok(Traffic {
+        allowed_per_second: per_second(a),
+        denied_per_second: per_second(r),
+    })
+}
