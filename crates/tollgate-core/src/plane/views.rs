@@ -14,7 +14,7 @@ pub struct LimiterInfo {
     pub algorithm: String,
     /// Its quotas, in order.
     pub quotas: Vec<QuotaInfo>,
-    /// What it decided lately (filled by [`Admin::limiters`](super::Admin::limiters);
+    /// What it decided lately (filled by [`Admin::limiters`](crate::admin::Admin::limiters);
     /// never stored in the registry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic: Option<Traffic>,
