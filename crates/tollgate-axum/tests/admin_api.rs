@@ -1,6 +1,6 @@
 //! The admin router over real HTTP on loopback, on memory and on a real
 //! redis-server: the token, each route's JSON, the 204s and their effect on
-//! the limiters, and the refusals (401, 400, 404) as problem documents.
+//! the limiters, and the refusals (401, 400, 404, 503) as problem documents.
 
 mod admin_common;
 
@@ -13,6 +13,7 @@ use http::Method;
 use serde_json::json;
 use tollgate_axum::admin::AdminRouter;
 use tollgate_core::admin::Admin;
+use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore, StoredResponse};
 use tollgate_core::{LockOptions, MemoryBackend, Semaphore, Subject};
 use tollgate_testkit::eventually;
 use tollgate_testkit::http::{in_process, loopback};
@@ -93,6 +94,7 @@ async fn the_token_guards_the_api(store: Store) {
         "/admin/api/subjects?limiter=login&key=alice",
         "/admin/api/throttled",
         "/admin/api/holders",
+        "/admin/api/idempotency",
         "/admin/api/no-such-route",
     ];
     for path in paths {
@@ -304,6 +306,37 @@ async fn the_routes_answer_as_the_contract_says(store: Store) {
     permit.release().await.unwrap();
     let v = json(&get(addr, "/admin/api/holders").await);
     assert_eq!(v["holders"].as_array().unwrap().len(), 0, "{v}");
+
+    // Idempotency keys in flight: a claim whose handler runs is listed
+    // (its key id, never the payload); completed, it is gone.
+    let v = json(&get(addr, "/admin/api/idempotency").await);
+    assert_eq!(v, json!({"in_flight": []}));
+    let records = IdempotencyStore::builder(backend.clone())
+        .prefix(admin.prefix())
+        .lease(LockOptions::new().ttl(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let key = Subject::compound(["tenant-1", "POST /orders", "key-123"]);
+    let payload = Fingerprint::of(b"{\"qty\":1}");
+    let Claim::Claimed(claim) = records.claim(key.clone(), payload).await.unwrap() else {
+        panic!("claimed");
+    };
+    let r = get(addr, "/admin/api/idempotency").await;
+    assert!(!r.body.contains(&payload.to_hex()[..16]), "{r:?}");
+    let v = json(&r);
+    let in_flight = v["in_flight"].as_array().unwrap();
+    assert_eq!(in_flight.len(), 1, "{v}");
+    let k = &in_flight[0];
+    assert_eq!(k["name"], "idem", "{k}");
+    assert_eq!(k["key"], key.as_encoded(), "{k}");
+    assert_eq!(k["fence"].as_u64(), Some(claim.fence().get()), "{k}");
+    assert!(k["held_ms"].is_u64(), "{k}");
+    let ttl = k["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 30_000, "{k}");
+    let done = StoredResponse::new(201, vec![], b"{}".to_vec());
+    assert!(claim.complete(&done).await.unwrap());
+    let v = json(&get(addr, "/admin/api/idempotency").await);
+    assert_eq!(v, json!({"in_flight": []}));
 }
 
 #[tokio::test]
@@ -453,6 +486,7 @@ async fn a_store_that_fails_is_a_503() {
         "/admin/api/limiters",
         "/admin/api/throttled",
         "/admin/api/subjects?limiter=login&key=alice",
+        "/admin/api/idempotency",
     ];
     let replies = futures::future::join_all(paths.map(|p| get(addr, p))).await;
     for (path, r) in paths.iter().zip(replies) {

@@ -1,7 +1,7 @@
 //! The dashboard in a real browser: headless Chromium (through
 //! chromedriver) opens the page of an app on a real redis-server, shows
-//! the limiters and the throttled subject, and its reset button gives the
-//! subject its quota back.
+//! the limiters, the throttled subject and an idempotency key in flight,
+//! and its reset button gives the subject its quota back.
 //!
 //! Skips when Chromium or chromedriver is missing, unless
 //! `TOLLGATE_REQUIRE_BROWSER` is set (`scripts/test.sh` sets it and
@@ -14,6 +14,7 @@ mod browser;
 use admin_common::{backend, serve, App, Store, TOKEN, WAIT};
 use fantoccini::{Client, Locator};
 use http::Method;
+use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore};
 use tollgate_core::Subject;
 use tollgate_testkit::eventually;
 use tollgate_testkit::http::loopback;
@@ -50,6 +51,20 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
         }
     }
     let id = alice.as_encoded().to_owned();
+    // An idempotency key whose handler runs while the page is open.
+    let records = IdempotencyStore::builder(app.backend.clone())
+        .prefix(app.admin.prefix())
+        .build()
+        .unwrap();
+    let order = Subject::compound(["tenant-7", "POST /orders", "order-4411"]);
+    let order_id = order.as_encoded().to_owned();
+    let Claim::Claimed(claim) = records
+        .claim(order, Fingerprint::of(b"{\"qty\":2}"))
+        .await
+        .unwrap()
+    else {
+        panic!("claimed");
+    };
     let url = format!("http://{}/admin/#token={TOKEN}", app.addr);
 
     browser::with_browser(&bins, |client| async move {
@@ -80,6 +95,8 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
             |t| t == "alice (support ticket 4411)",
         )
         .await;
+        let in_flight = r#"#idempotency-table td[data-field="key"]"#;
+        browser::wait_for_text(&client, in_flight, WAIT, |t| t == order_id).await;
         browser::wait_for_text(&client, "#status", WAIT, |t| t.starts_with("live")).await;
         if let Some(path) = screenshot {
             take_screenshot(&client, &path).await;
@@ -108,6 +125,7 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
         browser::wait_for_text(&client, "#notice", WAIT, |t| t.starts_with("Reset: login")).await;
     })
     .await;
+    assert!(claim.abandon().await.unwrap());
 
     // The reset reached the store: the whole quota is back, and admitted.
     let state = app.admin.inspect("login", &alice).await.unwrap();
@@ -143,6 +161,11 @@ async fn the_search_box_finds_a_customer_by_raw_key_and_blocks_them() {
             .click()
             .await
             .unwrap();
+        let none = r#"[data-empty-for="idempotency-table"]"#;
+        browser::wait_for_text(&client, none, WAIT, |t| {
+            t == "No idempotency key is in flight."
+        })
+        .await;
         let option = r#"#search-limiter option[value="api"]"#;
         browser::wait_for_text(&client, option, WAIT, |t| t == "api").await;
         client

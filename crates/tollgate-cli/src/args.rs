@@ -8,16 +8,17 @@ use tollgate::Subject;
 
 /// Operate tollgate from its store: list the rate limiters the applications
 /// registered, inspect, reset, block and unblock a subject, see who is
-/// throttled and who holds a lock or a permit.
+/// throttled, who holds a lock or a permit and which idempotency keys are
+/// in flight.
 #[derive(Parser, Debug)]
 #[command(
     name = "tollgate",
     version,
     about = "Operate tollgate's rate limiters from their store: who is throttled, inspect, \
-reset, block and unblock a subject, who holds a lock or a permit",
+reset, block and unblock a subject, who holds a lock or a permit, idempotency keys in flight",
     long_about = "Operate tollgate from its store: list the rate limiters the applications \
-registered, inspect, reset, block and unblock a subject, see who is throttled and who holds \
-a lock or a permit.
+registered, inspect, reset, block and unblock a subject, see who is throttled, who holds \
+a lock or a permit and which idempotency keys are in flight.
 
 Works from Redis alone: the applications' limiters describe themselves there, so no \
 application code is needed. Reset, block and unblock reach every running instance within a \
@@ -157,6 +158,17 @@ is the id the other commands take; LABEL is what the application chose to show (
 
     /// List who holds a lock or a semaphore permit now: host:pid, fence, for how long
     Holders,
+
+    /// List the idempotency keys in flight: claimed, their handler running, not completed
+    #[command(
+        name = "in-flight",
+        long_about = "List the idempotency keys in flight: claimed, their handler running, not \
+completed, on every instance. KEY is the key's id as stored (the application's scope, route and \
+Idempotency-Key; never the request's payload); RUNNING FOR counts from the claim, LEASE LEFT is \
+how long the claim holds unless its instance renews it. A key whose instance died leaves the \
+list when its lease runs out."
+    )]
+    InFlight,
 
     /// Break a stuck lock: its holder is forgotten, its fence key stays
     #[command(

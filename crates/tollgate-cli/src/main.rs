@@ -21,6 +21,7 @@
 //! | `unblock LIMITER SUBJECT` | lifts a block |
 //! | `throttled [--limit N]` | the most denied subjects over every limiter (default 20) |
 //! | `holders` | who holds a lock or a semaphore permit |
+//! | `in-flight` | the idempotency keys claimed and not completed |
 //!
 //! Reset, block and unblock reach every running instance within a second.
 //! SUBJECT is a subject id as `throttled`, `inspect` and the admin API
@@ -36,7 +37,8 @@
 //! Output: a table by default, with a header line even when empty.
 //! `--json` prints the admin API's JSON on one line: `{"limiters":[...]}`,
 //! the subject object for `inspect`, `{"subjects":[...]}` for `throttled`,
-//! `{"holders":[...]}` for `holders`, and `{"ok":true}` for `reset`,
+//! `{"holders":[...]}` for `holders`, `{"in_flight":[...]}` for
+//! `in-flight`, and `{"ok":true}` for `reset`,
 //! `block` and `unblock`, which otherwise print one line saying what they
 //! did.
 //!
@@ -170,6 +172,7 @@ async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
                 output::throttled(&admin.throttled(n).await?, SystemTime::now(), json)
             }
             Command::Holders => output::holders(&admin.holders().await?, json),
+            Command::InFlight => output::in_flight(&admin.idempotency_in_flight().await?, json),
             Command::BreakLock { name, subject } => {
                 let broken = admin.break_lock(name, subject).await?;
                 let msg = if broken {

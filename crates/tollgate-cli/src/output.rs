@@ -4,7 +4,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use comfy_table::{presets, CellAlignment, Table};
-use tollgate::admin::{Holder, HolderKind, LimiterInfo, QuotaInfo, SubjectState, ThrottledSubject};
+use tollgate::admin::{
+    Holder, HolderKind, InFlightKey, LimiterInfo, QuotaInfo, SubjectState, ThrottledSubject,
+};
 
 /// `{"limiters":[...]}`, or a table of them.
 pub(crate) fn limiters(limiters: &[LimiterInfo], as_json: bool) -> String {
@@ -120,6 +122,29 @@ pub(crate) fn holders(holders: &[Holder], as_json: bool) -> String {
             h.holder.clone(),
             span(Duration::from_millis(h.held_ms)),
             span(Duration::from_millis(h.ttl_ms)),
+        ]);
+    }
+    render(table)
+}
+
+/// `{"in_flight":[...]}`, or a table of the idempotency keys in flight.
+pub(crate) fn in_flight(keys: &[InFlightKey], as_json: bool) -> String {
+    if as_json {
+        return wrapped("in_flight", keys);
+    }
+    let mut table = table(
+        &["STORE", "KEY", "FENCE", "RUNNING FOR", "LEASE LEFT"],
+        &[2],
+    );
+    for k in keys {
+        table.add_row(vec![
+            k.name.clone(),
+            k.key.clone(),
+            k.fence.to_string(),
+            // Unknown for a key claimed by an older version.
+            k.held_ms
+                .map_or_else(|| "-".to_owned(), |ms| span(Duration::from_millis(ms))),
+            span(Duration::from_millis(k.ttl_ms)),
         ]);
     }
     render(table)
@@ -272,6 +297,39 @@ mod tests {
             r#"{"subjects":[]}"#
         );
         assert_eq!(holders(&[], true), r#"{"holders":[]}"#);
+        assert_eq!(in_flight(&[], true), r#"{"in_flight":[]}"#);
+        assert_eq!(
+            in_flight(&[], false),
+            "STORE  KEY  FENCE  RUNNING FOR  LEASE LEFT"
+        );
+    }
+
+    #[test]
+    fn keys_in_flight_as_a_table_and_as_the_apis_json() {
+        let key = InFlightKey {
+            name: "idem".into(),
+            key: "t-1:POST%20/orders:k-9".into(),
+            fence: 1_700_000_000_123_456,
+            held_ms: Some(2_500),
+            ttl_ms: 27_400,
+        };
+        let older = InFlightKey {
+            held_ms: None,
+            ..key.clone()
+        };
+        let out = in_flight(&[key.clone(), older], false);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 3, "{out}");
+        assert!(
+            lines[1].starts_with("idem   t-1:POST%20/orders:k-9"),
+            "{out}"
+        );
+        assert!(lines[1].ends_with("3s           28s"), "{out}");
+        assert!(lines[2].contains("1700000000123456  -  "), "{out}");
+        assert_eq!(
+            in_flight(&[key], true),
+            r#"{"in_flight":[{"name":"idem","key":"t-1:POST%20/orders:k-9","fence":1700000000123456,"held_ms":2500,"ttl_ms":27400}]}"#
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use tollgate::admin::Admin;
+use tollgate::idempotency::{Claim, Fingerprint, IdempotencyStore, StoredResponse};
 use tollgate::{
     Algorithm, Backend, DecisionSource, LockOptions, Locker, Quota, RateLimiter, RedisBackend,
     Subject,
@@ -380,6 +381,60 @@ async fn holders_lists_a_held_lock_with_this_process_as_holder() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_lists_a_running_idempotency_key_until_it_completes() {
+    let redis = RedisServer::start().unwrap();
+    let prefix = unique("cli");
+    let backend = RedisBackend::connect(&redis.url()).await.unwrap();
+    let records = IdempotencyStore::builder(backend)
+        .prefix(&prefix)
+        .lease(LockOptions::new().ttl(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let key = Subject::compound(["tenant-7", "POST /orders", "order-4411"]);
+    let payload = Fingerprint::of(b"{\"qty\":2}");
+    let Claim::Claimed(claim) = records.claim(key.clone(), payload).await.unwrap() else {
+        panic!("claimed");
+    };
+    let cli = Tollgate::redis(&redis.url(), &prefix);
+
+    let out = ok(cli.run(&["in-flight", "--json"]).await);
+    assert!(!out.contains(&payload.to_hex()[..16]), "{out}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    let keys = listed["in_flight"].as_array().unwrap();
+    assert_eq!(keys.len(), 1, "{listed}");
+    assert_eq!(keys[0]["name"], "idem");
+    assert_eq!(keys[0]["key"], key.as_encoded());
+    assert_eq!(keys[0]["fence"], claim.fence().get());
+    assert!(keys[0]["held_ms"].is_u64(), "{listed}");
+    let ttl = keys[0]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 30_000, "{listed}");
+
+    let table = ok(cli.run(&["in-flight"]).await);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 2, "{table}");
+    assert!(
+        lines[0].starts_with("STORE") && lines[0].contains("LEASE LEFT"),
+        "{table}"
+    );
+    assert!(
+        lines[1].starts_with("idem ") && lines[1].contains(key.as_encoded()),
+        "{table}"
+    );
+    assert!(
+        lines[1].contains(&claim.fence().get().to_string()),
+        "{table}"
+    );
+
+    let done = StoredResponse::new(201, vec![], b"{}".to_vec());
+    assert!(claim.complete(&done).await.unwrap());
+    assert_eq!(
+        ok(cli.run(&["in-flight", "--json"]).await).trim_end(),
+        r#"{"in_flight":[]}"#
+    );
+    assert_eq!(ok(cli.run(&["in-flight"]).await).lines().count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_lists_and_resets() {
     let cluster = RedisCluster::start().unwrap();
     let prefix = unique("cli");
@@ -527,6 +582,7 @@ async fn help_speaks_to_an_operator() {
         "unblock",
         "throttled",
         "holders",
+        "in-flight",
         "--redis",
         "REDIS_URL",
         "--cluster",

@@ -2,7 +2,8 @@
 -- flight, or take its lease (a lock, fenced) and record the payload.
 -- KEYS[1]: the lease's lock key. KEYS[2]: its fence key. KEYS[3]: the
 -- record (a hash: s = state 'f' in flight / 'd' done, p = fingerprint,
--- f = fence, c = status, h = headers, b = body, r = '1' when replayable).
+-- f = fence, a = when claimed (µs, the server's clock: for the operator's
+-- listing), c = status, h = headers, b = body, r = '1' when replayable).
 -- All share the key's hash tag.
 -- ARGV[1]: the owner token. ARGV[2]: the lease TTL in ms. ARGV[3]: the
 -- fence key's TTL in ms. ARGV[4]: the record's TTL in ms. ARGV[5]: the
@@ -19,13 +20,15 @@ end
 
 local function claim(prev)
   local t = redis.call('TIME')
-  local fence = t[1] * 1000000 + t[2]
+  local now = t[1] * 1000000 + t[2]
+  local fence = now
   if prev + 1 > fence then fence = prev + 1 end
   fence = string.format('%d', fence)
   redis.call('SET', KEYS[2], fence, 'PX', ARGV[3])
   -- A record left in flight by a holder whose lease ran out is replaced.
   redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], 's', 'f', 'p', ARGV[5], 'f', fence)
+  redis.call('HSET', KEYS[3], 's', 'f', 'p', ARGV[5], 'f', fence, 'a',
+    string.format('%d', now))
   redis.call('PEXPIRE', KEYS[3], ARGV[4])
   return {1, fence + 0}
 end

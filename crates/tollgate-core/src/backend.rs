@@ -11,8 +11,8 @@ use crate::memory::MemoryBackend;
 use crate::redis::RedisBackend;
 use crate::store::{
     AcquireReply, AcquireRequest, AdminBackend, ClaimReply, ClaimRequest, FencingToken,
-    IdempotencyBackend, LockBackend, LockHolder, LockKeys, RateBackend, RateReply, RateRequest,
-    RecordKeys, RefundRequest, ReleaseEvents, StoredResponse,
+    IdempotencyBackend, InFlightRecord, LockBackend, LockHolder, LockKeys, RateBackend, RateReply,
+    RateRequest, RecordKeys, RefundRequest, ReleaseEvents, StoredResponse,
 };
 
 /// The store an application picked: this process's memory, or Redis
@@ -290,5 +290,12 @@ impl IdempotencyBackend for Backend {
         fence: FencingToken,
     ) -> BoxFuture<'a, Result<bool>> {
         self.idempotency().abandon(keys, token, fence)
+    }
+
+    fn records_in_flight<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<InFlightRecord>>> {
+        self.idempotency().records_in_flight(prefix)
     }
 }

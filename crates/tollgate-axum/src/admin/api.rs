@@ -13,7 +13,7 @@ use axum::Json;
 use http::header::RETRY_AFTER;
 use http::{HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
-use tollgate_core::admin::{Holder, LimiterInfo, ThrottledSubject};
+use tollgate_core::admin::{Holder, InFlightKey, LimiterInfo, ThrottledSubject};
 use tollgate_core::{Error, Subject};
 use tollgate_tower::key::KeyError;
 use tollgate_tower::rejection::Rejection;
@@ -276,6 +276,19 @@ pub(super) async fn holders(State(admin): State<Arc<AdminRouter>>) -> Response {
     match bounded(admin.admin.holders()).await {
         Ok(holders) => Json(Holders { holders }).into_response(),
         Err(e) => failure("holders", e),
+    }
+}
+
+/// `GET /api/idempotency`: the idempotency keys in flight (claimed, not
+/// completed), read from the store (every master of a cluster).
+pub(super) async fn idempotency(State(admin): State<Arc<AdminRouter>>) -> Response {
+    #[derive(Serialize)]
+    struct InFlight {
+        in_flight: Vec<InFlightKey>,
+    }
+    match bounded(admin.admin.idempotency_in_flight()).await {
+        Ok(in_flight) => Json(InFlight { in_flight }).into_response(),
+        Err(e) => failure("idempotency", e),
     }
 }
 

@@ -15,6 +15,7 @@
 //! | `POST /api/unblock` `{"limiter","key"\|"subject"}` | 204 |
 //! | `GET /api/throttled` | `{"subjects":[{"limiter","subject","label","denied","last_denied_ms"}]}`, most denied first |
 //! | `GET /api/holders` | `{"holders":[{"kind","name","subject","fence","holder","held_ms","ttl_ms"}]}` |
+//! | `GET /api/idempotency` | `{"in_flight":[{"name","key","fence","held_ms","ttl_ms"}]}`: idempotency keys claimed, not completed |
 //!
 //! Every `/api/*` request needs `Authorization: Bearer <token>` (compared in
 //! constant time); without it, or with another token, the answer is 401.
@@ -223,6 +224,7 @@ impl AdminRouter {
             .route("/api/unblock", post(api::unblock))
             .route("/api/throttled", get(api::throttled))
             .route("/api/holders", get(api::holders))
+            .route("/api/idempotency", get(api::idempotency))
             // Unknown API paths ask for the token too: they reveal nothing
             // without it.
             .route("/api/{*rest}", any(api::not_found))

@@ -1,7 +1,8 @@
 //! The operator plane: see and change what the stores hold — which
 //! limiters, semaphores and idempotency stores exist (a registry each
-//! writes once), one subject's state, resets, blocks, who is throttled and
-//! who holds what — with every instance told at once.
+//! writes once), one subject's state, resets, blocks, who is throttled,
+//! who holds what and which idempotency keys are in flight — with every
+//! instance told at once.
 //!
 //! [`Admin`] works from the store alone: a tool built without the
 //! application's code (the CLI, the dashboard) finds the limiters in the
@@ -37,13 +38,15 @@
 //! ```
 
 mod holders;
+mod in_flight;
 mod rebuild;
 mod reports;
 
 use std::time::Duration;
 
 pub use crate::plane::views::{
-    Holder, HolderKind, LimiterInfo, QuotaInfo, Registered, SubjectState, ThrottledSubject, Traffic,
+    Holder, HolderKind, InFlightKey, LimiterInfo, QuotaInfo, Registered, SubjectState,
+    ThrottledSubject, Traffic,
 };
 pub use crate::store::VERSION_POLL;
 

@@ -53,7 +53,8 @@ pub use self::store::{
     Claim, Claimed, IdempotencyStore, IdempotencyStoreBuilder, DEFAULT_RECORD_TTL,
 };
 pub use crate::store::{
-    ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
+    ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, InFlightRecord, RecordKeys,
+    StoredResponse,
 };
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The Rust twin of `lua/idem_*.lua` for the memory backend: the same
-//! records and leases, timed by the backend's clock (µs).
+//! records and leases, timed by the backend's clock (µs), and the records
+//! in flight listed as `lua/idem_in_flight.lua` reads each one.
 
 use std::time::Duration;
 
@@ -10,8 +11,8 @@ use super::state::{micros, Holder, MemoryLocks, Record};
 use super::MemoryBackend;
 use crate::error::Result;
 use crate::store::{
-    AcquireRequest, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend, RecordKeys,
-    StoredResponse,
+    parse_record_key, AcquireRequest, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend,
+    InFlightRecord, RecordKeys, StoredResponse,
 };
 
 impl MemoryLocks {
@@ -71,11 +72,36 @@ impl MemoryLocks {
             Record {
                 fingerprint,
                 fence: fence.get(),
+                claimed_at: now,
                 done: None,
                 expires_at: now.saturating_add(micros(req.record_ttl)),
             },
         );
         ClaimReply::Claimed { fence }
+    }
+
+    /// Every record under `prefix` in flight at `now`: not completed, its
+    /// lease live.
+    fn in_flight(&self, prefix: &str, now: u64) -> Vec<InFlightRecord> {
+        let state = self.lock();
+        let mut out = Vec::new();
+        for (key, r) in &state.records {
+            let Some((name, subject)) = parse_record_key(prefix, key) else {
+                continue;
+            };
+            if r.done.is_some() || r.expires_at <= now {
+                continue;
+            }
+            let lease = key.strip_suffix(":record").unwrap_or(key);
+            let Some(h) = state.held.get(lease).filter(|h| h.expires_at > now) else {
+                continue;
+            };
+            let ttl = Duration::from_micros(h.expires_at - now);
+            let mut record = InFlightRecord::new(name, subject, r.fence, ttl);
+            record.held = Some(Duration::from_micros(now.saturating_sub(r.claimed_at)));
+            out.push(record);
+        }
+        out
     }
 }
 
@@ -152,5 +178,13 @@ impl IdempotencyBackend for MemoryBackend {
             locks.notify(&keys.lease.channel);
         }
         futures_util::future::ready(Ok(held)).boxed()
+    }
+
+    fn records_in_flight<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<InFlightRecord>>> {
+        let records = self.locks().in_flight(prefix, self.clock().now_micros());
+        futures_util::future::ready(Ok(records)).boxed()
     }
 }

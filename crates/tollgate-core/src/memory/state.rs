@@ -197,6 +197,8 @@ impl PermitSet {
 pub(crate) struct Record {
     pub(crate) fingerprint: String,
     pub(crate) fence: u64,
+    /// When it was claimed (µs, the backend's clock), for the operator.
+    pub(crate) claimed_at: u64,
     pub(crate) done: Option<StoredResponse>,
     pub(crate) expires_at: u64,
 }

@@ -14,7 +14,7 @@ pub struct LimiterInfo {
     pub algorithm: String,
     /// Its quotas, in order.
     pub quotas: Vec<QuotaInfo>,
-    /// What it decided lately (filled by [`Admin::limiters`](super::Admin::limiters);
+    /// What it decided lately (filled by [`Admin::limiters`](crate::admin::Admin::limiters);
     /// never stored in the registry).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traffic: Option<Traffic>,
@@ -124,6 +124,25 @@ pub struct Holder {
     /// How long it has held (ms).
     pub held_ms: u64,
     /// How long its lease still runs (ms).
+    pub ttl_ms: u64,
+}
+
+/// One idempotency key in flight: claimed, its handler running, not
+/// completed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlightKey {
+    /// The idempotency store's name (its keyspace policy, `idem` by
+    /// default).
+    pub name: String,
+    /// The key's subject id, as stored (the caller's scope, route and
+    /// `Idempotency-Key`; never the request's payload).
+    pub key: String,
+    /// The claim's fence.
+    pub fence: u64,
+    /// How long since the claim (ms); `None` for a key claimed by a version
+    /// that did not store when.
+    pub held_ms: Option<u64>,
+    /// How long its lease still runs unless renewed (ms).
     pub ttl_ms: u64,
 }
 

@@ -28,7 +28,7 @@ use crate::store::{parse_description, parse_lock_key, LockHolder, LockKeys};
 const SCAN_COUNT: u64 = 1000;
 
 /// How many names are read at once.
-const READS_IN_FLIGHT: usize = 16;
+pub(super) const READS_IN_FLIGHT: usize = 16;
 
 /// Every described holder of a lock or permits under `prefix`.
 pub(super) async fn list(backend: &RedisBackend, prefix: &str) -> Result<Vec<LockHolder>> {
@@ -65,7 +65,7 @@ fn protocol(value: &Value) -> Error {
     Error::Protocol(format!("unexpected holders reply {value:?}"))
 }
 
-fn text(value: &Value) -> Option<&str> {
+pub(super) fn text(value: &Value) -> Option<&str> {
     match value {
         Value::BulkString(b) => std::str::from_utf8(b).ok(),
         _ => None,
@@ -134,7 +134,7 @@ async fn read(backend: &RedisBackend, prefix: &str, key: &str) -> Result<Vec<Loc
 /// The keys matching `pattern`: `SCAN` on the server, or on every master of
 /// a cluster. A key moved between masters while the walk runs (resharding)
 /// may be missed or seen twice.
-async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<String>> {
+pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<String>> {
     let mut keys = Vec::new();
     match backend.cluster_connection() {
         Some(mut conn) => {

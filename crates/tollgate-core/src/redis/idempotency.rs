@@ -1,18 +1,23 @@
-//! [`IdempotencyBackend`] for [`RedisBackend`]: `lua/idem_*.lua`.
+//! [`IdempotencyBackend`] for [`RedisBackend`]: `lua/idem_*.lua`; the
+//! records in flight found as the holders are (`SCAN`, on every master of
+//! a cluster), each read by `lua/idem_in_flight.lua`.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use redis::Value;
 
+use super::holders::{scan, text, READS_IN_FLIGHT};
+use super::pubsub::glob_escape;
 use super::reply::{self, parse_flag, pttl};
-use super::scripts::{IDEM_ABANDON, IDEM_CLAIM, IDEM_COMPLETE};
+use super::scripts::{IDEM_ABANDON, IDEM_CLAIM, IDEM_COMPLETE, IDEM_IN_FLIGHT};
 use super::RedisBackend;
 use crate::error::{Error, Result};
 use crate::store::{
-    millis_ceil, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend, RecordKeys,
-    StoredResponse,
+    millis_ceil, parse_record_key, ClaimReply, ClaimRequest, FencingToken, IdempotencyBackend,
+    InFlightRecord, RecordKeys, StoredResponse,
 };
 
 /// An integer reply, or `None`.
@@ -73,6 +78,68 @@ fn parse_claim(value: Value) -> Result<ClaimReply> {
                     },
                 },
             })
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// Every record under `prefix` in flight now.
+async fn in_flight(backend: &RedisBackend, prefix: &str) -> Result<Vec<InFlightRecord>> {
+    let pattern = format!("{}:*}}:record", glob_escape(prefix));
+    let keys: BTreeSet<String> = scan(backend, &pattern)
+        .await?
+        .into_iter()
+        .filter(|k| parse_record_key(prefix, k).is_some())
+        .collect();
+    let read: Vec<Option<InFlightRecord>> = futures_util::stream::iter(keys)
+        .map(|key| async move { read_in_flight(backend, prefix, &key).await })
+        .buffer_unordered(READS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    Ok(read.into_iter().flatten().collect())
+}
+
+/// The record `key`, if in flight.
+async fn read_in_flight(
+    backend: &RedisBackend,
+    prefix: &str,
+    key: &str,
+) -> Result<Option<InFlightRecord>> {
+    let Some((name, subject)) = parse_record_key(prefix, key) else {
+        return Ok(None);
+    };
+    let lease = key.strip_suffix(":record").unwrap_or(key);
+    let value = backend
+        .invoke(&IDEM_IN_FLIGHT, |cmd| {
+            cmd.arg(2).arg(lease).arg(key);
+        })
+        .await?;
+    parse_in_flight(name, subject, &value)
+}
+
+fn parse_in_flight(name: &str, subject: &str, value: &Value) -> Result<Option<InFlightRecord>> {
+    let bad = || protocol("in-flight", value);
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    match items.as_slice() {
+        [flag] if int(flag) == Some(0) => Ok(None),
+        [flag, now, fence, claimed, ms] if int(flag) == Some(1) => {
+            let now = int(now)
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(bad)?;
+            let fence = text(fence)
+                .and_then(|f| f.parse::<u64>().ok())
+                .ok_or_else(bad)?;
+            let ms = int(ms)
+                .and_then(|n| u64::try_from(n).ok())
+                .ok_or_else(bad)?;
+            let mut record = InFlightRecord::new(name, subject, fence, Duration::from_millis(ms));
+            // Empty: claimed by a version that did not store when.
+            record.held = text(claimed)
+                .and_then(|c| c.parse::<u64>().ok())
+                .map(|since| Duration::from_micros(now.saturating_sub(since)));
+            Ok(Some(record))
         }
         _ => Err(bad()),
     }
@@ -149,5 +216,54 @@ impl IdempotencyBackend for RedisBackend {
             parse_flag(value)
         }
         .boxed()
+    }
+
+    fn records_in_flight<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<InFlightRecord>>> {
+        in_flight(self, prefix).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn in_flight_replies_are_read_strictly() {
+        let reply = |claimed: &str| {
+            Value::Array(vec![
+                Value::Int(1),
+                Value::Int(5_000_000),
+                bulk("42"),
+                bulk(claimed),
+                Value::Int(900),
+            ])
+        };
+        let r = parse_in_flight("idem", "k", &reply("2000000"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.name.as_str(), r.subject.as_str()), ("idem", "k"));
+        assert_eq!(r.fence.get(), 42);
+        assert_eq!(r.held, Some(Duration::from_secs(3)));
+        assert_eq!(r.ttl, Duration::from_millis(900));
+        let old = parse_in_flight("idem", "k", &reply("")).unwrap().unwrap();
+        assert_eq!(old.held, None);
+        let none = Value::Array(vec![Value::Int(0)]);
+        assert_eq!(parse_in_flight("idem", "k", &none).unwrap(), None);
+        assert!(parse_in_flight("idem", "k", &Value::Int(1)).is_err());
+        let no_fence = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(1),
+            bulk("x"),
+            bulk(""),
+            Value::Int(1),
+        ]);
+        assert!(parse_in_flight("idem", "k", &no_fence).is_err());
     }
 }

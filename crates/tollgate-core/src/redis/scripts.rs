@@ -145,6 +145,7 @@ scripts! {
     IDEM_CLAIM => "idem_claim",
     IDEM_COMPLETE => "idem_complete",
     IDEM_ABANDON => "idem_abandon",
+    IDEM_IN_FLIGHT => "idem_in_flight",
     RATE_BLOCK_SET => "rate_block_set",
     THROTTLED_ADD => "throttled_add",
 }

@@ -1,5 +1,6 @@
 //! [`IdempotencyBackend`]: the three record operations, as a backend
-//! provides them (Lua scripts on Redis, their twin in memory).
+//! provides them (Lua scripts on Redis, their twin in memory), and the
+//! operator's listing of the records in flight ([`InFlightRecord`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -8,7 +9,8 @@ use futures_util::future::BoxFuture;
 
 use sha2::{Digest, Sha256};
 
-use super::lock::{FencingToken, LockBackend, LockKeys};
+use super::holders::parse_lock_key;
+use super::lock::{unsupported, FencingToken, LockBackend, LockKeys};
 use crate::error::Result;
 
 /// What identifies a request's payload: a SHA-256 digest (of the method,
@@ -131,6 +133,45 @@ impl RecordKeys {
     }
 }
 
+/// `(name, subject)` of an idempotency record key under `prefix`:
+/// `<prefix>:<name>:{<subject>}:record`, read as
+/// [`parse_lock_key`] reads its lease's key. `None` for any other key.
+pub(crate) fn parse_record_key<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
+    parse_lock_key(prefix, key.strip_suffix(":record")?)
+}
+
+/// One idempotency record in flight — claimed under a live lease, not
+/// completed — as the store keeps it: what an operator's listing shows.
+/// Neither the lease's owner token nor the request's fingerprint is in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InFlightRecord {
+    /// The keyspace policy of the idempotency store (`idem` by default).
+    pub name: String,
+    /// The key's subject as it appears in keys
+    /// ([`Subject::as_encoded`](crate::Subject::as_encoded)).
+    pub subject: String,
+    /// The claim's fence.
+    pub fence: FencingToken,
+    /// How long since the claim, by the store's clock; `None` for a record
+    /// claimed by a version that did not store when.
+    pub held: Option<Duration>,
+    /// How long its lease still runs unless renewed.
+    pub ttl: Duration,
+}
+
+impl InFlightRecord {
+    pub(crate) fn new(name: &str, subject: &str, fence: u64, ttl: Duration) -> Self {
+        InFlightRecord {
+            name: name.to_owned(),
+            subject: subject.to_owned(),
+            fence: FencingToken(fence),
+            held: None,
+            ttl,
+        }
+    }
+}
+
 /// One claim: take the key's lease (owner `token`, `ttl`) unless a record
 /// is completed or in flight, and record `fingerprint`.
 #[derive(Clone)]
@@ -239,4 +280,43 @@ pub trait IdempotencyBackend: LockBackend {
         token: &'a str,
         fence: FencingToken,
     ) -> BoxFuture<'a, Result<bool>>;
+
+    /// Every record under `prefix` in flight now: the keys
+    /// `<prefix>:<name>:{<subject>}:record` claimed under a lease that still
+    /// runs and not completed (an abandoned record is gone; one whose lease
+    /// expired is not listed). For operators: it walks the keyspace (`SCAN`
+    /// on every master of a cluster), so it costs time in proportion to all
+    /// keys, never anything on the claim path. Backends without it keep the
+    /// default, an error.
+    fn records_in_flight<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<InFlightRecord>>> {
+        let _ = prefix;
+        Box::pin(std::future::ready(Err(unsupported(
+            self.lock_kind(),
+            "listing idempotency keys in flight",
+        ))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_keys_are_told_from_the_others() {
+        assert_eq!(
+            parse_record_key("app", "app:idem:{k%3A1}:record"),
+            Some(("idem", "k%3A1"))
+        );
+        assert_eq!(parse_record_key("app", "app:idem:{k}"), None);
+        assert_eq!(parse_record_key("app", "app:idem:{k}:fence"), None);
+        assert_eq!(parse_record_key("app", "app:x:idem:{k}:record"), None);
+        assert_eq!(parse_record_key("app", "app:idem:{}:record"), None);
+        assert_eq!(
+            parse_record_key("a:b", "a:b:idem:{k}:record"),
+            Some(("idem", "k"))
+        );
+    }
 }

@@ -431,7 +431,7 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
 }
 
-fn unsupported(kind: &str, what: &str) -> Error {
+pub(super) fn unsupported(kind: &str, what: &str) -> Error {
     Error::InvalidConfig(format!("the {kind} backend does not support {what}"))
 }
 

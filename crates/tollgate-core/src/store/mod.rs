@@ -17,8 +17,10 @@ mod rate;
 pub use self::admin::{AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL};
 pub use self::holders::LockHolder;
 pub(crate) use self::holders::{parse_description, parse_lock_key};
+pub(crate) use self::idempotency::parse_record_key;
 pub use self::idempotency::{
-    ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
+    ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, InFlightRecord, RecordKeys,
+    StoredResponse,
 };
 pub(crate) use self::lock::{millis_ceil, shape};
 pub use self::lock::{

@@ -378,6 +378,23 @@
     );
   }
 
+  // Idempotency keys claimed and not completed: the key id, never a payload.
+  function renderInFlight(keys) {
+    sync(
+      "idempotency-table",
+      keys,
+      (k) => [k.name, k.key, k.fence].join("\u0000"),
+      () => row(["name", "key", ["fence", "num"], ["held", "num"], ["ttl", "num"]]),
+      (tr, k) => {
+        setText(field(tr, "name"), k.name);
+        setText(field(tr, "key"), k.key);
+        setText(field(tr, "fence"), k.fence);
+        setText(field(tr, "held"), duration(k.held_ms));
+        setText(field(tr, "ttl"), duration(k.ttl_ms));
+      }
+    );
+  }
+
   function renderSearch(s) {
     const box = $("search-result");
     box.dataset.limiter = s.limiter;
@@ -409,14 +426,14 @@
   }
 
   async function refresh() {
-    const [limiters, throttled, holders] = await Promise.allSettled([
+    const results = await Promise.allSettled([
       api("limiters"),
       api("throttled"),
       api("holders"),
+      api("idempotency"),
     ]);
-    const refused = [limiters, throttled, holders].find(
-      (r) => r.status === "rejected" && r.reason.status === 401
-    );
+    const [limiters, throttled, holders, inFlight] = results;
+    const refused = results.find((r) => r.status === "rejected" && r.reason.status === 401);
     if (refused) {
       forget("The token was refused: " + refused.reason.message);
       return;
@@ -427,9 +444,11 @@
       settled(throttled, "throttled-table", () => renderThrottled(throttledList)),
     ];
     errors.push(settled(holders, "holders-table", (v) => renderHolders(v.holders || [])));
+    errors.push(settled(inFlight, "idempotency-table", (v) => renderInFlight(v.in_flight || [])));
+    const tables = ["limiters-table", "throttled-table", "holders-table", "idempotency-table"];
     for (const [i, e] of errors.entries()) {
       if (e) {
-        showError(["limiters-table", "throttled-table", "holders-table"][i], e.message);
+        showError(tables[i], e.message);
       }
     }
     if (search) {
