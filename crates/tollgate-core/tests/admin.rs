@@ -67,15 +67,23 @@ async fn operations(backend: Backend, prefix: &str) {
         name: "jobs".into(),
         permits: 4,
     };
-    eventually(WAIT, "the semaphore registers", || async {
+    // And an idempotency store.
+    let orders = tollgate_core::idempotency::IdempotencyStore::builder(backend.clone())
+        .prefix(prefix)
+        .build()
+        .unwrap();
+    let records = Registered::Idempotency {
+        name: "idem".into(),
+    };
+    eventually(WAIT, "the semaphore and the store register", || async {
         admin
             .registered()
             .await
             .ok()
-            .filter(|r| r.contains(&semaphore))
+            .filter(|r| r.contains(&semaphore) && r.contains(&records))
     })
     .await;
-    drop(jobs);
+    drop((jobs, orders));
 
     let alice = Subject::new("alice:1").with_label("ali…");
     for _ in 0..3 {

@@ -12,6 +12,7 @@ use crate::lock::settings::Settings;
 use crate::lock::util::{instant_after, join, new_token};
 use crate::lock::{FencingToken, Lease, LeaseLost, LockOptions};
 use crate::lock::{LockBackend, LockKeys, DEFAULT_FENCE_TTL, FENCE_TTL_TTLS};
+use crate::plane::views::Registered;
 use crate::store::{
     ClaimReply, ClaimRequest, Fingerprint, IdempotencyBackend, RecordKeys, StoredResponse,
 };
@@ -472,8 +473,12 @@ impl IdempotencyStoreBuilder {
         let backend = self.backend;
         let core = Core::new(vec![backend.clone().locks()], false, self.settings)?;
         core.first_ttl(&self.lease)?;
+        let core = Arc::new(core);
+        core.keep_registered(Registered::Idempotency {
+            name: core.keyspace().policy().to_owned(),
+        });
         Ok(IdempotencyStore {
-            core: Arc::new(core),
+            core,
             backend: backend.records(),
             lease: self.lease,
             record_ttl: self.record_ttl,

@@ -174,7 +174,18 @@ impl Core {
     /// (name, permits) for as long as it lives; locks do not (their
     /// holders are listed from their keys).
     pub(crate) fn register(self: &Arc<Self>) {
-        let (Some(permits), [backend]) = (self.permits, self.instances.backends()) else {
+        if let Some(permits) = self.permits {
+            self.keep_registered(crate::plane::views::Registered::Semaphore {
+                name: self.keyspace.policy().to_owned(),
+                permits,
+            });
+        }
+    }
+
+    /// Keeps `entry` in the registry of the one store this engine runs on,
+    /// if that store has an operator plane, for as long as it lives.
+    pub(crate) fn keep_registered(self: &Arc<Self>, entry: crate::plane::views::Registered) {
+        let [backend] = self.instances.backends() else {
             return;
         };
         let Some(store) = backend.lock_admin() else {
@@ -184,10 +195,7 @@ impl Core {
         crate::plane::registry::keep_registered(
             store,
             self.keyspace.prefix().to_owned(),
-            crate::plane::views::Registered::Semaphore {
-                name: self.keyspace.policy().to_owned(),
-                permits,
-            },
+            entry,
             move || alive.strong_count() > 0,
         );
     }
