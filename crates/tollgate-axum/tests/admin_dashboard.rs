@@ -11,11 +11,13 @@
 mod admin_common;
 mod browser;
 
+use std::time::Duration;
+
 use admin_common::{backend, serve, App, Store, TOKEN, WAIT};
 use fantoccini::{Client, Locator};
 use http::Method;
 use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore};
-use tollgate_core::Subject;
+use tollgate_core::{LockOptions, Locker, Semaphore, Subject};
 use tollgate_testkit::eventually;
 use tollgate_testkit::http::loopback;
 
@@ -65,6 +67,19 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
     else {
         panic!("claimed");
     };
+    // A lock and a permit held while the page is open.
+    let held = LockOptions::new().ttl(Duration::from_secs(30));
+    let locker = Locker::builder(app.backend.clone())
+        .prefix(app.admin.prefix())
+        .build()
+        .unwrap();
+    let lease = locker.acquire("nightly-billing", &held).await.unwrap();
+    let exports = Semaphore::builder(app.backend.clone(), 2)
+        .prefix(app.admin.prefix())
+        .name("exports")
+        .build()
+        .unwrap();
+    let permit = exports.acquire("tenant-7", &held).await.unwrap();
     let url = format!("http://{}/admin/#token={TOKEN}", app.addr);
 
     browser::with_browser(&bins, |client| async move {
@@ -95,6 +110,10 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
             |t| t == "alice (support ticket 4411)",
         )
         .await;
+        let lock = r#"#holders-table tr[data-kind="lock"] td[data-field="subject"]"#;
+        browser::wait_for_text(&client, lock, WAIT, |t| t == "nightly-billing").await;
+        let permit = r#"#holders-table tr[data-kind="permit"] td[data-field="name"]"#;
+        browser::wait_for_text(&client, permit, WAIT, |t| t == "exports").await;
         let in_flight = r#"#idempotency-table td[data-field="key"]"#;
         browser::wait_for_text(&client, in_flight, WAIT, |t| t == order_id).await;
         browser::wait_for_text(&client, "#status", WAIT, |t| t.starts_with("live")).await;
@@ -126,6 +145,8 @@ async fn the_dashboard_shows_who_is_throttled_and_resets_them() {
     })
     .await;
     assert!(claim.abandon().await.unwrap());
+    lease.release().await.unwrap();
+    permit.release().await.unwrap();
 
     // The reset reached the store: the whole quota is back, and admitted.
     let state = app.admin.inspect("login", &alice).await.unwrap();
