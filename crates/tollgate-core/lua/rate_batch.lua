@@ -22,9 +22,9 @@ for d = 1, ARGV[1] + 0 do
   local nk, m = ARGV[a + 1] + 0, ARGV[a + 2] + 0
   local nq = math.floor((m - 3) / 2)
   -- The sliding log (2) keeps a sorted set, read with its own commands; a
-  -- block key is a string whatever the algorithm.
-  for i = 1, nk do
-    if ARGV[a] == '2' and i <= nq then
+  -- block key (after the quotas' keys) is read by its PTTL.
+  for i = 1, math.min(nk, nq) do
+    if ARGV[a] == '2' then
       logs[KEYS[k + i]] = true
     else
       reads[#reads + 1] = KEYS[k + i]
@@ -69,11 +69,11 @@ for d = 1, ARGV[1] + 0 do
   -- As rate_deadline.lua: a check its caller no longer waits for is late;
   -- as rate_block.lua: a blocked subject is refused.
   local deadline = args[4 + 2 * n]
-  local ends = keys[n + 1] and tonumber(stored_string(keys[n + 1]) or '')
+  local left = keys[n + 1] and redis.call('PTTL', keys[n + 1]) or 0
   if deadline and now > deadline + 0 then
     out[d] = {-1, now}
-  elseif ends and ends > now then
-    out[d] = {-2, now, ends - now}
+  elseif left > 0 then
+    out[d] = {-2, now, left * 1000}
   else
     local ok, reply = pcall(decide[ARGV[a] + 0], keys, args)
     if ok then

@@ -302,6 +302,10 @@ pub(crate) fn validate_component(what: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// Policy names the operator plane writes keys under (`<prefix>:throttled:{…}`,
+/// `<prefix>:traffic:{…}`): no capability may take them.
+const RESERVED_POLICIES: [&str; 2] = ["throttled", "traffic"];
+
 /// Where a family of keys lives: a prefix and a policy name.
 ///
 /// ```
@@ -324,6 +328,11 @@ impl Keyspace {
         let (prefix, policy) = (prefix.into(), policy.into());
         validate_component("prefix", &prefix)?;
         validate_component("policy name", &policy)?;
+        if RESERVED_POLICIES.contains(&policy.as_str()) {
+            return Err(Error::InvalidConfig(format!(
+                "{policy:?} names the operator plane's own keys; choose another name"
+            )));
+        }
         Ok(Self { prefix, policy })
     }
 

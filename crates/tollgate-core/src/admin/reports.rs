@@ -3,23 +3,38 @@
 
 use super::Admin;
 use crate::error::Result;
-use crate::plane::tally::{list_key, now_ms, traffic_key, TRAFFIC_WINDOW};
+use crate::plane::tally::{list_key, now_ms, traffic_key, LIST_WINDOW_MS, TRAFFIC_WINDOW};
 use crate::plane::views::{ThrottledSubject, Traffic};
 
 /// The `n` most denied subjects over every registered limiter.
 pub(super) async fn throttled(admin: &Admin, n: usize) -> Result<Vec<ThrottledSubject>> {
-    let mut all = Vec::new();
+    let now = now_ms();
+    let mut all: Vec<ThrottledSubject> = Vec::new();
     for limiter in admin.registered_limiters().await? {
-        let key = list_key(admin.prefix(), &limiter.name);
-        for c in admin.store().top_denials(&key, n).await? {
-            all.push(ThrottledSubject {
-                limiter: limiter.name.clone(),
-                subject: c.subject,
-                label: c.label,
-                denied: c.denied,
-                last_denied_ms: c.last_denied_ms,
-            });
+        // This window and the one before, merged by subject.
+        let mut merged: Vec<ThrottledSubject> = Vec::new();
+        for at in [now, now.saturating_sub(LIST_WINDOW_MS)] {
+            let key = list_key(admin.prefix(), &limiter.name, at);
+            for c in admin.store().top_denials(&key, n).await? {
+                match merged.iter_mut().find(|t| t.subject == c.subject) {
+                    Some(t) => {
+                        t.denied += c.denied;
+                        t.last_denied_ms = t.last_denied_ms.max(c.last_denied_ms);
+                        if t.label.is_none() {
+                            t.label = c.label;
+                        }
+                    }
+                    None => merged.push(ThrottledSubject {
+                        limiter: limiter.name.clone(),
+                        subject: c.subject,
+                        label: c.label,
+                        denied: c.denied,
+                        last_denied_ms: c.last_denied_ms,
+                    }),
+                }
+            }
         }
+        all.extend(merged);
     }
     all.sort_by(|a, b| {
         b.denied
@@ -37,7 +52,11 @@ pub(super) async fn traffic(admin: &Admin, limiter: &str) -> Result<Traffic> {
     let from = now.saturating_sub(TRAFFIC_WINDOW);
     let counts = admin
         .store()
-        .traffic(&traffic_key(admin.prefix(), limiter), from, now - 1)
+        .traffic(
+            &traffic_key(admin.prefix(), limiter),
+            from,
+            now.saturating_sub(1),
+        )
         .await?;
     let (a, r) = counts
         .iter()

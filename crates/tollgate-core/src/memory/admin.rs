@@ -3,7 +3,7 @@
 //! listeners at once.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -21,6 +21,8 @@ pub(crate) struct MemoryAdmin {
     blocks: Mutex<HashMap<String, u64>>,
     /// How many blocks exist: a check reads the map only when some do.
     block_count: AtomicUsize,
+    /// The earliest end of any block (µs; `u64::MAX` for none).
+    earliest_end: AtomicU64,
     registries: Mutex<HashMap<String, BTreeMap<String, String>>>,
     listeners: Mutex<HashMap<String, Vec<AdminListener>>>,
     versions: Mutex<HashMap<String, u64>>,
@@ -37,22 +39,29 @@ fn guard<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryBackend {
-    /// What is left of the block `key` at `now` (µs), if any.
-    pub(crate) fn block_left(&self, key: &str, now: u64) -> Option<u64> {
+    /// What is left of the block `key` now (µs, on the backend's clock,
+    /// read only when some block exists), if any. Expired blocks are swept
+    /// once the earliest of them has ended, so that no check takes the
+    /// blocks' lock for a block nobody checks again.
+    pub(crate) fn block_left(&self, key: &str) -> Option<u64> {
         let admin = &self.inner.admin;
         if admin.block_count.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        let now = self.now();
         let mut blocks = guard(&admin.blocks);
-        match blocks.get(key) {
-            Some(&ends) if ends > now => Some(ends - now),
-            Some(_) => {
-                blocks.remove(key);
-                admin.block_count.store(blocks.len(), Ordering::Relaxed);
-                None
-            }
-            None => None,
+        if admin.earliest_end.load(Ordering::Relaxed) <= now {
+            blocks.retain(|_, ends| *ends > now);
+            admin.earliest_end.store(
+                blocks.values().copied().min().unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
+            admin.block_count.store(blocks.len(), Ordering::Relaxed);
         }
+        blocks
+            .get(key)
+            .map(|ends| ends.saturating_sub(now))
+            .filter(|left| *left > 0)
     }
 
     fn now(&self) -> u64 {
@@ -109,6 +118,7 @@ impl AdminBackend for MemoryBackend {
             .saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
         let mut blocks = guard(&admin.blocks);
         blocks.insert(key.to_owned(), ends);
+        admin.earliest_end.fetch_min(ends, Ordering::Relaxed);
         admin.block_count.store(blocks.len(), Ordering::Relaxed);
         ready(())
     }
@@ -122,7 +132,7 @@ impl AdminBackend for MemoryBackend {
     }
 
     fn block_left<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<Duration>>> {
-        let left = MemoryBackend::block_left(self, key, self.now()).map(Duration::from_micros);
+        let left = MemoryBackend::block_left(self, key).map(Duration::from_micros);
         ready(left)
     }
 
@@ -139,8 +149,20 @@ impl AdminBackend for MemoryBackend {
             .get(channel)
             .cloned()
             .unwrap_or_default();
-        for l in listeners {
-            l(message);
+        let gone: Vec<usize> = listeners
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l(message))
+            .map(|(i, _)| i)
+            .collect();
+        if !gone.is_empty() {
+            if let Some(list) = guard(&self.inner.admin.listeners).get_mut(channel) {
+                let mut i = 0;
+                list.retain(|_| {
+                    i += 1;
+                    !gone.contains(&(i - 1))
+                });
+            }
         }
         ready(())
     }

@@ -50,6 +50,9 @@ pub(crate) async fn register(
         .await
 }
 
+/// How often a registration task looks whether its owner still lives.
+const ALIVE_CHECK: Duration = Duration::from_secs(2);
+
 /// Keeps `entry` in the registry of `prefix` while `alive` says so: at
 /// once in an in-process store, else from a task that writes it again
 /// every [`REGISTER_EVERY`] (the registry expires unless someone keeps it).
@@ -65,11 +68,19 @@ pub(crate) fn keep_registered(
         return;
     }
     let registering = async move {
-        while alive() {
+        'writes: while alive() {
             if let Err(e) = register(&*store, &prefix, &entry).await {
                 tracing::warn!(error = %e, "could not register: the operator plane will not list it");
             }
-            tokio::time::sleep(REGISTER_EVERY).await;
+            // Looked at often, so that the store (its connection) is let go
+            // soon after the last user.
+            let next = tokio::time::Instant::now() + REGISTER_EVERY;
+            while tokio::time::Instant::now() < next {
+                tokio::time::sleep(ALIVE_CHECK).await;
+                if !alive() {
+                    break 'writes;
+                }
+            }
         }
     };
     match tokio::runtime::Handle::try_current() {

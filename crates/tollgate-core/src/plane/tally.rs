@@ -19,7 +19,11 @@ const TRACKED: usize = 64;
 /// How often an instance adds its counts to the store's list.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// How long a list lives after its last addition.
-const LIST_TTL: Duration = Duration::from_secs(3600);
+const LIST_TTL: Duration = Duration::from_secs(2 * 600);
+/// Each throttled list covers ten minutes; the operator plane reads the
+/// current one and the one before (so a list forgets whom nobody refuses
+/// any more, and a new subject is not crowded out by old counts).
+pub(crate) const LIST_WINDOW_MS: u64 = 600_000;
 /// Subjects a fleet-wide list keeps (the most denied).
 const LIST_KEEP: usize = 200;
 
@@ -29,9 +33,13 @@ const TRAFFIC_KEPT: Duration = Duration::from_secs(120);
 /// before the current one, which is still being counted).
 pub(crate) const TRAFFIC_WINDOW: u64 = 5;
 
-/// The store key of a limiter's throttled list (its own slot).
-pub(crate) fn list_key(prefix: &str, limiter: &str) -> String {
-    format!("{prefix}:throttled:{{{limiter}}}")
+/// The store key of a limiter's throttled list for the window holding
+/// `at_ms` (its own slot).
+pub(crate) fn list_key(prefix: &str, limiter: &str, at_ms: u64) -> String {
+    format!(
+        "{prefix}:throttled:{{{limiter}}}:{}",
+        at_ms / LIST_WINDOW_MS
+    )
 }
 
 /// The store key of a limiter's traffic counts (its own slot).
@@ -129,15 +137,16 @@ impl Tally {
     }
 
     /// Flushes every [`FLUSH_EVERY`] into the limiter's keys under
-    /// `prefix` while the limiter lives (on the current runtime; without
-    /// one, at once into an in-process store, else never).
+    /// `prefix` while the limiter lives, from a task on the current runtime
+    /// (a limiter built without one reports no tally).
     pub(crate) fn start(
         self: &Arc<Self>,
         store: Arc<dyn AdminBackend>,
         prefix: &str,
         limiter: &str,
     ) {
-        let (key, traffic) = (list_key(prefix, limiter), traffic_key(prefix, limiter));
+        let (prefix, limiter) = (prefix.to_owned(), limiter.to_owned());
+        let traffic = traffic_key(&prefix, &limiter);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -165,6 +174,7 @@ impl Tally {
                 if counts.is_empty() {
                     continue;
                 }
+                let key = list_key(&prefix, &limiter, now_ms());
                 if let Err(e) = store.add_denials(&key, &counts, LIST_TTL, LIST_KEEP).await {
                     // Lost with the outage: the list shows what came before.
                     tracing::debug!(error = %e, "could not add to the throttled list");

@@ -32,30 +32,36 @@ impl RateLimiter {
     pub(super) fn operate(&self, register_it: bool) {
         let inner = &self.inner;
         let Some(op) = &inner.operated else { return };
-        let prefix = inner.keyspace.prefix().to_owned();
-        if register_it {
-            let alive: Weak<Inner> = Arc::downgrade(inner);
-            keep_registered(
-                Arc::clone(&op.store),
-                prefix,
-                Registered::Limiter(describe(self)),
-                move || alive.strong_count() > 0,
-            );
-            op.tally.start(
-                Arc::clone(&op.store),
-                inner.keyspace.prefix(),
-                inner.keyspace.policy(),
-            );
+        // The operator plane's own rebuilt limiters and local fallbacks
+        // neither register, tally nor listen (their owner does): they only
+        // honour blocks, which every check reads from the store.
+        if !register_it {
+            return;
         }
+        let prefix = inner.keyspace.prefix().to_owned();
+        let alive: Weak<Inner> = Arc::downgrade(inner);
+        keep_registered(
+            Arc::clone(&op.store),
+            prefix,
+            Registered::Limiter(describe(self)),
+            move || alive.strong_count() > 0,
+        );
+        op.tally.start(
+            Arc::clone(&op.store),
+            inner.keyspace.prefix(),
+            inner.keyspace.policy(),
+        );
         let notices = Notices::of(inner.keyspace.prefix());
         let me: Weak<Inner> = Arc::downgrade(inner);
         op.store.watch(
             &notices.channel,
             &notices.version_key,
-            Arc::new(move |message| {
-                if let Some(inner) = me.upgrade() {
+            Arc::new(move |message| match me.upgrade() {
+                Some(inner) => {
                     RateLimiter { inner }.hear(message);
+                    true
                 }
+                None => false,
             }),
         );
     }
@@ -64,6 +70,9 @@ impl RateLimiter {
     /// (everything, when messages may have been missed).
     fn hear(&self, message: &str) {
         let inner = &self.inner;
+        if let Some(cache) = &inner.deny_cache {
+            cache.forget_before(self.local_now());
+        }
         if message == EVERYTHING {
             if let Some(cache) = &inner.deny_cache {
                 cache.clear();
@@ -216,11 +225,14 @@ impl RateLimiter {
                 "a block of {duration:?}: between 1 ms and a year"
             )));
         }
-        let store = Arc::clone(&self.operated()?.store);
-        store
-            .set_block(&self.block_key_for(subject), duration)
-            .await?;
-        self.announce(Action::Block, subject, Some(duration)).await
+        self.traced(Action::Block, subject, async {
+            let store = Arc::clone(&self.operated()?.store);
+            store
+                .set_block(&self.block_key_for(subject), duration)
+                .await?;
+            self.announce(Action::Block, subject, Some(duration)).await
+        })
+        .await
     }
 
     /// Lifts a block of `subject` on every instance.

@@ -32,6 +32,10 @@ pub(crate) struct DenyCache {
     /// has run out (nobody is denied), and a lookup costs one atomic load
     /// instead of a hash and a lock.
     latest_until: AtomicU64,
+    /// When an operator's action last made it forget (local clock): a
+    /// denial of a request sent before then may predate the action, so it
+    /// is not cached.
+    forgotten_at: AtomicU64,
 }
 
 #[derive(Default)]
@@ -61,6 +65,7 @@ impl DenyCache {
             shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::hash::RandomState::new(),
             latest_until: AtomicU64::new(0),
+            forgotten_at: AtomicU64::new(0),
         }
     }
 
@@ -105,6 +110,13 @@ impl DenyCache {
         self.shard(key).map.remove(key);
     }
 
+    /// From now on (`now`, local clock), denials of requests sent before
+    /// are not cached: an operator's action may have made them stale
+    /// while they were on their way.
+    pub(crate) fn forget_before(&self, now: u64) {
+        self.forgotten_at.fetch_max(now, Ordering::Relaxed);
+    }
+
     /// Forgets every denial (an operator changed something this instance
     /// may not have heard about).
     pub(crate) fn clear(&self) {
@@ -116,6 +128,9 @@ impl DenyCache {
     /// Remembers a denial of `cost`: the request was sent at `sent_at` and
     /// answered at `replied_at` (local clock).
     pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, replied_at: u64, d: &Decision) {
+        if sent_at <= self.forgotten_at.load(Ordering::Relaxed) {
+            return;
+        }
         let Some(retry) = d.retry_after else { return };
         // The first change the countdown cannot follow: a unit made
         // available (a quota with nothing used has no next unit to wait for).

@@ -422,7 +422,7 @@ impl RateLimiter {
         }
     }
 
-    fn local_now(&self) -> u64 {
+    pub(super) fn local_now(&self) -> u64 {
         match &self.inner.clock {
             Some(c) => c.now_micros(),
             None => monotonic_micros(),

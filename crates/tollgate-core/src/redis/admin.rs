@@ -12,12 +12,20 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use redis::Cmd;
 
-use super::scripts::{RATE_BLOCK_SET, THROTTLED_ADD};
+use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, THROTTLED_ADD};
 use super::RedisBackend;
 use crate::error::{redis_error, Result};
 use crate::store::{
     millis_ceil, AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL,
 };
+
+/// Seconds of traffic counts per hash.
+const TRAFFIC_BUCKET_SECONDS: u64 = 10;
+
+/// The hash holding `second`'s traffic counts under `key`.
+fn traffic_bucket(key: &str, second: u64) -> String {
+    format!("{key}:{}", second / TRAFFIC_BUCKET_SECONDS)
+}
 
 /// How long a version stamp lives after its last change (an hour): a
 /// watcher reading it back at 0 just keeps going.
@@ -26,22 +34,55 @@ const VERSION_TTL_MS: u64 = 3600 * 1000;
 /// The listeners of each watched channel, shared by a backend's clones.
 #[derive(Default)]
 pub(crate) struct Watchers {
-    channels: Mutex<HashMap<String, Vec<AdminListener>>>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+/// One watched channel: its listeners, and whether a task watches it.
+#[derive(Default)]
+struct Channel {
+    listeners: Vec<AdminListener>,
+    running: bool,
 }
 
 impl Watchers {
-    fn listeners(&self, channel: &str) -> Vec<AdminListener> {
-        self.channels
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(channel)
-            .cloned()
-            .unwrap_or_default()
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Tells every listener of `channel`, dropping those that are gone.
     fn tell(&self, channel: &str, message: &str) {
-        for l in self.listeners(channel) {
-            l(message);
+        let listeners = self
+            .lock()
+            .get(channel)
+            .map(|c| c.listeners.clone())
+            .unwrap_or_default();
+        let gone: Vec<*const ()> = listeners
+            .iter()
+            .filter(|l| !l(message))
+            .map(|l| Arc::as_ptr(l).cast::<()>())
+            .collect();
+        if !gone.is_empty() {
+            if let Some(c) = self.lock().get_mut(channel) {
+                c.listeners
+                    .retain(|l| !gone.contains(&Arc::as_ptr(l).cast::<()>()));
+            }
+        }
+    }
+}
+
+/// Marks a channel's watcher as stopped when its task ends, however it
+/// ends (its runtime shutting down included): the next listener starts one.
+struct Running {
+    watchers: Weak<Watchers>,
+    channel: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(w) = self.watchers.upgrade() {
+            if let Some(c) = w.lock().get_mut(&self.channel) {
+                c.running = false;
+            }
         }
     }
 }
@@ -142,23 +183,14 @@ impl AdminBackend for RedisBackend {
         message: &'a str,
     ) -> BoxFuture<'a, Result<()>> {
         async move {
-            // The stamp first: a watcher that polls between the two sees a
-            // change it has no message for, and forgets everything.
-            let mut pipe = redis::pipe();
-            pipe.cmd("INCR")
-                .arg(version_key)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(version_key)
-                .arg(VERSION_TTL_MS)
-                .ignore();
-            let mut conn = self.conn.clone();
-            pipe.query_async::<()>(&mut conn)
-                .await
-                .map_err(redis_error)?;
-            let _: i64 = self
-                .query(redis::cmd("PUBLISH").arg(channel).arg(message))
-                .await?;
+            self.invoke(&ADMIN_ANNOUNCE, |cmd| {
+                cmd.arg(1)
+                    .arg(version_key)
+                    .arg(channel)
+                    .arg(message)
+                    .arg(VERSION_TTL_MS);
+            })
+            .await?;
             Ok(())
         }
         .boxed()
@@ -173,27 +205,25 @@ impl AdminBackend for RedisBackend {
     }
 
     fn watch(&self, channel: &str, version_key: &str, listener: AdminListener) {
-        let first = {
-            let mut channels = self
-                .watchers
-                .channels
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let list = channels.entry(channel.to_owned()).or_default();
-            list.push(listener);
-            list.len() == 1
-        };
-        if !first {
+        let mut channels = self.watchers.lock();
+        let c = channels.entry(channel.to_owned()).or_default();
+        c.listeners.push(listener);
+        if c.running {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(channel, "no runtime to watch the admin channel on: admin actions reach this instance only through its own calls");
+            tracing::warn!(channel, "no runtime to watch the admin channel on yet: the next limiter built on one starts the watcher");
             return;
+        };
+        c.running = true;
+        drop(channels);
+        let running = Running {
+            watchers: Arc::downgrade(&self.watchers),
+            channel: channel.to_owned(),
         };
         runtime.spawn(watch(
             self.clone_for_watch(),
-            Arc::downgrade(&self.watchers),
-            channel.to_owned(),
+            running,
             version_key.to_owned(),
         ));
     }
@@ -237,19 +267,22 @@ impl AdminBackend for RedisBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<()>> {
         async move {
+            // One hash per ten seconds, each with its own TTL: a limiter that
+            // never stops leaves no ever-growing key.
+            let bucket = traffic_bucket(key, second);
             let mut pipe = redis::pipe();
             pipe.cmd("HINCRBY")
-                .arg(key)
+                .arg(&bucket)
                 .arg(format!("{second}:a"))
                 .arg(admitted)
                 .ignore()
                 .cmd("HINCRBY")
-                .arg(key)
+                .arg(&bucket)
                 .arg(format!("{second}:r"))
                 .arg(refused)
                 .ignore()
                 .cmd("PEXPIRE")
-                .arg(key)
+                .arg(&bucket)
                 .arg(millis_ceil(ttl).max(1))
                 .ignore();
             let mut conn = self.conn.clone();
@@ -268,22 +301,33 @@ impl AdminBackend for RedisBackend {
         to: u64,
     ) -> BoxFuture<'a, Result<Vec<(u64, u64, u64)>>> {
         async move {
-            let seconds: Vec<u64> = (from..=to.max(from)).collect();
-            let fields: Vec<String> = seconds
-                .iter()
-                .flat_map(|s| [format!("{s}:a"), format!("{s}:r")])
-                .collect();
-            let values: Vec<Option<u64>> = self
-                .query(redis::cmd("HMGET").arg(key).arg(&fields))
-                .await?;
-            Ok(seconds
-                .iter()
-                .zip(values.chunks(2))
-                .filter_map(|(s, v)| {
-                    let (a, r) = (v[0].unwrap_or(0), v.get(1).copied().flatten().unwrap_or(0));
-                    (a + r > 0).then_some((*s, a, r))
-                })
-                .collect())
+            let mut out = Vec::new();
+            let mut second = from;
+            while second <= to.max(from) {
+                // The seconds of one bucket, in one read.
+                let last = (second / TRAFFIC_BUCKET_SECONDS + 1) * TRAFFIC_BUCKET_SECONDS - 1;
+                let seconds: Vec<u64> = (second..=last.min(to.max(from))).collect();
+                let fields: Vec<String> = seconds
+                    .iter()
+                    .flat_map(|s| [format!("{s}:a"), format!("{s}:r")])
+                    .collect();
+                let values: Vec<Option<u64>> = self
+                    .query(
+                        redis::cmd("HMGET")
+                            .arg(traffic_bucket(key, second))
+                            .arg(&fields),
+                    )
+                    .await?;
+                for (s, v) in seconds.iter().zip(values.chunks(2)) {
+                    let a = v[0].unwrap_or(0);
+                    let r = v.get(1).copied().flatten().unwrap_or(0);
+                    if a + r > 0 {
+                        out.push((*s, a, r));
+                    }
+                }
+                second = last + 1;
+            }
+            Ok(out)
         }
         .boxed()
     }
@@ -299,11 +343,11 @@ impl AdminBackend for RedisBackend {
             }
             let top: Vec<(String, f64)> = self
                 .query(
-                    redis::cmd("ZRANGE")
+                    // ZREVRANGE: Redis 5.0 has no ZRANGE … REV.
+                    redis::cmd("ZREVRANGE")
                         .arg(key)
                         .arg(0)
                         .arg(n - 1)
-                        .arg("REV")
                         .arg("WITHSCORES"),
                 )
                 .await?;
@@ -336,107 +380,106 @@ impl AdminBackend for RedisBackend {
     }
 }
 
-/// Watches `channel` for as long as the backend's clones live: its
-/// messages go to the listeners; a version stamp that moved by more than
-/// the messages heard (one was lost, or the subscription was down) makes
-/// them forget everything.
-async fn watch(
-    backend: RedisBackend,
-    watchers: Weak<Watchers>,
-    channel: String,
-    version_key: String,
-) {
-    let mut seen = backend.version(&version_key).await.unwrap_or(0);
+/// Watches a channel for as long as the backend's clones live. Messages
+/// carry the version stamp they set (`<version> <notice>`); a message of an
+/// unexpected version, a stamp that moved without one, or a subscription
+/// that was down makes the listeners forget everything (a message was
+/// missed).
+async fn watch(backend: RedisBackend, running: Running, version_key: String) {
+    let (watchers, channel) = (running.watchers.clone(), running.channel.clone());
+    let mut last = read_version(&backend, &version_key).await.unwrap_or(0);
     loop {
         let Some(nodes) = backend.pubsub_nodes().cloned() else {
-            poll_only(&backend, &watchers, &channel, &version_key, &mut seen).await;
+            // No pub/sub connection to make: the stamp alone.
+            while poll_once(&backend, &watchers, &channel, &version_key, &mut last).await {
+                tokio::time::sleep(VERSION_POLL).await;
+            }
             return;
         };
-        let client = match backend.cluster_connection() {
-            Some(mut conn) if nodes.follows_topology() => nodes.next_cluster_node(&mut conn).await,
-            _ => nodes.next_seed(),
-        };
         let subscribed = async {
+            let client = match backend.cluster_connection() {
+                Some(mut conn) if nodes.follows_topology() => {
+                    nodes.next_cluster_node(&mut conn).await
+                }
+                _ => nodes.next_seed(),
+            };
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(channel.as_str()).await?;
             redis::RedisResult::Ok(pubsub.into_on_message())
         };
-        let mut messages = match tokio::time::timeout(VERSION_POLL * 4, subscribed).await {
-            Ok(Ok(m)) => m,
-            _ => {
-                // Down: poll meanwhile, then try again.
-                if !poll_once(&backend, &watchers, &channel, &version_key, &mut seen, 0).await {
-                    return;
-                }
-                tokio::time::sleep(VERSION_POLL).await;
-                continue;
-            }
-        };
-        // Messages may have been missed while unsubscribed.
-        let mut heard: u64 = 0;
-        if !poll_once(
-            &backend,
-            &watchers,
-            &channel,
-            &version_key,
-            &mut seen,
-            u64::MAX,
-        )
-        .await
-        {
+        let subscribed = tokio::time::timeout(VERSION_POLL * 4, subscribed).await;
+        // Subscribed or not, what happened meanwhile is unknown until read.
+        if !poll_once(&backend, &watchers, &channel, &version_key, &mut last).await {
             return;
         }
+        let Ok(Ok(mut messages)) = subscribed else {
+            tokio::time::sleep(VERSION_POLL).await;
+            continue;
+        };
         let mut tick = tokio::time::interval(VERSION_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 message = messages.next() => {
                     let Some(message) = message else { break };
                     let Some(w) = watchers.upgrade() else { return };
                     let text: String = message.get_payload().unwrap_or_default();
-                    heard += 1;
-                    w.tell(&channel, &text);
+                    // Not an announcement (someone else's message): ignored.
+                    let Some((version, notice)) = text
+                        .split_once(' ')
+                        .and_then(|(v, n)| Some((v.parse::<u64>().ok()?, n)))
+                    else {
+                        continue;
+                    };
+                    if version != last + 1 {
+                        w.tell(&channel, EVERYTHING);
+                    }
+                    last = version;
+                    w.tell(&channel, notice);
                 }
                 _ = tick.tick() => {
-                    if !poll_once(&backend, &watchers, &channel, &version_key, &mut seen, heard).await {
+                    if !poll_once(&backend, &watchers, &channel, &version_key, &mut last).await {
                         return;
                     }
-                    heard = 0;
                 }
             }
         }
+        // The subscription ended (its node went away): again, after a pause.
+        tokio::time::sleep(VERSION_POLL).await;
     }
 }
 
-/// Reads the stamp: when it moved by more than `heard` messages, the
-/// listeners forget everything. `false` when the backend is gone.
+/// The stamp, bounded by a poll's interval (a hung connection holds up no
+/// message).
+async fn read_version(backend: &RedisBackend, version_key: &str) -> Option<u64> {
+    tokio::time::timeout(VERSION_POLL, backend.version(version_key))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Reads the stamp: any change from the last version known (a missed
+/// message, or a stamp that expired or was lost) makes the listeners forget
+/// everything. `false` when the backend is gone.
 async fn poll_once(
     backend: &RedisBackend,
     watchers: &Weak<Watchers>,
     channel: &str,
     version_key: &str,
-    seen: &mut u64,
-    heard: u64,
+    last: &mut u64,
 ) -> bool {
+    if watchers.strong_count() == 0 {
+        return false;
+    }
+    let v = read_version(backend, version_key).await;
     let Some(w) = watchers.upgrade() else {
         return false;
     };
-    if let Ok(v) = backend.version(version_key).await {
-        if v != *seen && v.saturating_sub(*seen) > heard {
+    if let Some(v) = v {
+        if v != *last {
             w.tell(channel, EVERYTHING);
+            *last = v;
         }
-        *seen = v;
     }
     true
-}
-
-async fn poll_only(
-    backend: &RedisBackend,
-    watchers: &Weak<Watchers>,
-    channel: &str,
-    version_key: &str,
-    seen: &mut u64,
-) {
-    while poll_once(backend, watchers, channel, version_key, seen, 0).await {
-        tokio::time::sleep(VERSION_POLL).await;
-    }
 }

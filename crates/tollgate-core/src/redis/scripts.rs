@@ -148,6 +148,7 @@ scripts! {
     IDEM_IN_FLIGHT => "idem_in_flight",
     RATE_BLOCK_SET => "rate_block_set",
     THROTTLED_ADD => "throttled_add",
+    ADMIN_ANNOUNCE => "admin_announce",
 }
 
 #[cfg(test)]

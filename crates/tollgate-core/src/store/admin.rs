@@ -9,8 +9,10 @@ use futures_util::future::BoxFuture;
 
 use crate::error::Result;
 
-/// Called with every message of the admin channel a store watches.
-pub type AdminListener = Arc<dyn Fn(&str) + Send + Sync>;
+/// Called with every message of the admin channel a store watches; returns
+/// whether it still wants them (a listener whose limiter is gone is
+/// dropped).
+pub type AdminListener = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 /// The longest an instance that missed an admin message keeps serving
 /// what it cached: a store's watcher polls the version stamp this often.

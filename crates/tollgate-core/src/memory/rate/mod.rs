@@ -32,10 +32,12 @@ impl MemoryBackend {
             return RateReply::new(true, smallvec![]);
         };
         let quota_keys = &req.keys[..req.quotas.len().min(req.keys.len())];
+        // A block runs on the store's own clock (as its TTL does on
+        // Redis), whatever clock the check carries.
         if let Some(left) = req
             .keys
             .get(req.quotas.len())
-            .and_then(|block| self.block_left(block, now))
+            .and_then(|block| self.block_left(block))
         {
             return RateReply::blocked(req.quotas.len(), left).at(now);
         }
