@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use http::{Method, StatusCode};
 use serde_json::Value;
-use tollgate::{LockBackend, Semaphore, Subject};
+use tollgate::{LockBackend, Semaphore};
 use tollgate_testkit::http::loopback::send_with;
 use tollgate_testkit::unique;
 
