@@ -78,6 +78,10 @@ impl AdminBackend for MemoryBackend {
         true
     }
 
+    fn may_block(&self) -> bool {
+        self.inner.admin.block_count.load(Ordering::Relaxed) > 0
+    }
+
     fn register<'a>(
         &'a self,
         key: &'a str,

@@ -468,12 +468,15 @@ fn take_keys(inner: &Inner, subject: &Subject) -> Vec<String> {
 /// script reads when the store has an operator plane (added only once the
 /// check goes to the store: a deny-cache answer needs none).
 fn add_block_key(inner: &Inner, subject: &Subject, keys: &mut [String]) {
-    if inner.operated.is_none() {
+    let Some(op) = &inner.operated else {
         return;
-    }
+    };
     let key = &mut keys[inner.quotas.len()];
     key.clear();
-    inner.keyspace.write_key_of(BLOCK_KIND, subject, key);
+    // An in-process store that holds no block reads none: left empty.
+    if op.store.may_block() {
+        inner.keyspace.write_key_of(BLOCK_KIND, subject, key);
+    }
 }
 
 fn return_keys(keys: Vec<String>) {

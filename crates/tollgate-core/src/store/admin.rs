@@ -45,6 +45,13 @@ pub trait AdminBackend: Send + Sync + 'static {
         false
     }
 
+    /// Whether a block may exist now: `false` lets a check leave its block
+    /// key out (an in-process store that knows it holds none). The default
+    /// is `true`: the check script reads it.
+    fn may_block(&self) -> bool {
+        true
+    }
+
     /// Writes `value` under `field` of the registry `key` (a hash), which
     /// then lives `ttl` (writers refresh it well before).
     fn register<'a>(

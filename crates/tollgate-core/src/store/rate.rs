@@ -168,7 +168,9 @@ pub struct RateRequest {
     pub algorithm: Algorithm,
     /// One key per quota, all sharing one hash tag; then, when operators'
     /// blocks apply, the subject's block key (same tag): a subject blocked
-    /// there is refused until the block ends ([`RateReply::blocked`]).
+    /// there is refused until the block ends ([`RateReply::blocked`]). It
+    /// is empty when the store said no block may exist
+    /// ([`AdminBackend::may_block`]).
     pub keys: Vec<String>,
     /// The quotas, in the same order as `keys` (shared with the limiter:
     /// no copy per check).

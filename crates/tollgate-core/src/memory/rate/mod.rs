@@ -37,6 +37,7 @@ impl MemoryBackend {
         if let Some(left) = req
             .keys
             .get(req.quotas.len())
+            .filter(|block| !block.is_empty())
             .and_then(|block| self.block_left(block))
         {
             return RateReply::blocked(req.quotas.len(), left).at(now);
