@@ -116,7 +116,21 @@ async fn raw(
     StatusCode::from_u16(code).unwrap()
 }
 
-/// Every key under `prefix:` on the shared Redis.
+/// Whether `key` is the operator plane's own bookkeeping under `prefix`
+/// (the registry, the admin version stamp, a limiter's traffic counts or
+/// throttled list): written by the limiters themselves, never from a request.
+fn operator_plane_key(prefix: &str, key: &str) -> bool {
+    let Some(rest) = key.strip_prefix(prefix).and_then(|k| k.strip_prefix(':')) else {
+        return false;
+    };
+    rest == "registry"
+        || rest == "admin:version"
+        || rest.starts_with("traffic:{")
+        || rest.starts_with("throttled:{")
+}
+
+/// Every key under `prefix:` on the shared Redis that a request wrote (the
+/// operator plane's own keys left out).
 async fn keys_under(prefix: &str) -> BTreeSet<String> {
     let mut conn = shared_redis().connection_manager().await;
     let mut cursor = 0u64;
@@ -132,7 +146,10 @@ async fn keys_under(prefix: &str) -> BTreeSet<String> {
             .await
             .unwrap();
         for k in keys {
-            out.insert(String::from_utf8(k).expect("keys are text"));
+            let k = String::from_utf8(k).expect("keys are text");
+            if !operator_plane_key(prefix, &k) {
+                out.insert(k);
+            }
         }
         if next == 0 {
             return out;
