@@ -241,7 +241,7 @@ impl RateLimiter {
             // The log's member prefix, and every charge's refund id.
             nonce: next_id(),
             deadline: None,
-            unclaimed: Some(inner.unclaimed.clone()),
+            unclaimed: None,
         };
         match inner.backend.check_rate_now(&request) {
             Some(outcome) => {
@@ -257,6 +257,9 @@ impl RateLimiter {
     async fn send(&self, mut prepared: Prepared, subject: &Subject) -> Result<Decision> {
         let inner = &self.inner;
         prepared.request.deadline = Instant::now().checked_add(inner.timeout);
+        // Only a round trip can come back after its caller left: a check
+        // decided in process carries no hook (no reference count per check).
+        prepared.request.unclaimed = Some(inner.unclaimed.clone());
         let outcome = {
             // A span per round trip (none in process): what a trace of a
             // slow request shows.
