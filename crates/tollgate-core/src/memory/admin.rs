@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::{self, BoxFuture};
@@ -153,19 +153,11 @@ impl AdminBackend for MemoryBackend {
             .get(channel)
             .cloned()
             .unwrap_or_default();
-        let gone: Vec<usize> = listeners
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l(message))
-            .map(|(i, _)| i)
-            .collect();
+        // A listener whose limiter is gone says so: it is dropped.
+        let gone: Vec<AdminListener> = listeners.into_iter().filter(|l| !l(message)).collect();
         if !gone.is_empty() {
             if let Some(list) = guard(&self.inner.admin.listeners).get_mut(channel) {
-                let mut i = 0;
-                list.retain(|_| {
-                    i += 1;
-                    !gone.contains(&(i - 1))
-                });
+                list.retain(|l| !gone.iter().any(|g| Arc::ptr_eq(g, l)));
             }
         }
         ready(())

@@ -56,15 +56,11 @@ impl Watchers {
             .get(channel)
             .map(|c| c.listeners.clone())
             .unwrap_or_default();
-        let gone: Vec<*const ()> = listeners
-            .iter()
-            .filter(|l| !l(message))
-            .map(|l| Arc::as_ptr(l).cast::<()>())
-            .collect();
+        let gone: Vec<AdminListener> = listeners.into_iter().filter(|l| !l(message)).collect();
         if !gone.is_empty() {
             if let Some(c) = self.lock().get_mut(channel) {
                 c.listeners
-                    .retain(|l| !gone.contains(&Arc::as_ptr(l).cast::<()>()));
+                    .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(g, l)));
             }
         }
     }
