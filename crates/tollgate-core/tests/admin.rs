@@ -39,6 +39,14 @@ async fn clustered() -> Backend {
         .into()
 }
 
+/// Waits until a limiter has registered under `admin`'s prefix.
+async fn registered(admin: &Admin) {
+    eventually(WAIT, "registered", || async {
+        admin.limiters().await.ok().filter(|l| !l.is_empty())
+    })
+    .await;
+}
+
 /// Everything one store offers, in one scenario.
 async fn operations(backend: Backend, prefix: &str) {
     let l = login(&backend, prefix, 0);
@@ -247,10 +255,7 @@ async fn fleet_wide(a: Backend, b: Backend, raw: impl Fn(&[&str]) -> String) {
     let prefix = prefix();
     let (la, lb) = (login(&a, &prefix, 1000), login(&b, &prefix, 1000));
     let admin = Admin::new(a.clone()).with_prefix(&prefix);
-    eventually(WAIT, "registered", || async {
-        admin.limiters().await.ok().filter(|l| !l.is_empty())
-    })
-    .await;
+    registered(&admin).await;
 
     cached_denial(&lb, "carol").await;
     admin.reset("login", &Subject::new("carol")).await.unwrap();
@@ -326,10 +331,7 @@ async fn a_block_reaches_the_local_fallback() {
         .build()
         .unwrap();
     let admin = Admin::new(backend).with_prefix(&prefix);
-    eventually(WAIT, "registered", || async {
-        admin.limiters().await.ok().filter(|l| !l.is_empty())
-    })
-    .await;
+    registered(&admin).await;
     let mallory = Subject::new("mallory");
     admin
         .block("api", &mallory, Duration::from_secs(60))
@@ -373,10 +375,7 @@ async fn a_block_holds_for_several_quotas() {
             .build()
             .unwrap();
         let admin = Admin::new(backend).with_prefix(&prefix);
-        eventually(WAIT, "registered", || async {
-            admin.limiters().await.ok().filter(|l| !l.is_empty())
-        })
-        .await;
+        registered(&admin).await;
         let s = Subject::new("s");
         admin
             .block("multi", &s, Duration::from_secs(60))
@@ -402,10 +401,7 @@ async fn a_message_missed_while_the_subscription_was_down_is_caught_up() {
     let prefix = prefix();
     let (_la, lb) = (login(&a, &prefix, 1000), login(&b, &prefix, 1000));
     let admin = Admin::new(a).with_prefix(&prefix);
-    eventually(WAIT, "registered", || async {
-        admin.limiters().await.ok().filter(|l| !l.is_empty())
-    })
-    .await;
+    registered(&admin).await;
     cached_denial(&lb, "frank").await;
     // Every subscription is cut, and the reset is published before any
     // instance is back (a watcher waits before it subscribes again).
@@ -428,10 +424,7 @@ async fn the_watcher_starts_with_the_first_limiter_on_a_runtime() {
     };
     let lb = login(&b, &prefix, 1000);
     let admin = Admin::new(a).with_prefix(&prefix);
-    eventually(WAIT, "registered", || async {
-        admin.limiters().await.ok().filter(|l| !l.is_empty())
-    })
-    .await;
+    registered(&admin).await;
     cached_denial(&lb, "grace").await;
     admin.reset("login", &Subject::new("grace")).await.unwrap();
     admitted_again(&lb, "grace").await;
@@ -459,10 +452,7 @@ async fn a_block_holds_whatever_the_limiters_clock() {
             .build()
             .unwrap();
         let admin = Admin::new(backend).with_prefix(&prefix);
-        eventually(WAIT, "registered", || async {
-            admin.limiters().await.ok().filter(|l| !l.is_empty())
-        })
-        .await;
+        registered(&admin).await;
         let s = Subject::new("s");
         admin
             .block("clocked", &s, Duration::from_secs(60))
