@@ -73,7 +73,7 @@ use axum::{Extension, Json, Router};
 use serde_json::json;
 use tollgate::admin::{Admin, AdminRouter};
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
-use tollgate::tower::key::ExtensionKey;
+use tollgate::tower::key::{hashed_subject, ExtensionKey};
 use tollgate::tower::rate_limit::PlanExtension;
 use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer, RateLimitLayer};
 use tollgate::{
@@ -114,11 +114,8 @@ impl ApiKey {
     /// operator plane shows subject ids, and an API key is a secret),
     /// labelled with its first 4 characters and `…`.
     pub(crate) fn subject(&self) -> Subject {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(self.0.as_bytes());
-        let id: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         let shown: String = self.0.chars().take(4).collect();
-        Subject::new(id).with_label(format!("{shown}…"))
+        hashed_subject(self.0.as_bytes()).with_label(format!("{shown}…"))
     }
 
     /// The caller's plan: keys that start with `pro-` are on pro.

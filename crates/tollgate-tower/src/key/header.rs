@@ -86,7 +86,7 @@ impl KeyExtractor for HeaderKey {
             .map(|v| v.as_bytes())
             .filter(|v| !v.is_empty());
         match value {
-            Some(v) if self.hashed => Ok(Some(Subject::new(hash_hex(v)))),
+            Some(v) if self.hashed => Ok(Some(hashed_subject(v))),
             Some(v) => Ok(Some(Subject::new(v))),
             None if self.optional => Ok(None),
             None => Err(KeyError::unauthorized(format!(
@@ -95,6 +95,20 @@ impl KeyExtractor for HeaderKey {
             ))),
         }
     }
+}
+
+/// The subject a hashed [`HeaderKey`] keys `value` by: `h:` and the first
+/// 16 bytes of its SHA-256 in hex. For keying a secret (an API key) the
+/// same way where it is read otherwise — from an extension, or a raw value
+/// an operator looks up.
+///
+/// ```
+/// use tollgate::tower::key::hashed_subject;
+///
+/// assert_eq!(hashed_subject(b"abc").as_encoded(), "h%3Aba7816bf8f01cfea414140de5dae2223");
+/// ```
+pub fn hashed_subject(value: &[u8]) -> Subject {
+    Subject::new(hash_hex(value))
 }
 
 /// `h:` and the first 16 bytes of the value's SHA-256, in lower-case hex,

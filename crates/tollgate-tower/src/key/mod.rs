@@ -37,7 +37,7 @@ use tollgate_core::Subject;
 pub use self::cidr::{Cidr, InvalidCidr};
 pub use self::compound::Or;
 pub use self::forwarded::{ClientIp, ForwardedHeader};
-pub use self::header::{ExtensionKey, HeaderKey};
+pub use self::header::{hashed_subject, ExtensionKey, HeaderKey};
 pub use self::ip::{peer_addr, PeerIp};
 pub(crate) use self::route::route_of;
 pub use self::route::RouteKey;
