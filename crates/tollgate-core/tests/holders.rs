@@ -4,8 +4,10 @@
 //! plain API and the operator's [`Admin`], on memory, a standalone
 //! redis-server and a 3-master cluster (real processes).
 
+mod store_common;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -16,40 +18,11 @@ use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore};
 use tollgate_core::lock::{AcquireReply, AcquireRequest, LockHolder, LockKeys, ReleaseEvents};
 use tollgate_core::{
     Algorithm, Backend, FencingToken, Keyspace, LockBackend, LockOptions, Locker, ManualClock,
-    MemoryBackend, Quota, RateLimiter, RedisBackend, Semaphore, Subject,
+    MemoryBackend, Quota, RateLimiter, Semaphore, Subject,
 };
-use tollgate_testkit::{eventually, unique, RedisCluster, RedisServer};
+use tollgate_testkit::{eventually, unique, RedisServer};
 
-fn server() -> &'static RedisServer {
-    static S: OnceLock<RedisServer> = OnceLock::new();
-    S.get_or_init(|| RedisServer::start().expect("redis-server"))
-}
-
-fn cluster() -> &'static RedisCluster {
-    static C: OnceLock<RedisCluster> = OnceLock::new();
-    C.get_or_init(|| RedisCluster::start().expect("redis cluster"))
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Memory,
-    Standalone,
-    Cluster,
-}
-
-async fn backend(kind: Kind) -> Backend {
-    match kind {
-        Kind::Memory => Backend::memory(),
-        Kind::Standalone => RedisBackend::connect(&server().url())
-            .await
-            .expect("redis")
-            .into(),
-        Kind::Cluster => RedisBackend::connect_cluster(cluster().seeds())
-            .await
-            .expect("cluster")
-            .into(),
-    }
-}
+use store_common::{backend, cluster, server, Kind};
 
 /// The holders under `prefix`, in a stable order.
 async fn holders(backend: &Backend, prefix: &str) -> Vec<LockHolder> {

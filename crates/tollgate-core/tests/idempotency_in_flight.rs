@@ -4,7 +4,8 @@
 //! not — through the store trait and the operator's [`Admin`], on memory, a
 //! standalone redis-server and a 3-master cluster (real processes).
 
-use std::sync::OnceLock;
+mod store_common;
+
 use std::time::Duration;
 
 use tollgate_core::admin::Admin;
@@ -12,41 +13,10 @@ use tollgate_core::idempotency::{
     Claim, ClaimReply, ClaimRequest, Claimed, Fingerprint, IdempotencyBackend, IdempotencyStore,
     InFlightRecord, StoredResponse,
 };
-use tollgate_core::{
-    Backend, LockOptions, Locker, ManualClock, MemoryBackend, RedisBackend, Subject,
-};
-use tollgate_testkit::{eventually, unique, RedisCluster, RedisServer};
+use tollgate_core::{Backend, LockOptions, Locker, ManualClock, MemoryBackend, Subject};
+use tollgate_testkit::{eventually, unique};
 
-fn server() -> &'static RedisServer {
-    static S: OnceLock<RedisServer> = OnceLock::new();
-    S.get_or_init(|| RedisServer::start().expect("redis-server"))
-}
-
-fn cluster() -> &'static RedisCluster {
-    static C: OnceLock<RedisCluster> = OnceLock::new();
-    C.get_or_init(|| RedisCluster::start().expect("redis cluster"))
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    Memory,
-    Standalone,
-    Cluster,
-}
-
-async fn backend(kind: Kind) -> Backend {
-    match kind {
-        Kind::Memory => Backend::memory(),
-        Kind::Standalone => RedisBackend::connect(&server().url())
-            .await
-            .expect("redis")
-            .into(),
-        Kind::Cluster => RedisBackend::connect_cluster(cluster().seeds())
-            .await
-            .expect("cluster")
-            .into(),
-    }
-}
+use store_common::{backend, server, Kind};
 
 /// The records in flight under `prefix`, by subject.
 async fn in_flight(backend: &Backend, prefix: &str) -> Vec<InFlightRecord> {
