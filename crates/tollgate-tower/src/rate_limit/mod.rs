@@ -73,6 +73,7 @@
 //!
 //! [`Decision`]: tollgate_core::Decision
 
+mod actual;
 mod future;
 mod layer;
 mod outcome;
@@ -81,6 +82,7 @@ mod service;
 
 use http::request::Parts;
 
+pub use self::actual::{ActualCost, CostExtension, CostHeader, ResponseCost};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::outcome::CountResponse;
