@@ -24,6 +24,7 @@ mod limiter;
 pub mod plans;
 mod quota_decisions;
 mod refund;
+mod settle;
 
 pub use builder::RateLimiterBuilder;
 
@@ -38,6 +39,7 @@ pub use limiter::{PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
 pub use plans::{Plan, PlanTable, PlanTableBuilder, Plans};
 pub use quota_decisions::QuotaDecisions;
 pub use refund::Charge;
+pub use settle::Settlement;
 
 impl Algorithm {
     /// How long after an admitted check (`d`) its refund can still give
