@@ -4,7 +4,7 @@
 -- the check reads it) counts the difference, never above limit + debt.
 if applied then
   for i = 1, q do
-    local key, limit, period = KEYS[i + 1], ARGV[6 + 2 * i] + 0, ARGV[7 + 2 * i] + 0
+    local key, limit, period = KEYS[i + 1], ARGV[7 + 2 * i] + 0, ARGV[8 + 2 * i] + 0
     local v = stored_string(key)
     local w, count
     if v then w, count = string.match(v, '^(%d+):(%d+)$') end

@@ -6,7 +6,7 @@
 if applied then
   for i = 1, q do
     local key = KEYS[i + 1]
-    local interval, per = interval_of(ARGV[7 + 2 * i])
+    local interval, per = interval_of(ARGV[8 + 2 * i])
     local tat = stored_instant(key, per)
     if give > 0 then
       if tat and not own_span_passed(i) then
@@ -20,7 +20,7 @@ if applied then
       end
     else
       tat = math.max(tat or 0, 0)
-      local most = (ARGV[6 + 2 * i] + debt_of(i)) * interval
+      local most = (ARGV[7 + 2 * i] + debt_of(i)) * interval
       tat = math.min(tat + owe * interval, math.max(tat, most))
       redis.call('SET', key, instant(tat, per), 'PX',
         string.format('%d', math.max(math.ceil(ceil_us(tat, per) / 1000), 1)))

@@ -11,8 +11,10 @@
 -- ARGV[4]: the instant the check decided at (µs).
 -- ARGV[5]: how long after it the settle may still be applied (µs).
 -- ARGV[6]: actual units. ARGV[7]: the most debt per quota, or '' for each
--- quota's own limit or burst.
--- ARGV[6+2i], ARGV[7+2i]: quota i's parameters, as the check's.
+-- quota's own limit or burst. ARGV[8]: how long after the check the marker
+-- lives (µs): the longest horizon of either direction, so that a settle
+-- refused as a replay stays refused whichever way a later one goes.
+-- ARGV[7+2i], ARGV[8+2i]: quota i's parameters, as the check's.
 -- Then, for a give-back on a token bucket or GCRA, each quota's own span
 -- (µs), in order.
 local at, q = ARGV[4] + 0, n - 1
@@ -20,22 +22,21 @@ local delta = ARGV[6] - cost
 -- Units to give back (under the estimate) or to owe (over it).
 local give, owe = math.max(-delta, 0), math.max(delta, 0)
 local applied = false
-local left = at + ARGV[5] - now
-if delta ~= 0 and left > 0 then
-  -- The marker lives as long as the settle could apply, so a replay after
-  -- a lost reply finds it and changes nothing twice.
+if delta ~= 0 and at + ARGV[5] > now then
+  -- The marker lives as long as any settle of the charge could apply, so
+  -- a replay after a lost reply finds it and changes nothing twice.
   applied = redis.call('SET', KEYS[1], '1', 'NX', 'PX',
-    string.format('%d', math.ceil(left / 1000))) and true or false
+    string.format('%d', math.ceil((at + ARGV[8] - now) / 1000))) and true or false
 end
 -- The most debt quota i may carry (units).
 local function debt_of(i)
   if ARGV[7] ~= '' then return ARGV[7] + 0 end
-  return ARGV[6 + 2 * i] + 0
+  return ARGV[7 + 2 * i] + 0
 end
 -- Whether quota i's own give-back span has passed: past it, a bucket may
 -- have refilled what the charge took, so nothing is given.
 local function own_span_passed(i)
-  local span = ARGV[7 + 2 * q + i]
+  local span = ARGV[8 + 2 * q + i]
   return span and at + span <= now
 end
 -- Rewrites a window's value under its current TTL (KEEPTTL needs Redis 6).

@@ -6,7 +6,7 @@
 local keys, args = {}, {ARGV[1], '0', ARGV[3]}
 for i = 1, q do
   keys[i] = KEYS[i + 1]
-  args[2 + 2 * i], args[3 + 2 * i] = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
+  args[2 + 2 * i], args[3 + 2 * i] = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
 end
 cost, n = 0, q
 local reply = check(keys, args)

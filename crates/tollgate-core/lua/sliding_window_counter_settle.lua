@@ -6,7 +6,7 @@
 -- limit + debt.
 if applied then
   for i = 1, q do
-    local key, limit, p = KEYS[i + 1], ARGV[6 + 2 * i] + 0, ARGV[7 + 2 * i] + 0
+    local key, limit, p = KEYS[i + 1], ARGV[7 + 2 * i] + 0, ARGV[8 + 2 * i] + 0
     local v = stored_string(key)
     local w, prev, cur
     if v then w, prev, cur = string.match(v, '^(%d+):(%d+):(%d+)$') end

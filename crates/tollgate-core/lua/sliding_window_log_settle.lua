@@ -33,7 +33,7 @@ if applied then
     if give > 0 then
       members(cost - give, cost)
     else
-      local limit, period = ARGV[6 + 2 * i] + 0, ARGV[7 + 2 * i] + 0
+      local limit, period = ARGV[7 + 2 * i] + 0, ARGV[8 + 2 * i] + 0
       -- As the check's trim: a key of another type is not a log.
       if type(redis.pcall('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))) == 'table' then
         redis.call('DEL', key)

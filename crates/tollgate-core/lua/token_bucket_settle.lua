@@ -6,8 +6,8 @@
 if applied then
   for i = 1, q do
     local key = KEYS[i + 1]
-    local interval, per = interval_of(ARGV[7 + 2 * i])
-    local full = ARGV[6 + 2 * i] * interval
+    local interval, per = interval_of(ARGV[8 + 2 * i])
+    local full = ARGV[7 + 2 * i] * interval
     local empty = stored_instant(key, per)
     if give > 0 then
       if empty and not own_span_passed(i) then

@@ -196,6 +196,12 @@ async fn a_late_debt_is_refused() {
             let s = l.settle("s", &c, 5).await.unwrap();
             assert!(!s.applied, "{what}");
             assert_eq!(s.decision.remaining, 5, "{what}: nothing owed");
+            // A give-back's marker outlives its own (shorter) horizon: a
+            // debt settled later, within the debt's, is still a replay.
+            let c = l.check_n("s", 5).await.unwrap().charge.unwrap();
+            assert!(l.settle("s", &c, 4).await.unwrap().applied, "{what}");
+            clock.advance(Duration::from_secs(horizon) - Duration::from_millis(1));
+            assert!(!l.settle("s", &c, 9).await.unwrap().applied, "{what}: once");
         }
     }
 }

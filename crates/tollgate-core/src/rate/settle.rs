@@ -38,18 +38,17 @@ pub(super) fn settle_request(
     actual: u64,
     now_micros: Option<u64>,
 ) -> SettleRequest {
+    // A give-back reaches what still counts: a refund's spans. A debt is
+    // owed for as long as the charge or any quota's period could still be
+    // counting.
+    let spans = algorithm.quota_refund_spans(quotas, charge.cost, charge.span_micros);
+    let give_back = spans.iter().copied().fold(charge.span_micros, u64::max);
+    let period = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(0);
+    let debt = charge.span_micros.max(period);
     let (span_micros, quota_spans_micros) = if actual < charge.cost {
-        // A give-back reaches what still counts: a refund's spans.
-        let spans = algorithm.quota_refund_spans(quotas, charge.cost, charge.span_micros);
-        (
-            spans.iter().copied().fold(charge.span_micros, u64::max),
-            spans,
-        )
+        (give_back, spans)
     } else {
-        // A debt is owed for as long as the charge or any quota's period
-        // could still be counting.
-        let period = quotas.iter().map(|q| q.period_micros()).max().unwrap_or(0);
-        (charge.span_micros.max(period), Vec::new())
+        (debt, Vec::new())
     };
     SettleRequest {
         algorithm,
@@ -63,6 +62,7 @@ pub(super) fn settle_request(
         id: charge.id,
         at_micros: charge.at_micros,
         span_micros,
+        marker_span_micros: give_back.max(debt),
         quota_spans_micros,
     }
 }

@@ -326,6 +326,7 @@ impl RateBackend for RedisBackend {
                         Some(debt) => cmd.arg(debt),
                         None => cmd.arg(""),
                     };
+                    cmd.arg(req.marker_span_micros.max(req.span_micros));
                     quota_args(cmd, req.algorithm, &req.quotas);
                     for span in &req.quota_spans_micros {
                         cmd.arg(*span);

@@ -259,6 +259,10 @@ pub struct SettleRequest {
     /// for a give-back the longest of the quotas' refund spans, for a debt
     /// the longer of that and the longest quota period.
     pub span_micros: u64,
+    /// How long after `at_micros` the marker lives (µs): the longest
+    /// horizon of either direction, at least `span_micros`, so that a
+    /// charge settled once stays settled whichever way a replay goes.
+    pub marker_span_micros: u64,
     /// Per quota, how long after `at_micros` a give-back may still reach
     /// it (µs); empty when every quota's span is `span_micros` (the
     /// windows, and every debt). A token bucket's or GCRA's quota stops one

@@ -29,7 +29,9 @@ impl MemoryBackend {
                 req.marker.clone(),
                 Entry {
                     slot: Slot::Marker,
-                    expires_at: until,
+                    expires_at: req
+                        .at_micros
+                        .saturating_add(req.marker_span_micros.max(req.span_micros)),
                 },
             );
             adjust(&mut shard, req, now);
