@@ -17,6 +17,7 @@
 
 use std::time::Duration;
 
+mod acquire;
 mod admin;
 pub(crate) mod builder;
 mod deny_cache;
@@ -149,6 +150,9 @@ pub struct Decision {
     /// denied, for a cost of 0, or when a failure policy admitted without
     /// taking anything.
     pub charge: Option<Charge>,
+    /// How long until the slot of an admission reserved ahead (see
+    /// [`RateLimiter::acquire`]); zero otherwise.
+    pub(crate) slot_in: Duration,
 }
 
 impl Decision {
@@ -200,6 +204,7 @@ impl Decision {
             quotas: per,
             source,
             charge: None,
+            slot_in: Duration::ZERO,
         }
     }
 
