@@ -99,7 +99,13 @@ impl RateLimiter {
                     subject: &subject,
                     charge: d.charge,
                 };
-                self.wait(d.slot_in).await;
+                // On a configured clock the slot is an instant of it (the
+                // charge's); else the wait runs from the reply, never early.
+                let slot = d.charge.filter(|_| self.inner.clock.is_some());
+                match slot {
+                    Some(c) => self.wait_for_clock(c.at_micros()).await,
+                    None => self.wait(d.slot_in).await,
+                }
                 held.keep();
                 d.slot_in = Duration::ZERO;
                 return Ok(d);
@@ -129,7 +135,15 @@ impl RateLimiter {
             return;
         };
         let micros = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
-        let until = clock.now_micros().saturating_add(micros);
+        self.wait_for_clock(clock.now_micros().saturating_add(micros))
+            .await;
+    }
+
+    /// Waits until the configured clock reads `until` (at once without one).
+    async fn wait_for_clock(&self, until: u64) {
+        let Some(clock) = &self.inner.clock else {
+            return;
+        };
         loop {
             let now = clock.now_micros();
             if now >= until {
