@@ -14,6 +14,14 @@
 //! of the same code, see [`Coalescing`](crate::Coalescing)), timed by the Redis server unless a client [`Clock`](crate::Clock)
 //! is configured, and every key it writes has a TTL. A denied request consumes
 //! nothing. Several quotas on one subject are checked together, all or nothing.
+//!
+//! [`RateLimiter::acquire`] waits for a slot instead of a refusal: a token
+//! bucket or GCRA reserves the earliest slot within the wait on the store in
+//! the check's one round trip (the same script, one argument more, read only
+//! when the cost does not fit now; coalesced checks carry it in the batch
+//! too), so waiters across the fleet are served in reservation order; the
+//! windows wait out a retry-after that fits and check again (no order
+//! across the fleet).
 
 use std::time::Duration;
 
