@@ -3,7 +3,7 @@
 -- (`check`, see settle_prelude.lua) on the quota keys, without a block key.
 -- Returns {applied (1 or 0), then the check's reply: allowed, now, and per
 -- quota remaining, reset_after_us, retry_after_us, next_us}.
-local keys, args = {}, {ARGV[1], '0', ARGV[3]}
+local keys, args = {}, {ARGV[1], '0', ''}
 for i = 1, q do
   keys[i] = KEYS[i + 1]
   args[2 + 2 * i], args[3 + 2 * i] = ARGV[7 + 2 * i], ARGV[8 + 2 * i]

@@ -77,9 +77,14 @@ impl Call<'_> {
             inv.key(format!("{{{}}}:q{i}", self.key));
         }
         inv.arg(now.map_or(String::new(), |n| n.to_string()))
-            .arg(cost)
-            // A fresh nonce per call, as the client draws: the log's members.
-            .arg(format!("{:016x}", NONCE.fetch_add(1, Ordering::Relaxed)));
+            .arg(cost);
+        // ARGV[3], as the client sends it: a fresh nonce per call for the
+        // log's members; for the others no wait for a slot (a plain check).
+        if self.key.starts_with("sliding_window_log:") {
+            inv.arg(format!("{:016x}", NONCE.fetch_add(1, Ordering::Relaxed)));
+        } else {
+            inv.arg("");
+        }
         for (a, b) in self.quotas {
             inv.arg(*a).arg(*b);
         }

@@ -258,6 +258,7 @@ impl RateLimiter {
             cost: 0,
             now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
             nonce: super::refund::next_id(),
+            max_wait_micros: 0,
             deadline: None,
             unclaimed: None,
         };

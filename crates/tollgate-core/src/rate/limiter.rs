@@ -154,9 +154,23 @@ impl RateLimiter {
     /// not an outage, so no policy admits it.
     pub async fn check_n(&self, subject: impl Into<Subject>, cost: u64) -> Result<Decision> {
         let subject = subject.into();
-        match self.start(&subject, cost) {
+        match self.start(&subject, cost, 0) {
             Ok(decided) => decided,
             Err(prepared) => self.send(prepared, &subject).await,
+        }
+    }
+
+    /// [`check_n`](Self::check_n) that a token bucket or GCRA may admit at
+    /// a slot up to `max_wait_micros` ahead (see [`RateLimiter::acquire`]).
+    pub(super) async fn check_for_slot(
+        &self,
+        subject: &Subject,
+        cost: u64,
+        max_wait_micros: u64,
+    ) -> Result<Decision> {
+        match self.start(subject, cost, max_wait_micros) {
+            Ok(decided) => decided,
+            Err(prepared) => self.send(prepared, subject).await,
         }
     }
 
@@ -190,18 +204,22 @@ impl RateLimiter {
         subject: &Subject,
         cost: u64,
     ) -> std::result::Result<Result<Decision>, PendingCheck> {
-        self.start(subject, cost).map_err(|prepared| PendingCheck {
-            limiter: self.clone(),
-            subject: subject.clone(),
-            prepared,
-        })
+        self.start(subject, cost, 0)
+            .map_err(|prepared| PendingCheck {
+                limiter: self.clone(),
+                subject: subject.clone(),
+                prepared,
+            })
     }
 
     /// Everything up to the round trip; `Err` carries the request to send.
+    // Moved, not boxed: a box would cost an allocation per round trip.
+    #[allow(clippy::result_large_err)]
     fn start(
         &self,
         subject: &Subject,
         cost: u64,
+        max_wait_micros: u64,
     ) -> std::result::Result<Result<Decision>, Prepared> {
         let inner = &self.inner;
         for q in inner.quotas.iter() {
@@ -219,7 +237,17 @@ impl RateLimiter {
             0
         };
         if let Some(cache) = &inner.deny_cache {
-            if let Some(d) = cache.get(&keys[0], cost, sent_at) {
+            // A bucket reserves a wait that fits on the store: a cached
+            // denial answers only a wait longer than the caller's.
+            let reserves = max_wait_micros > 0 && inner.algorithm.uses_burst();
+            let fits = |d: &Decision| {
+                d.retry_after
+                    .is_some_and(|r| r.as_micros() <= u128::from(max_wait_micros))
+            };
+            if let Some(d) = cache
+                .get(&keys[0], cost, sent_at)
+                .filter(|d| !(reserves && fits(d)))
+            {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
                 if let Some(op) = &inner.operated {
                     op.tally.denied(subject);
@@ -242,6 +270,7 @@ impl RateLimiter {
             now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
             // The log's member prefix, and every charge's refund id.
             nonce: next_id(),
+            max_wait_micros,
             deadline: None,
             unclaimed: None,
         };
@@ -323,6 +352,10 @@ impl RateLimiter {
         reply: &RateReply,
     ) -> Decision {
         let inner = &self.inner;
+        // A reservation is decided as the admission it is at its slot.
+        let wait = reply.wait_micros();
+        let slot = reply.at_slot();
+        let reply = slot.as_ref().unwrap_or(reply);
         let mut d = Decision::from_outcomes(
             inner.algorithm,
             &inner.quotas,
@@ -331,6 +364,7 @@ impl RateLimiter {
             DecisionSource::Backend,
         );
         d.charge = charge_of(inner.algorithm, request, reply, &d);
+        d.slot_in = Duration::from_micros(wait);
         if reply.allowed {
             if let Some(op) = &inner.operated {
                 op.tally.admitted();
@@ -406,7 +440,7 @@ impl RateLimiter {
                 // the global quota, so it may pass once the backend is back.
                 // Its denial reports the local state: a peek, which takes nothing.
                 let oversized = cost > most;
-                match fallback.start(subject, if oversized { 0 } else { cost }) {
+                match fallback.start(subject, if oversized { 0 } else { cost }, 0) {
                     Ok(decided) if oversized => decided.map(|d| deny_oversized(cost, d)),
                     Ok(decided) => decided.map(|mut d| {
                         d.source = DecisionSource::Fallback;

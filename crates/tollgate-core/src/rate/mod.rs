@@ -29,9 +29,18 @@
 //! | [`Algorithm::SlidingWindowCounter`] | the window current at the settle counts the difference, never above limit + max_debt |
 //! | [`Algorithm::TokenBucket`] | the tokens go below zero, never below −max_debt |
 //! | [`Algorithm::Gcra`] | the TAT moves later by the difference's intervals, never beyond now + (burst + max_debt) intervals |
+//!
+//! [`RateLimiter::acquire`] waits for a slot instead of a refusal: a token
+//! bucket or GCRA reserves the earliest slot within the wait on the store in
+//! the check's one round trip (the same script, one argument more, read only
+//! when the cost does not fit now; coalesced checks carry it in the batch
+//! too), so waiters across the fleet are served in reservation order; the
+//! windows wait out a retry-after that fits and check again (no order
+//! across the fleet).
 
 use std::time::Duration;
 
+mod acquire;
 mod admin;
 pub(crate) mod builder;
 mod deny_cache;
@@ -166,6 +175,9 @@ pub struct Decision {
     /// denied, for a cost of 0, or when a failure policy admitted without
     /// taking anything.
     pub charge: Option<Charge>,
+    /// How long until the slot of an admission reserved ahead (see
+    /// [`RateLimiter::acquire`]); zero otherwise.
+    pub(crate) slot_in: Duration,
 }
 
 impl Decision {
@@ -217,6 +229,7 @@ impl Decision {
             quotas: per,
             source,
             charge: None,
+            slot_in: Duration::ZERO,
         }
     }
 

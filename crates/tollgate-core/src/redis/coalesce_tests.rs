@@ -82,6 +82,7 @@ fn request(subject: &str, nonce: u64) -> RateRequest {
         cost: 1,
         now_micros: None,
         nonce,
+        max_wait_micros: 0,
         deadline: None,
         unclaimed: None,
     }

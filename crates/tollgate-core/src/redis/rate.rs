@@ -167,9 +167,12 @@ fn fill_check(cmd: &mut Cmd, req: &RateRequest, deadline: Option<u64>) {
         None => cmd.arg(""),
     };
     cmd.arg(req.cost);
-    // Only the sliding log reads the nonce (ARGV[3]).
+    // ARGV[3]: the sliding log's nonce; the buckets' wait for a slot ('' for
+    // none, the plain check); the other windows read nothing there.
     if req.algorithm == Algorithm::SlidingWindowLog {
         cmd.arg(format!("{:016x}", req.nonce));
+    } else if req.max_wait_micros > 0 && req.algorithm.uses_burst() {
+        cmd.arg(req.max_wait_micros);
     } else {
         cmd.arg("");
     }

@@ -182,6 +182,13 @@ pub struct RateRequest {
     pub now_micros: Option<u64>,
     /// A random value that makes log entries unique.
     pub nonce: u64,
+    /// How long the caller may wait for a slot (µs); 0 for a plain check.
+    /// A token bucket or GCRA admits a cost that fits only later, within
+    /// this wait, at its slot (a reservation: taken now, for then), and
+    /// replies it admitted with the wait as every quota's
+    /// [`Outcome::retry_after_micros`] and the other figures as of the slot
+    /// (see [`RateReply::wait_micros`]). The windows ignore it.
+    pub max_wait_micros: u64,
     /// When its caller stops waiting (this process's clock). A store that
     /// answers across a network passes it on, so that a check decided after
     /// it takes nothing: its caller was answered without it.
@@ -214,6 +221,8 @@ impl Unclaimed {
     /// something (else nothing to do).
     pub fn give_back(request: &RateRequest, reply: &RateReply) -> Option<BoxFuture<'static, ()>> {
         let this = request.unclaimed.as_ref()?;
+        let slot = reply.at_slot();
+        let reply = slot.as_ref().unwrap_or(reply);
         (reply.allowed && request.cost > 0).then(|| (this.0)(request, reply))
     }
 }
@@ -327,6 +336,30 @@ impl RateReply {
     pub fn at(mut self, now_micros: u64) -> Self {
         self.now_micros = now_micros;
         self
+    }
+
+    /// How long until the slot of an admission reserved ahead (µs; see
+    /// [`RateRequest::max_wait_micros`]): every quota's retry-after, which
+    /// an admission for now leaves at 0. 0 for a denial.
+    pub fn wait_micros(&self) -> u64 {
+        match self.outcomes.first() {
+            Some(o) if self.allowed => o.retry_after_micros,
+            _ => 0,
+        }
+    }
+
+    /// A reservation as the admission it is at its slot: decided then, no
+    /// wait left (`None` for an admission for now or a denial).
+    pub(crate) fn at_slot(&self) -> Option<RateReply> {
+        let wait = self.wait_micros();
+        (wait > 0).then(|| {
+            let mut r = self.clone();
+            r.now_micros = r.now_micros.saturating_add(wait);
+            for o in &mut r.outcomes {
+                o.retry_after_micros = 0;
+            }
+            r
+        })
     }
 }
 

@@ -6,11 +6,12 @@
 //! emission interval `period / limit` is a whole number of units
 //! ([`Interval`]): no rate is rounded.
 
-use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Settle, Slot, Step};
+use super::{ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step};
 use crate::quota::Interval;
 
 /// One quota's step. `burst` and the exact emission interval. With
-/// `req.commit`, an admitted cost is written back.
+/// `req.commit`, an admitted cost is written back; a cost that fits only
+/// within `req.wait` is admitted at its slot, as the step then would.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, iv): (u64, Interval)) -> Outcome {
     let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
     let tat = match slot {
@@ -33,6 +34,15 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, iv): (u64, Interv
             0
         }
     };
+    if req.commit && nt > limit_at && req.wait > 0 && us(nt - limit_at) <= req.wait {
+        let wait = us(nt - limit_at);
+        let at_slot = Step {
+            now: req.now + wait,
+            wait: 0,
+            ..req
+        };
+        return reserved(step(slot, at_slot, (burst, iv)), wait);
+    }
     if req.commit && nt <= limit_at {
         *slot = Some(Slot::At(Instant::at(req.now, nt, per)));
         return Outcome::allowed(units(limit_at - nt), us(nt), us(nt), next(nt));

@@ -9,7 +9,7 @@ use super::{lock, Entry, MemoryBackend, Shard};
 use crate::error::Result;
 use crate::quota::Quota;
 use crate::store::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
+    Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
 };
 
 pub(crate) mod fixed_window;
@@ -46,8 +46,7 @@ impl MemoryBackend {
         let mut shard = lock(self.shard_for(first));
         shard.tick(now);
         if let ([key], [q]) = (quota_keys, &req.quotas[..]) {
-            let (allowed, outcome) =
-                Self::check_one(&mut shard, key, q, req.algorithm, req.cost, now);
+            let (allowed, outcome) = Self::check_one(&mut shard, key, q, req, now);
             return RateReply::new(allowed, smallvec![outcome]).at(now);
         }
         // Each key's live entry is taken out whole, keeping its owned key so
@@ -76,12 +75,21 @@ impl MemoryBackend {
             .zip(req.quotas.iter())
             .map(|(slot, q)| alg.step(slot, now, req.cost, q, false))
             .collect();
-        let allowed = outcomes.iter().all(|o| o.retry_after_micros == 0);
+        let mut allowed = outcomes.iter().all(|o| o.retry_after_micros == 0);
+        // A bucket's reservation: every quota's own wait fits, and each takes
+        // the cost as it will stand at the longest one (the slot).
+        let wait = outcomes.iter().map(|o| o.retry_after_micros).max();
+        let wait = match wait {
+            Some(w) if !allowed && alg.uses_burst() && w <= req.max_wait_micros => w,
+            _ => 0,
+        };
+        allowed |= wait > 0;
         if allowed {
             outcomes = slots
                 .iter_mut()
                 .zip(req.quotas.iter())
-                .map(|(slot, q)| alg.step(slot, now, req.cost, q, true))
+                .map(|(slot, q)| alg.step(slot, now + wait, req.cost, q, true))
+                .map(|o| if wait > 0 { reserved(o, wait) } else { o })
                 .collect();
         }
         for (((key, slot), outcome), (owned, old_expiry)) in
@@ -112,15 +120,21 @@ impl MemoryBackend {
         shard: &mut Shard,
         key: &str,
         q: &Quota,
-        alg: Algorithm,
-        cost: u64,
+        req: &RateRequest,
         now: u64,
     ) -> (bool, Outcome) {
+        let alg = req.algorithm;
         let params = alg.params(q);
         let peek = Step {
             now,
-            cost,
+            cost: req.cost,
             commit: false,
+            // Only the buckets reserve; the windows ignore the wait.
+            wait: if alg.uses_burst() {
+                req.max_wait_micros
+            } else {
+                0
+            },
         };
         let commit = Step {
             commit: true,
@@ -131,7 +145,9 @@ impl MemoryBackend {
         let step = |slot: &mut Option<Slot>| {
             if alg.commit_decides() {
                 let outcome = alg.step_with(slot, commit, params);
-                return (outcome.retry_after_micros == 0, outcome);
+                // A bucket's committing step reserves exactly the waits that
+                // fit: a longer one is a denial.
+                return (outcome.retry_after_micros <= commit.wait, outcome);
             }
             let outcome = alg.step_with(slot, peek, params);
             if outcome.retry_after_micros == 0 {

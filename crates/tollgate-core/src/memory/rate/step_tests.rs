@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::store::Algorithm;
 
 /// Where `commit_decides` holds, one committing step leaves the same
 /// state and reports the same outcome as a peek followed (when it
@@ -34,7 +35,12 @@ fn one_committing_step_equals_peek_then_commit() {
                     _ => now + rand(400_000),
                 };
                 let cost = rand(alg.capacity(q) + 1);
-                let step = |commit| Step { now, cost, commit };
+                let step = |commit| Step {
+                    now,
+                    cost,
+                    commit,
+                    wait: 0,
+                };
                 let one = alg.step(&mut a, now, cost, q, true);
                 let peek = alg.step_with(&mut b, step(false), alg.params(q));
                 let two = if peek.retry_after_micros == 0 {

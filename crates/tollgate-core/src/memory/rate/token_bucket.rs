@@ -7,11 +7,12 @@
 //! ([`Interval`]): no rate is rounded. The empty instant is at or before now
 //! (≤ 0) while it counts.
 
-use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Settle, Slot, Step};
+use super::{ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step};
 use crate::quota::Interval;
 
 /// One quota's step. `capacity` tokens, one token every exact interval.
-/// With `req.commit`, admitted tokens are taken.
+/// With `req.commit`, admitted tokens are taken; tokens that come only
+/// within `req.wait` are taken for their slot, as the step then would.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Interval)) -> Outcome {
     let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
     let full = i128::from(capacity) * interval;
@@ -35,6 +36,15 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Int
             0
         }
     };
+    if req.commit && tokens < cost && req.wait > 0 && us(after) <= req.wait {
+        let wait = us(after);
+        let at_slot = Step {
+            now: req.now + wait,
+            wait: 0,
+            ..req
+        };
+        return reserved(step(slot, at_slot, (capacity, iv)), wait);
+    }
     if req.commit && tokens >= cost {
         let reset = us(after + full);
         *slot = Some(Slot::At(Instant::at(req.now, after, per)));

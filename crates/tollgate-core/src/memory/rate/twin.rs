@@ -56,7 +56,13 @@ impl Twin for Algorithm {
         q: &Quota,
         commit: bool,
     ) -> Outcome {
-        self.step_with(slot, Step { now, cost, commit }, self.params(q))
+        let req = Step {
+            now,
+            cost,
+            commit,
+            wait: 0,
+        };
+        self.step_with(slot, req, self.params(q))
     }
 
     fn step_with(&self, slot: &mut Option<Slot>, req: Step, (a, b): (u64, Interval)) -> Outcome {
@@ -171,12 +177,25 @@ pub(crate) fn rem_euclid(a: i128, b: i128) -> i128 {
 /// `now` (µs). With `commit`, an admitted cost is taken (written to the
 /// slot); without, the step only reports the figures as they stand. The
 /// quota's side is the pair of [`Algorithm::params`], named by each step
-/// after its own script.
+/// after its own script. `wait` (µs, 0 for none): how long a committing step
+/// of a bucket may reserve ahead ([`RateRequest::max_wait_micros`]).
+///
+/// [`RateRequest::max_wait_micros`]: crate::store::RateRequest::max_wait_micros
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Step {
     pub(crate) now: u64,
     pub(crate) cost: u64,
     pub(crate) commit: bool,
+    pub(crate) wait: u64,
+}
+
+/// A bucket's admission at its slot `wait` µs ahead, as the scripts reply
+/// it: the figures as of the slot, the wait as the retry-after, and the
+/// state living until the slot plus its own TTL.
+pub(crate) fn reserved(mut o: Outcome, wait: u64) -> Outcome {
+    o.retry_after_micros = wait;
+    o.ttl_micros += wait;
+    o
 }
 
 /// State of one key in the memory backend.

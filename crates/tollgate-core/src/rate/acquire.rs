@@ -1,0 +1,190 @@
+//! Waiting for a slot instead of a refusal: [`RateLimiter::acquire`].
+
+use std::time::Duration;
+
+use super::{Charge, Decision, DecisionSource, RateLimiter};
+use crate::error::Result;
+use crate::keyspace::Subject;
+
+/// The longest wait a store is asked to reserve (µs, about 12 days): the
+/// scripts' arithmetic stays exact far below it.
+const MOST_WAIT_MICROS: u64 = 1 << 40;
+
+/// With a configured [`Clock`](crate::Clock), how often a waiter reads it
+/// again: such a clock may jump (a test's manual clock), so it is polled
+/// rather than trusted to run at the speed of the timer.
+const CLOCK_POLL: Duration = Duration::from_millis(10);
+
+impl RateLimiter {
+    /// Admitted now, or at the earliest instant the quota allows when that
+    /// is within `max_wait` (the slot is reserved on the store at decision
+    /// time; this future resolves when the slot comes), else the denial with
+    /// the honest retry-after. Dropping the future before its slot comes
+    /// gives the slot back.
+    ///
+    /// What each algorithm does:
+    /// - **token bucket, GCRA**: one round trip reserves the slot. The store
+    ///   takes the cost for the earliest instant every quota admits it (a
+    ///   GCRA schedule, a bucket's empty instant, may lie up to `max_wait`
+    ///   ahead), so waiters across the fleet are served in the order they
+    ///   reserved, at the spacing the quotas allow, and never over-admitted.
+    ///   Several quotas: all or nothing, and the wait is the longest of
+    ///   theirs (each quota is charged as the request finds it at the slot).
+    /// - **fixed window, sliding log, sliding counter**: no reservation. A
+    ///   denial whose retry-after fits in what is left of `max_wait` is
+    ///   waited out and checked again (a round trip per try): waiters are
+    ///   not ordered across the fleet, and one may be refused at a contended
+    ///   boundary though a slot came within its wait.
+    ///
+    /// A subject blocked by an operator ([`block`](Self::block)) whose
+    /// block ends within `max_wait` is waited for and checked again. The
+    /// local deny cache never refuses a wait that fits: a bucket goes to the
+    /// store to reserve, a window waits out the cached retry-after (what the
+    /// store would say) without a round trip.
+    ///
+    /// The returned decision is the admission as it stands at its slot
+    /// (remaining, reset and per-quota figures then; its
+    /// [`charge`](Decision::charge) counts from the slot). A denial takes
+    /// nothing, and its `retry_after` is when a plain check would be
+    /// admitted — longer than `max_wait`.
+    ///
+    /// The limiter's timeout bounds each round trip, not the wait. On an
+    /// outage the failure policy answers as for [`check_n`](Self::check_n),
+    /// without waiting (a fallback's denial is returned as it is).
+    ///
+    /// Cancel-safe: dropped before its slot, the reservation is refunded
+    /// (at most once, as any refund, by a task on the current Tokio runtime),
+    /// so the next acquire can take it. A dropped waiter that was not the
+    /// last in line moves the line's end back by its cost: the next reserve
+    /// then shares a slot with the last waiter, as a refund of an admission
+    /// lets the next one in earlier.
+    ///
+    /// Errors: as [`check_n`](Self::check_n) ([`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity)
+    /// before any round trip, an outage under [`FailurePolicy::Deny`](crate::FailurePolicy::Deny), …).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tollgate::Error> {
+    /// use std::time::Duration;
+    /// use tollgate::{MemoryBackend, Quota, RateLimiter};
+    ///
+    /// // 20 a second, one at a time: a slot every 50 ms.
+    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(20).with_burst(1)?)?;
+    /// assert!(limiter.acquire("alice", 1, Duration::ZERO).await?.allowed);
+    /// // The next slot is 50 ms away: refused without a wait, admitted with one.
+    /// assert!(limiter.acquire("alice", 1, Duration::from_millis(10)).await?.is_denied());
+    /// assert!(limiter.acquire("alice", 1, Duration::from_millis(100)).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(
+        &self,
+        subject: impl Into<Subject>,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision> {
+        let subject = subject.into();
+        let micros = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
+        let until = self.local_now().saturating_add(micros(max_wait));
+        loop {
+            let left = until.saturating_sub(self.local_now());
+            let mut d = self
+                .check_for_slot(&subject, cost, left.min(MOST_WAIT_MICROS))
+                .await?;
+            if d.allowed {
+                if d.slot_in.is_zero() {
+                    return Ok(d);
+                }
+                let held = Held {
+                    limiter: self,
+                    subject: &subject,
+                    charge: d.charge,
+                };
+                // On a configured clock the slot is an instant of it (the
+                // charge's); else the wait runs from the reply, never early.
+                let slot = d.charge.filter(|_| self.inner.clock.is_some());
+                match slot {
+                    Some(c) => self.wait_for_clock(c.at_micros()).await,
+                    None => self.wait(d.slot_in).await,
+                }
+                held.keep();
+                d.slot_in = Duration::ZERO;
+                return Ok(d);
+            }
+            // Only the store's own refusals are waited out: a failure
+            // policy's answer is final, as for a check.
+            if !matches!(
+                d.source,
+                DecisionSource::Backend | DecisionSource::DenyCache
+            ) {
+                return Ok(d);
+            }
+            match d.retry_after {
+                Some(retry) if micros(retry) <= until.saturating_sub(self.local_now()) => {
+                    self.wait(retry).await;
+                }
+                _ => return Ok(d),
+            }
+        }
+    }
+
+    /// Waits `span` on the limiter's time: the timer, or a configured clock
+    /// read until it has moved on that far (never earlier).
+    async fn wait(&self, span: Duration) {
+        let Some(clock) = &self.inner.clock else {
+            tokio::time::sleep(span).await;
+            return;
+        };
+        let micros = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
+        self.wait_for_clock(clock.now_micros().saturating_add(micros))
+            .await;
+    }
+
+    /// Waits until the configured clock reads `until` (at once without one).
+    async fn wait_for_clock(&self, until: u64) {
+        let Some(clock) = &self.inner.clock else {
+            return;
+        };
+        loop {
+            let now = clock.now_micros();
+            if now >= until {
+                return;
+            }
+            let left = Duration::from_micros(until - now);
+            tokio::time::sleep(left.min(CLOCK_POLL)).await;
+        }
+    }
+}
+
+/// A reservation not yet come: dropped before [`keep`](Held::keep), it
+/// refunds its charge.
+struct Held<'a> {
+    limiter: &'a RateLimiter,
+    subject: &'a Subject,
+    charge: Option<Charge>,
+}
+
+impl Held<'_> {
+    /// The slot came: the charge stays.
+    fn keep(mut self) {
+        self.charge = None;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let Some(charge) = self.charge.take() else {
+            return;
+        };
+        // Without a runtime (it is shutting down) nothing can be sent: the
+        // slot then passes unused.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (limiter, subject) = (self.limiter.clone(), self.subject.clone());
+        runtime.spawn(async move {
+            if let Err(e) = limiter.refund(subject, &charge).await {
+                tracing::warn!(policy = limiter.keyspace().policy(), error = %e, "a dropped waiter's slot could not be given back");
+            }
+        });
+    }
+}

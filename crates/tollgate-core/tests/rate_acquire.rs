@@ -1,0 +1,333 @@
+//! `RateLimiter::acquire` on memory, a standalone Redis and a 3-master
+//! cluster: admitted now when free; a bucket's slot reserved on the store
+//! with the right wait; refused with an honest retry-after, taking nothing,
+//! when the wait exceeds `max_wait`; several quotas all or nothing; a
+//! dropped waiter's slot reused; a short block waited out; the deny cache
+//! never refusing a wait that fits; the windows polling. And the twins
+//! agree with the scripts on reservations figure for figure.
+
+mod coalesce_common;
+mod rate_common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_core::{
+    Algorithm, Decision, ManualClock, MemoryBackend, Quota, RateBackend, RateLimiter, RedisBackend,
+    Subject,
+};
+
+use rate_common::*;
+
+const MS: Duration = Duration::from_millis(1);
+const BUCKETS: [Algorithm; 2] = [Algorithm::Gcra, Algorithm::TokenBucket];
+
+/// 10 a second, one at a time: a slot every 100 ms.
+fn tenth() -> Quota {
+    Quota::per_second(10).with_burst(1).unwrap()
+}
+
+/// The subject's figures as they stand (a check of cost 0, which takes
+/// nothing), from a limiter without a deny cache.
+async fn peek(l: &RateLimiter, s: &str) -> Decision {
+    l.check_n(s, 0).await.unwrap()
+}
+
+/// Waits until `cond` holds of the subject's figures (a waiter reserved, a
+/// refund applied), or panics after 5 s.
+async fn until(l: &RateLimiter, s: &str, what: &str, cond: impl Fn(&Decision) -> bool) {
+    for _ in 0..500 {
+        if cond(&peek(l, s).await) {
+            return;
+        }
+        tokio::time::sleep(10 * MS).await;
+    }
+    panic!("{what}: never came ({:?})", peek(l, s).await);
+}
+
+async fn resolved(
+    task: tokio::task::JoinHandle<tollgate_core::Result<Decision>>,
+    what: &str,
+) -> Decision {
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still waiting"))
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_reserves_its_slot_or_refuses_honestly() {
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[tenth()], &p, &clock);
+            // Free: admitted now, as a check would be.
+            let first = l.acquire("s", 1, Duration::from_secs(1)).await.unwrap();
+            assert!(first.allowed, "{what}");
+            assert_eq!(first.reset_after, 100 * MS, "{what}");
+            // The next slot is 100 ms away: reserved now, resolved then.
+            let waiter = tokio::spawn({
+                let l = l.clone();
+                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
+            });
+            until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
+            // 200 ms away does not fit 150: refused, taking nothing, with the
+            // wait a plain check has (past the max wait).
+            let refused = l.acquire("s", 1, 150 * MS).await.unwrap();
+            assert!(refused.is_denied(), "{what}");
+            assert_eq!(refused.retry_after, Some(200 * MS), "{what}");
+            assert_eq!(peek(&l, "s").await.reset_after, 200 * MS, "{what}");
+            // The slot comes with the clock; the decision is as of the slot.
+            clock.advance(100 * MS);
+            let d = resolved(waiter, &what).await;
+            assert!(d.allowed, "{what}");
+            assert_eq!((d.remaining, d.reset_after), (0, 100 * MS), "{what}");
+            let charge = d.charge.expect("it took one");
+            assert_eq!(charge.cost(), 1);
+            assert_eq!(peek(&l, "s").await.reset_after, 100 * MS, "{what}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiters_slot_is_reused() {
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let l = t.limiter(alg, &[tenth()], &prefix(), &clock);
+            assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
+            let dropped = tokio::spawn({
+                let l = l.clone();
+                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
+            });
+            until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
+            dropped.abort();
+            // Given back: the schedule ends one slot away again.
+            until(&l, "s", &what, |d| d.reset_after == 100 * MS).await;
+            // The next waiter takes the dropped one's slot, +100 ms.
+            let next = tokio::spawn({
+                let l = l.clone();
+                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
+            });
+            until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
+            clock.advance(100 * MS);
+            assert!(resolved(next, &what).await.allowed, "{what}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_quotas_all_or_nothing_the_longest_wait() {
+    // A slot every 100 ms, and 2 a second with a burst of 2.
+    let quotas = [tenth(), Quota::per_second(2)];
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let l = t.limiter(alg, &quotas, &prefix(), &clock);
+            let wait = Duration::from_secs(1);
+            assert!(l.acquire("s", 1, wait).await.unwrap().allowed);
+            // The second waits 100 ms for the first quota.
+            let second = tokio::spawn({
+                let l = l.clone();
+                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
+            });
+            let resets = |d: &Decision| -> Vec<Duration> {
+                d.quotas.iter().map(|q| q.reset_after).collect()
+            };
+            until(&l, "s", &what, |d| resets(d) == [200 * MS, 1000 * MS]).await;
+            // The third: 200 ms for the first, 500 ms for the second (its
+            // tokens are gone until then). 400 ms is not enough: refused,
+            // and neither quota charged.
+            let refused = l.acquire("s", 1, 400 * MS).await.unwrap();
+            assert!(refused.is_denied(), "{what}");
+            assert_eq!(refused.retry_after, Some(500 * MS), "{what}");
+            assert_eq!(resets(&peek(&l, "s").await), [200 * MS, 1000 * MS]);
+            // 600 ms is: both quotas charged as at the slot, 500 ms away.
+            let third = tokio::spawn({
+                let l = l.clone();
+                async move { l.acquire("s", 1, 600 * MS).await }
+            });
+            until(&l, "s", &what, |d| resets(d) == [600 * MS, 1500 * MS]).await;
+            clock.advance(100 * MS);
+            assert!(resolved(second, &what).await.allowed, "{what}");
+            clock.advance(400 * MS);
+            let d = resolved(third, &what).await;
+            assert!(d.allowed, "{what}");
+            assert_eq!(resets(&d), [100 * MS, 1000 * MS], "{what}: as of the slot");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_windows_wait_out_a_retry_that_fits() {
+    for kind in KINDS {
+        for alg in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+        ] {
+            let what = format!("{kind:?} {alg:?}");
+            // A window aligned to the second: the fixed window's end is known.
+            let clock = ManualClock::new(1_800_000_000_000_000);
+            let t = Target::new(kind, &clock).await;
+            let l = t.limiter(alg, &[Quota::per_second(2)], &prefix(), &clock);
+            for _ in 0..2 {
+                assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
+            }
+            // Refused when the wait does not fit, taking nothing.
+            let refused = l.acquire("s", 1, 500 * MS).await.unwrap();
+            assert!(refused.is_denied(), "{what}");
+            let retry = refused.retry_after.unwrap();
+            assert!(retry > 500 * MS, "{what}: {retry:?}");
+            // Within the wait: it polls, and is admitted once the clock has
+            // moved past the retry.
+            let waiter = tokio::spawn({
+                let l = l.clone();
+                async move { l.acquire("s", 1, Duration::from_secs(2)).await }
+            });
+            // Still waiting while the clock stands (a refusal would be done).
+            tokio::time::sleep(50 * MS).await;
+            assert!(!waiter.is_finished(), "{what}: gave up within its wait");
+            clock.advance(retry);
+            assert!(resolved(waiter, &what).await.allowed, "{what}");
+        }
+    }
+}
+
+/// A block that ends within the wait is waited out (the server's clock:
+/// a block lives by its TTL); a longer one is refused with its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_block_is_waited_out() {
+    for kind in KINDS {
+        let backend: Arc<dyn RateBackend> = match kind {
+            Kind::Memory => Arc::new(MemoryBackend::new()),
+            _ => Target::new(kind, &ManualClock::new(0)).await.backend,
+        };
+        for alg in [Algorithm::Gcra, Algorithm::FixedWindow] {
+            let what = format!("{kind:?} {alg:?}");
+            let l = RateLimiter::builder(backend.clone(), alg)
+                .quota(Quota::per_second(100))
+                .prefix(prefix())
+                .deny_cache(0)
+                .build()
+                .unwrap();
+            let s = Subject::new("s");
+            l.block(&s, Duration::from_secs(60)).await.unwrap();
+            let refused = l.acquire("s", 1, 200 * MS).await.unwrap();
+            assert!(refused.is_denied(), "{what}");
+            assert!(refused.retry_after.unwrap() > 200 * MS, "{what}");
+            l.block(&s, 300 * MS).await.unwrap();
+            let d = l.acquire("s", 1, Duration::from_secs(5)).await.unwrap();
+            assert!(d.allowed, "{what}: admitted once the block ended");
+        }
+    }
+}
+
+/// A cached denial refuses only a wait longer than it: a bucket's acquire
+/// that fits goes to the store and reserves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deny_cache_never_refuses_a_wait_that_fits() {
+    for kind in KINDS {
+        let clock = ManualClock::starting_now();
+        let t = Target::new(kind, &clock).await;
+        let p = prefix();
+        let cached = RateLimiter::builder(t.backend.clone(), Algorithm::Gcra)
+            .quota(tenth())
+            .prefix(p.as_str())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let plain = t.limiter(Algorithm::Gcra, &[tenth()], &p, &clock);
+        assert!(cached.check("s").await.unwrap().allowed);
+        let d = cached.check("s").await.unwrap();
+        assert!(d.is_denied());
+        assert_eq!(
+            cached.check("s").await.unwrap().source,
+            tollgate_core::DecisionSource::DenyCache
+        );
+        // Too short a wait: the cached denial answers.
+        let short = cached.acquire("s", 1, 50 * MS).await.unwrap();
+        assert_eq!(
+            short.source,
+            tollgate_core::DecisionSource::DenyCache,
+            "{kind:?}"
+        );
+        let waiter = tokio::spawn({
+            let l = cached.clone();
+            async move { l.acquire("s", 1, Duration::from_secs(1)).await }
+        });
+        until(&plain, "s", "reserved", |d| d.reset_after == 200 * MS).await;
+        clock.advance(100 * MS);
+        assert!(resolved(waiter, "cached").await.allowed, "{kind:?}");
+    }
+}
+
+/// The twins reserve as the scripts do, figure for figure: random waits,
+/// costs and steps, one and two quotas, on the scripts' single path and in
+/// a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twins_reserve_as_the_scripts_do() {
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let redis = RedisBackend::from_connection(server().connection_manager().await);
+    let one = [Quota::new(7, Duration::from_millis(1500))
+        .unwrap()
+        .with_burst(3)
+        .unwrap()];
+    let two = [one[0], Quota::new(20, Duration::from_secs(20)).unwrap()];
+    for alg in BUCKETS {
+        for quotas in [&one[..], &two[..]] {
+            let memory = MemoryBackend::new();
+            let p = prefix();
+            let mut now = 1_800_000_000_000_000u64;
+            let mut reserved = 0;
+            for step in 0..400 {
+                now += next(300_000);
+                let mut r = coalesce_common::request_for(alg, quotas, "s", &p);
+                r.cost = next(4);
+                r.now_micros = Some(now);
+                r.max_wait_micros = [0, 1, next(2_000_000)][next(3) as usize];
+                let a = memory.check_rate(&r).await.unwrap();
+                let b = if next(2) == 0 {
+                    redis.check_rate(&r).await.unwrap()
+                } else {
+                    let mut both = redis
+                        .check_rate_batch(&[r.clone(), r.clone()])
+                        .await
+                        .unwrap();
+                    // The second of a batch sees the first: undo it by
+                    // asking the twin the same again.
+                    let second = both.pop().unwrap().unwrap();
+                    let twin_second = memory.check_rate(&r).await.unwrap();
+                    assert_eq!(
+                        figures(&second),
+                        figures(&twin_second),
+                        "{alg:?} step {step} (2nd)"
+                    );
+                    both.pop().unwrap().unwrap()
+                };
+                assert_eq!(
+                    figures(&a),
+                    figures(&b),
+                    "{alg:?} {quotas:?} step {step}: {r:?}"
+                );
+                reserved += usize::from(a.allowed && a.wait_micros() > 0);
+            }
+            assert!(reserved > 20, "{alg:?}: only {reserved} reservations");
+        }
+    }
+}
