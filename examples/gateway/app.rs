@@ -94,7 +94,7 @@ use serde_json::json;
 use tollgate::admin::{Admin, AdminRouter};
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::{hashed_subject, ExtensionKey};
-use tollgate::tower::rate_limit::{ActualCost, PlanExtension};
+use tollgate::tower::rate_limit::{ActualCost, CostExtension, PlanExtension};
 use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer, RateLimitLayer};
 use tollgate::{
     Algorithm, Backend, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans,
@@ -375,6 +375,7 @@ fn chat_budget<B: RateBackend>(backend: B) -> RateLimitLayer<ExtensionKey<ApiKey
     RateLimitLayer::new(tokens)
         .key(by_api_key())
         .cost(chat_estimate as ChatEstimate)
+        .settle_from(CostExtension)
         .quota_unit("tokens")
 }
 
