@@ -25,8 +25,8 @@ use tollgate_testkit::{unique, RedisCluster, RedisServer};
 
 use common::{launch, send};
 use gateway_contract::{
-    check_in_flight, check_login, check_login_recovers, check_orders, check_quota,
-    check_validation, generate, login, quota, Permits,
+    chat, check_chat, check_in_flight, check_login, check_login_recovers, check_orders,
+    check_quota, check_validation, generate, login, quota, Permits,
 };
 
 // ------------------------------------------------------------------ memory
@@ -50,6 +50,7 @@ async fn memory_contract() {
     check_in_flight(&Permits::new(backend), a, b).await;
     check_orders(a, b).await;
     check_quota(a, b).await;
+    check_chat(a, b).await;
     recovered.await.unwrap();
     ta.abort();
     tb.abort();
@@ -110,6 +111,7 @@ async fn binary_two_processes_share_redis() {
     check_in_flight(&permits, a.addr, b.addr).await;
     check_orders(a.addr, b.addr).await;
     check_quota(a.addr, b.addr).await;
+    check_chat(a.addr, b.addr).await;
     check_login(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
     assert_every_key_expires(&server);
@@ -123,6 +125,9 @@ async fn binary_two_processes_share_redis() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
     // Nor is the login throttle.
     let r = login(b.addr, "down", r#"{"password":"guess"}"#).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
+    // Nor the chat budget.
+    let r = chat(b.addr, "down", r#"{"max_tokens":300}"#).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
 }
 
@@ -164,6 +169,7 @@ async fn binary_two_processes_share_a_cluster() {
     );
     check_in_flight(&permits, a.addr, b.addr).await;
     check_quota(a.addr, b.addr).await;
+    check_chat(a.addr, b.addr).await;
     check_login(a.addr, b.addr).await;
     check_killed_instance_frees_permits(&permits, a, b.addr).await;
 }

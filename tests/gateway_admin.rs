@@ -150,18 +150,25 @@ async fn admin_contract(a: SocketAddr, b: SocketAddr, pid_b: u32) {
         .iter()
         .map(|l| l["name"].as_str().unwrap())
         .collect();
-    for name in ["login", "quota-free", "quota-pro"] {
+    for name in ["chat", "login", "quota-free", "quota-pro"] {
         assert!(names.contains(&name), "{limiters}");
     }
-    let login = limiters["limiters"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["name"] == "login")
-        .unwrap();
+    let limiter = |name: &str| {
+        limiters["limiters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap()
+    };
+    let login = limiter("login");
     assert_eq!(login["algorithm"], "sliding_window_log");
     assert_eq!(login["quotas"][0]["limit"], 3);
     assert_eq!(login["quotas"][0]["period_seconds"], 60);
+    let chat = limiter("chat");
+    assert_eq!(chat["algorithm"], "token_bucket");
+    assert_eq!(chat["quotas"][0]["limit"], 1000);
+    assert_eq!(chat["quotas"][0]["period_seconds"], 60);
 
     // The page.
     let page = send(a, Method::GET, "/admin/", &[]).await;

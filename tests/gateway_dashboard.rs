@@ -58,7 +58,7 @@ async fn the_gateways_dashboard_shows_limiters_and_throttled_subjects() {
 
     browser::with_browser(&bins, |client| async move {
         client.goto(&page).await.unwrap();
-        for name in ["login", "quota-free", "quota-pro"] {
+        for name in ["chat", "login", "quota-free", "quota-pro"] {
             let cell =
                 format!(r#"#limiters-table tr[data-limiter="{name}"] td[data-field="name"]"#);
             browser::wait_for_text(&client, &cell, WAIT, |t| t == name).await;

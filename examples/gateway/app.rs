@@ -43,13 +43,29 @@
 //!   concurrency) and a success gives it back before it is answered, so a
 //!   login that arrives while others are being checked may see them as
 //!   taken. While the backend is unreachable, 503; a body over 2 MB is 413.
+//! - `POST /v1/chat` with JSON `{"max_tokens": <integer>}`: a budget of
+//!   1000 tokens per minute per API key (a token bucket named `chat` of
+//!   capacity 1000, refilled over 60 s, shared by all instances on the same
+//!   backend). `max_tokens` (the estimate) is reserved before the handler
+//!   runs; the handler answers 200 with JSON `{"tokens": <n>}`, n a random
+//!   number in 0..=max_tokens (the tokens it used), and the charge is
+//!   settled to n before the answer leaves: `RateLimit-Policy` is
+//!   `"chat";q=1000;qu="tokens";w=60` and `RateLimit` shows what is left
+//!   after settling (a fresh key, max_tokens 300, tokens 120 → `r=880`).
+//!   When max_tokens is more than is left, 429 with `Retry-After` (nothing
+//!   is taken). `max_tokens` missing, not a positive integer, or a body
+//!   that is not such JSON → 400 as a problem; more than 1000 → 413 as a
+//!   problem with `RateLimit-Policy` and no `Retry-After` (it can never
+//!   fit the budget); a body over 2 MB is 413. While the backend is
+//!   unreachable, 503.
 //! - Callers are keyed by a digest of their API key (the subject id the
 //!   operator plane shows), labelled with the key's first 4 characters and
 //!   `…`.
 //! - With `TOLLGATE_ADMIN_TOKEN` set, the operator plane is mounted at
 //!   `/admin` (otherwise `/admin` is 404): `/admin/api/*` needs
 //!   `Authorization: Bearer <token>` (else 401 problem+json).
-//!   `GET /admin/api/limiters` lists `login`, `quota-free` and `quota-pro`;
+//!   `GET /admin/api/limiters` lists `chat`, `login`, `quota-free` and
+//!   `quota-pro`;
 //!   `GET /admin/api/subjects?limiter=<name>&key=<raw X-Api-Key>` (or
 //!   `&subject=<id>`) gives the subject's state, 404 for an unknown limiter;
 //!   `POST /admin/api/reset`, `/block` (with `"seconds"`) and `/unblock`
@@ -60,11 +76,15 @@
 //!   named `generate` held by `<host>:<pid>`; `GET /admin/` is the
 //!   dashboard page.
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{RawQuery, Request};
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, RawQuery, Request};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -74,7 +94,7 @@ use serde_json::json;
 use tollgate::admin::{Admin, AdminRouter};
 use tollgate::idempotency::{IdempotencyBackend, IdempotencyStore};
 use tollgate::tower::key::{hashed_subject, ExtensionKey};
-use tollgate::tower::rate_limit::PlanExtension;
+use tollgate::tower::rate_limit::{ActualCost, CostExtension, PlanExtension};
 use tollgate::tower::{ConcurrencyLimitLayer, IdempotencyLayer, RateLimitLayer};
 use tollgate::{
     Algorithm, Backend, Decision, FailurePolicy, FencingToken, LockOptions, Plan, PlanTable, Plans,
@@ -93,6 +113,8 @@ const PASSWORD: &str = "open-sesame";
 const ORDER_RECORD_TTL: Duration = Duration::from_secs(3600);
 /// `/v1/quota` per minute, by plan.
 const QUOTA_PLANS: [(&str, u64); 2] = [("free", 10), ("pro", 100)];
+/// `/v1/chat` tokens per API key, per minute.
+const CHAT_TOKENS_PER_MINUTE: u64 = 1000;
 
 /// A caller's API key, checked by [`require_api_key`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -275,6 +297,91 @@ async fn login(body: axum::body::Bytes) -> Response {
     }
 }
 
+/// The tokens a `/v1/chat` request may use (its estimate, reserved before
+/// the handler runs), from its body.
+#[derive(Debug, Clone, Copy)]
+struct MaxTokens(u64);
+
+/// `{"max_tokens": <n>}` with n a positive integer; anything else is
+/// refused with 400. An n over the budget passes: the rate limit answers
+/// it (413: it can never fit).
+fn max_tokens(body: &[u8]) -> Result<MaxTokens, String> {
+    let body: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|_| r#"the body must be JSON: {"max_tokens": <integer>}"#.to_owned())?;
+    match body.get("max_tokens") {
+        None => Err("max_tokens is missing".into()),
+        Some(n) => match n.as_u64() {
+            Some(n) if n > 0 => Ok(MaxTokens(n)),
+            _ => Err(format!("max_tokens must be a positive integer, got {n}")),
+        },
+    }
+}
+
+/// Reads a chat body (at most 2 MB, axum's default, as `/v1/login`'s) and
+/// puts its [`MaxTokens`] into the request, for the rate limit behind it
+/// to reserve: the cost must be known before the handler runs.
+async fn check_chat_estimate(req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match Bytes::from_request(Request::from_parts(parts.clone(), body), &()).await {
+        Ok(body) => body,
+        // 413 over 2 MB, 400 for a body that cannot be read.
+        Err(rejection) => return problem(rejection.status(), &rejection.body_text()),
+    };
+    match max_tokens(&body) {
+        Ok(estimate) => {
+            let mut req = Request::from_parts(parts, Body::from(body));
+            req.extensions_mut().insert(estimate);
+            next.run(req).await
+        }
+        Err(detail) => problem(StatusCode::BAD_REQUEST, &detail),
+    }
+}
+
+/// What a chat request reserves: its `max_tokens`.
+fn chat_estimate(req: &Parts) -> u64 {
+    // Set by `check_chat_estimate` in front; without it, a cost that never
+    // fits (413) rather than a guess.
+    req.extensions.get::<MaxTokens>().map_or(u64::MAX, |m| m.0)
+}
+
+/// A number in 0..=max, different on every call.
+fn tokens_used(max: u64) -> u64 {
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let draw = RandomState::new().hash_one(DRAWS.fetch_add(1, Ordering::Relaxed));
+    max.checked_add(1).map_or(draw, |n| draw % n)
+}
+
+/// "Answers" a chat: uses a random number of tokens up to the estimate,
+/// says how many, and tells the rate limit in the response's extensions.
+async fn chat(Extension(MaxTokens(max)): Extension<MaxTokens>) -> Response {
+    let used = tokens_used(max);
+    let mut res = Json(json!({ "tokens": used })).into_response();
+    res.extensions_mut().insert(ActualCost(used));
+    res
+}
+
+/// Chat tokens per API key: a token bucket of 1000 a minute named `chat`.
+/// The estimate is reserved before the handler runs (so concurrent chats
+/// never overdraw) and settled to the tokens used before the answer
+/// leaves. Refused while the backend is unreachable, as the other routes.
+fn chat_budget<B: RateBackend>(backend: B) -> RateLimitLayer<ExtensionKey<ApiKey>, ChatEstimate> {
+    let tokens = RateLimiter::builder(backend, Algorithm::TokenBucket)
+        .quota(Quota::per_minute(CHAT_TOKENS_PER_MINUTE))
+        .prefix("gateway")
+        .name("chat")
+        .failure_policy(FailurePolicy::Deny)
+        .build()
+        .expect("valid chat settings");
+    RateLimitLayer::new(tokens)
+        .key(by_api_key())
+        .cost(chat_estimate as ChatEstimate)
+        .settle_from(CostExtension)
+        .quota_unit("tokens")
+}
+
+/// The cost of a chat request ([`chat_estimate`]).
+type ChatEstimate = fn(&Parts) -> u64;
+
 /// Failed logins per API key: a sliding window log of 3 a minute that
 /// counts only the 401s. Every attempt reserves one before the password is
 /// looked at (so concurrent failures never get past 3) and a success gives
@@ -320,7 +427,7 @@ where
 fn admin_router(backend: Backend, token: String) -> Router {
     let admin = Admin::new(backend).with_prefix("gateway");
     let mut routes = AdminRouter::new(admin, token).expect("a non-empty admin token");
-    for limiter in ["login", "quota-free", "quota-pro"] {
+    for limiter in ["chat", "login", "quota-free", "quota-pro"] {
         routes = routes.try_resolve_key(limiter, subject_of);
     }
     Router::new().merge(routes.mount_at("/admin"))
@@ -342,6 +449,7 @@ where
     let by_plan = PlanExtension::with(|key: &ApiKey| Some(key.plan()));
     let per_key_by_plan = RateLimitLayer::plans(quota_plans(&backend), by_plan).key(by_api_key());
     let failed_logins = login_failures(backend.clone());
+    let chat_tokens = chat_budget(backend.clone());
     // Redis down: 503, so "at most 2 in flight" holds even then.
     let generate_permits = Semaphore::builder(backend, GENERATE_IN_FLIGHT)
         .prefix("gateway")
@@ -362,7 +470,14 @@ where
         )
         .route("/orders", post(create_order).route_layer(once_per_key))
         .route("/quota", get(quota).route_layer(per_key_by_plan))
-        .route("/login", post(login).route_layer(failed_logins));
+        .route("/login", post(login).route_layer(failed_logins))
+        .route(
+            "/chat",
+            // The estimate is read from the body before the limit reserves it.
+            post(chat)
+                .route_layer(chat_tokens)
+                .route_layer(middleware::from_fn(check_chat_estimate)),
+        );
     let app = Router::new().nest("/v1", v1.layer(middleware::from_fn(require_api_key)));
     match admin {
         Some(admin) => app.merge(admin),
@@ -398,6 +513,35 @@ mod tests {
         for free in ["pro", "Pro-1", "xpro-1", "pro_1", "demo"] {
             assert_eq!(plan(free), "free", "{free}");
         }
+    }
+
+    #[test]
+    fn chat_estimates() {
+        assert_eq!(max_tokens(br#"{"max_tokens":1}"#).unwrap().0, 1);
+        assert_eq!(
+            max_tokens(br#"{"max_tokens":1001,"x":[]}"#).unwrap().0,
+            1001
+        );
+        for bad in [
+            &b""[..],
+            b"300",
+            b"{}",
+            br#"{"max_tokens":0}"#,
+            br#"{"max_tokens":-1}"#,
+            br#"{"max_tokens":1.5}"#,
+            br#"{"max_tokens":"300"}"#,
+            br#"{"max_tokens":1e30}"#,
+            br#"{"max_tokens":null}"#,
+            br#"{"max_tokens":300"#,
+        ] {
+            assert!(max_tokens(bad).is_err(), "{bad:?}");
+        }
+        for max in [0, 1, 7, 1000] {
+            assert!((0..50).all(|_| tokens_used(max) <= max));
+        }
+        // Not a constant: 50 draws of 0..=1000 are not all the same.
+        let first = tokens_used(1000);
+        assert!((0..50).any(|_| tokens_used(1000) != first));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! An API gateway built only from tollgate's public API: API keys, a
 //! distributed concurrency limit per key, idempotent orders and a rate limit
-//! per key by plan, on memory, Redis or a cluster.
+//! per key by plan, and a token budget per key settled to the tokens used,
+//! on memory, Redis or a cluster.
 //!
 //! ```text
 //! cargo run --example gateway                                   # in memory
@@ -18,6 +19,8 @@
 //! # {"permit_fence":...}; a third concurrent one with the same key is 429
 //! curl -i -H 'X-Api-Key: demo' http://127.0.0.1:3000/v1/quota
 //! # {"plan":"free","remaining":9}; the 11th in a minute is 429 (pro-… keys: 100)
+//! curl -i -X POST -H 'X-Api-Key: demo' -d '{"max_tokens":300}' http://127.0.0.1:3000/v1/chat
+//! # {"tokens":120}; RateLimit: "chat";r=880;… (1000 tokens a minute, settled)
 //! curl -H 'Authorization: Bearer s3cret' http://127.0.0.1:3000/admin/api/throttled
 //! # who is throttled; the dashboard: http://127.0.0.1:3000/admin/#token=s3cret
 //! ```

@@ -13,7 +13,7 @@ use tollgate::{LockBackend, Semaphore};
 use tollgate_testkit::http::loopback::send_with;
 use tollgate_testkit::unique;
 
-use crate::common::{self, send, Reply};
+use crate::common::{self, send, RateLimitReply, Reply};
 
 /// `POST /v1/generate?ms=<ms>` with `key` (no header when `None`).
 pub(crate) async fn generate(addr: SocketAddr, key: Option<&str>, ms: &str) -> Reply {
@@ -434,4 +434,141 @@ pub(crate) async fn check_login_recovers(addr: SocketAddr, key: &str, retry_afte
     )
     .await;
     assert_logged_in(&r);
+}
+
+/// `POST /v1/chat` as `key` with `body`.
+pub(crate) async fn chat(addr: SocketAddr, key: &str, body: &str) -> Reply {
+    let headers = [("x-api-key", key), ("content-type", "application/json")];
+    let body = Bytes::from(body.to_owned());
+    send_with(addr, Method::POST, "/v1/chat", &headers, None, body).await
+}
+
+/// `POST /v1/chat` as `key` asking for `max_tokens`.
+async fn chat_for(addr: SocketAddr, key: &str, max_tokens: u64) -> Reply {
+    chat(addr, key, &format!(r#"{{"max_tokens":{max_tokens}}}"#)).await
+}
+
+/// The chat budget per API key and minute.
+const CHAT_BUDGET: u64 = 1000;
+const CHAT_POLICY: &str = r#""chat";q=1000;qu="tokens";w=60"#;
+
+/// The tokens of a 200 chat reply to `max_tokens`, after checking that the
+/// JSON is exactly `{"tokens":<integer ≤ max_tokens>}` and the policy is the
+/// chat budget's.
+fn tokens_used(r: &Reply, max_tokens: u64) -> u64 {
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    assert_eq!(r.expect_header("ratelimit-policy"), CHAT_POLICY);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+    let n = v["tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no integer tokens in {v}"));
+    assert!(n <= max_tokens, "{n} tokens of {max_tokens}: {r:?}");
+    n
+}
+
+/// The bucket's refill over `elapsed` at most: one token per 60 ms,
+/// rounded up.
+fn chat_refill(elapsed: Duration) -> u64 {
+    let per_token = 60_000_000 / u128::from(CHAT_BUDGET);
+    u64::try_from(elapsed.as_micros().div_ceil(per_token)).unwrap()
+}
+
+/// The `r=` of a chat reply, after checking it is what settling leaves: the
+/// budget less the `used` tokens answered since the key's bucket was full
+/// (`full`), plus at most the refill since then — never the reserved
+/// estimates.
+fn settled_left(r: &Reply, used: u64, full: Instant) -> u64 {
+    let left = r.remaining();
+    let least = CHAT_BUDGET - used;
+    let most = (least + chat_refill(full.elapsed())).min(CHAT_BUDGET);
+    assert!(
+        (least..=most).contains(&left),
+        "r={left}, expected {least}..={most} after {used} tokens: {r:?}"
+    );
+    left
+}
+
+/// `POST /v1/chat` across `a` and `b`: a body without a positive integer
+/// `max_tokens` is 400 and more than the budget 413, taking nothing; each
+/// answer's `RateLimit` shows the budget less the tokens answered so far
+/// (the settled figure, not the reserved estimates), on either instance; a
+/// request for more than is left is 429 with an honest `Retry-After` and
+/// takes nothing; each key has its own budget.
+pub(crate) async fn check_chat(a: SocketAddr, b: SocketAddr) {
+    assert_problem(
+        &send(a, Method::POST, "/v1/chat", &[]).await,
+        StatusCode::UNAUTHORIZED,
+    );
+    let r = send(b, Method::GET, "/v1/chat", &[("x-api-key", "k")]).await;
+    assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED, "{r:?}");
+
+    let key = unique("chat");
+    let bad = [
+        "",
+        "300",
+        "{}",
+        r#"{"max_tokens":0}"#,
+        r#"{"max_tokens":-1}"#,
+        r#"{"max_tokens":1.5}"#,
+        r#"{"max_tokens":"300"}"#,
+        r#"{"max_tokens":1e30}"#,
+        r#"{"max_tokens":300"#,
+    ];
+    for body in bad {
+        let r = chat(a, &key, body).await;
+        assert_problem(&r, StatusCode::BAD_REQUEST);
+        assert_eq!(r.header("ratelimit-policy"), None, "{body}: {r:?}");
+    }
+    // More than the whole budget can never fit: 413, no Retry-After.
+    for max in [CHAT_BUDGET + 1, u64::MAX] {
+        let r = chat_for(b, &key, max).await;
+        assert_problem(&r, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(r.expect_header("ratelimit-policy"), CHAT_POLICY);
+        assert_eq!(r.header("retry-after"), None, "{r:?}");
+    }
+    let huge = format!(r#"{{"max_tokens":1,"pad":"{}"}}"#, "x".repeat(2 << 20));
+    assert_eq!(
+        chat(a, &key, &huge).await.status,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+
+    // Nothing was taken: the bucket is full as these start.
+    let full = Instant::now();
+    let mut used = 0;
+    let mut left = CHAT_BUDGET;
+    // At most 850 reserved in all: each is admitted whatever was used.
+    for (i, max) in [300, 200, 100, 250].into_iter().enumerate() {
+        let r = chat_for([a, b][i % 2], &key, max).await;
+        used += tokens_used(&r, max);
+        left = settled_left(&r, used, full);
+    }
+    // Use up to 300 short of the budget, asking each time for all that is
+    // left (it fits: the bucket only refills meanwhile).
+    for _ in 0..50 {
+        if left <= CHAT_BUDGET - 300 {
+            break;
+        }
+        let r = chat_for(a, &key, left).await;
+        used += tokens_used(&r, left);
+        left = settled_left(&r, used, full);
+    }
+    assert!(left <= CHAT_BUDGET - 300, "50 chats left {left}");
+    // 300 more than is left: refused, the wait that of (at most) 300
+    // tokens at 60 ms each.
+    let r = chat_for(b, &key, left + 300).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{r:?}");
+    assert_eq!(r.expect_header("ratelimit-policy"), CHAT_POLICY);
+    assert!((1..=18).contains(&r.retry_after()), "{r:?}");
+    // It took nothing.
+    let r = chat_for(a, &key, 1).await;
+    used += tokens_used(&r, 1);
+    settled_left(&r, used, full);
+
+    // Another key has its own budget.
+    let other = unique("chat");
+    let fresh = Instant::now();
+    let r = chat_for(b, &other, 300).await;
+    let n = tokens_used(&r, 300);
+    settled_left(&r, n, fresh);
 }

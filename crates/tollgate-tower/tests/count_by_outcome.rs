@@ -65,8 +65,8 @@ fn attempt(user: &str, password: &str) -> Request<Body> {
 }
 
 /// Login throttling: 3 failures a minute per user. Successes cost nothing
-/// (each already refunded when the next request is checked: `r=2` every
-/// time); 32 concurrent failures get exactly 3 tries; then every attempt,
+/// (each refunded before it is answered, and its `RateLimit` says so:
+/// `r=3` every time); 32 concurrent failures get exactly 3 tries; then every attempt,
 /// the right password too, is refused until the window lets one more.
 async fn failed_logins_only(backend: Backend) {
     let clock = clock();
@@ -80,7 +80,7 @@ async fn failed_logins_only(backend: Backend) {
     for _ in 0..10 {
         let r = send(&app, attempt(&user, "open-sesame")).await;
         assert_eq!(r.status, StatusCode::OK, "{r:?}");
-        assert!(r.expect_header("ratelimit").contains(";r=2;"), "{r:?}");
+        assert!(r.expect_header("ratelimit").contains(";r=3;"), "{r:?}");
     }
     assert_eq!(left(&logins, &user).await, 3);
 

@@ -14,7 +14,7 @@ use pin_project_lite::pin_project;
 use tollgate_core::{Decision, Error, Subject};
 use tower_service::Service;
 
-use super::outcome::{Refunding, Reservation};
+use super::outcome::{Report, Reservation, Settling};
 use super::service::{Entry, Shared};
 use crate::body::ResponseBody;
 use crate::headers::DecisionHeaders;
@@ -76,11 +76,14 @@ pin_project! {
             // Counting by outcome: the charge, until the response settles it.
             reservation: Option<Reservation>,
         },
-        // The response does not count (or the inner service failed and
-        // that does not count): the charge is given back first.
-        Refunding {
-            refunding: Refunding,
+        // The response does not count (given back whole), says its actual
+        // cost (settled to it), or the inner service failed and that does
+        // not count: the charge is settled first, and the response gets the
+        // figures after it (else those of the check).
+        Settling {
+            settling: Settling,
             outcome: Option<Result<S::Response, S::Error>>,
+            headers: Option<DecisionHeaders>,
         },
         Reply {
             reply: Reply,
@@ -140,7 +143,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Calling { .. } => "calling",
-            State::Refunding { .. } => "refunding",
+            State::Settling { .. } => "settling",
             State::Reply { .. } => "reply",
         };
         f.debug_struct("ResponseFuture")
@@ -171,12 +174,24 @@ where
                     let entry = shared.entry(selected);
                     let result = match pending {
                         Some(check) => ready!(check.as_mut().poll(cx)),
-                        None => match entry.limiter.try_check_now(subject, *cost) {
-                            Ok(decided) => decided,
-                            Err(round_trip) => {
-                                *pending = Some(Box::pin(round_trip.send()));
+                        None => match shared.wait() {
+                            // Waiting for a slot: dropping this future
+                            // before it comes gives the slot back.
+                            Some(max_wait) => {
+                                let (limiter, subject) = (entry.limiter.clone(), subject.clone());
+                                let cost = *cost;
+                                *pending = Some(Box::pin(async move {
+                                    limiter.acquire(subject, cost, max_wait).await
+                                }));
                                 continue;
                             }
+                            None => match entry.limiter.try_check_now(subject, *cost) {
+                                Ok(decided) => decided,
+                                Err(round_trip) => {
+                                    *pending = Some(Box::pin(round_trip.send()));
+                                    continue;
+                                }
+                            },
                         },
                     };
                     shared.observe(entry, subject, *cost, &result);
@@ -188,9 +203,13 @@ where
                         Ok(d) if d.allowed || shadow => {
                             let headers = shared.admitted_headers(entry, &d);
                             let counting = &shared.options.counting;
-                            if let (Some(charge), true) = (d.charge, counting.refunds()) {
+                            if let (Some(charge), true) = (d.charge, counting.holds_charge()) {
+                                let report = Report {
+                                    shared: Arc::clone(shared),
+                                    selected: selected.clone(),
+                                };
                                 reservation =
-                                    Some(counting.reserve(&entry.limiter, subject, charge));
+                                    Some(counting.reserve(&entry.limiter, subject, charge, report));
                             }
                             req.extensions_mut().insert(d);
                             if let Some(plan) = &entry.plan {
@@ -224,34 +243,55 @@ where
                     reservation,
                 } => {
                     let outcome = ready!(fut.poll(cx));
-                    let refund = match (&outcome, reservation.take()) {
-                        (_, None) => None,
-                        (Ok(res), Some(r)) => r.settle(res.status(), res.headers()),
+                    let (outcome, settling) = match (outcome, reservation.take()) {
+                        (outcome, None) => (outcome, None),
+                        (Ok(res), Some(r)) => {
+                            // The head is read in place: moved out and back.
+                            let (head, body) = res.into_parts();
+                            let settling = r.settle(&head);
+                            (Ok(Response::from_parts(head, body)), settling)
+                        }
                         // No response: counted or refunded as the layer's
                         // count_unfinished says.
-                        (Err(_), Some(r)) => r.fail(),
+                        (Err(e), Some(r)) => (Err(e), r.fail()),
                     };
-                    let outcome = outcome.map(|mut response| {
-                        if let Some(extra) = headers.take() {
-                            extra.apply(response.headers_mut());
-                        }
-                        response
-                    });
-                    match refund {
-                        Some(refunding) => this.state.set(State::Refunding {
-                            refunding,
+                    let headers = headers.take();
+                    match settling {
+                        Some(settling) => this.state.set(State::Settling {
+                            settling,
                             outcome: Some(outcome),
+                            headers,
                         }),
-                        None => return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new))),
+                        None => return Poll::Ready(finish(outcome, headers)),
                     }
                 }
-                StateProj::Refunding { refunding, outcome } => {
-                    ready!(refunding.poll(cx));
+                StateProj::Settling {
+                    settling,
+                    outcome,
+                    headers,
+                } => {
+                    let settled = ready!(settling.poll(cx));
                     let outcome = outcome.take().expect("polled after completion");
-                    return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new)));
+                    // The figures after settling when the store told them,
+                    // else those of the check.
+                    let headers = settled.or_else(|| headers.take());
+                    return Poll::Ready(finish(outcome, headers));
                 }
                 StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
             }
         }
     }
+}
+
+/// The response with the rate-limit `headers` added, its body wrapped.
+fn finish<ResB, E>(
+    outcome: Result<Response<ResB>, E>,
+    headers: Option<DecisionHeaders>,
+) -> Result<Response<ResponseBody<ResB>>, E> {
+    outcome.map(|mut response| {
+        if let Some(extra) = headers {
+            extra.apply(response.headers_mut());
+        }
+        response.map(ResponseBody::new)
+    })
 }

@@ -71,6 +71,63 @@
 //! [`Charge`](tollgate_core::Charge) in the [`Decision`] and
 //! [`RateLimiter::refund`](tollgate_core::RateLimiter::refund).
 //!
+//!
+//! # Settling the real cost, waiting for a slot
+//!
+//! A request whose cost is known only from its response — an LLM call's
+//! tokens — reserves an estimate from its head ([`RequestCost`]), and
+//! [`RateLimitLayer::settle_from`] corrects the charge to what the response
+//! says ([`ResponseCost`]: a [`CostHeader`], the [`ActualCost`] a handler
+//! puts in the response's extensions) before the response leaves; the
+//! response's `RateLimit` says what is left after settling. A refund
+//! (`count_if`) is a settlement to 0, and its response shows the figures
+//! after it too.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{body::Body, routing::post, Router};
+//! use http::{request::Parts, Request};
+//! use tollgate::{Algorithm, ManualClock, MemoryBackend, Quota, RateLimiter};
+//! use tollgate::tower::key::HeaderKey;
+//! use tollgate::tower::rate_limit::CostHeader;
+//! use tollgate::tower::RateLimitLayer;
+//! use tower::ServiceExt;
+//!
+//! // 1000 tokens a minute per API key.
+//! let tokens = RateLimiter::builder(MemoryBackend::new(), Algorithm::TokenBucket)
+//!     .quota(Quota::per_minute(1000))
+//!     .name("tokens")
+//!     .clock(ManualClock::new(1_800_000_000_000_000)) // time stands still here
+//!     .build()?;
+//! // The estimate is the request's `x-max-tokens`, the actual cost the
+//! // response's `x-tokens-used`.
+//! let max_tokens = |req: &Parts| -> u64 {
+//!     let v = req.headers.get("x-max-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+//!     v.unwrap_or(1000)
+//! };
+//! let layer = RateLimitLayer::new(tokens)
+//!     .key(HeaderKey::new("x-api-key"))
+//!     .cost(max_tokens)
+//!     .settle_from(CostHeader::new("x-tokens-used"))
+//!     .quota_unit("tokens");
+//! let app = Router::new()
+//!     .route("/chat", post(|| async { ([("x-tokens-used", "120")], "Hello!") }))
+//!     .layer(layer);
+//!
+//! let req = Request::post("/chat").header("x-api-key", "k1").header("x-max-tokens", "300");
+//! let res = app.oneshot(req.body(Body::empty())?).await?;
+//! // 300 reserved, 120 used: 880 left.
+//! assert_eq!(res.headers()["ratelimit"], r#""tokens";r=880;t=1"#);
+//! # Ok(()) }
+//! ```
+//!
+//! [`RateLimitLayer::wait_up_to`] lets a request wait for its slot instead
+//! of a 429 when the wait fits ([`RateLimiter::acquire`](tollgate_core::RateLimiter::acquire)):
+//! the slot is reserved on the store at once, so waiters across instances
+//! are served in order and never over-admitted, and a request whose client
+//! goes away while it waits gives the slot back.
+//!
 //! [`Decision`]: tollgate_core::Decision
 
 mod actual;

@@ -1,5 +1,7 @@
 //! Counting by outcome: an admitted request's charge is a reservation until
-//! its response says whether it counts; one that does not is refunded.
+//! its response says whether it counts and what it really cost; one that
+//! does not count is given back whole, one that says its cost is settled to
+//! it.
 //!
 //! Reserve-then-refund, never check-then-charge: the check takes the cost
 //! before the handler runs, so concurrent requests can never get past the
@@ -12,8 +14,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{HeaderMap, StatusCode};
-use tollgate_core::{Charge, RateLimiter, Subject};
+use http::{response, HeaderMap, StatusCode};
+use tollgate_core::{Charge, Decision, RateLimiter, Subject};
+
+use super::service::{Entry, Shared};
+use super::ResponseCost;
+use crate::headers::DecisionHeaders;
 
 /// Which responses count against the limit; see
 /// [`RateLimitLayer::count_if`](super::RateLimitLayer::count_if).
@@ -57,13 +63,20 @@ where
     }
 }
 
-/// How a layer counts by outcome (see `count_if`, `count_unfinished`).
+/// Reads a response's actual cost (a [`ResponseCost`] behind one pointer).
+pub(crate) type ActualCostReader = Arc<dyn Fn(&response::Parts) -> Option<u64> + Send + Sync>;
+
+/// How a layer counts by outcome (see `count_if`, `count_unfinished`,
+/// `settle_from`).
 #[derive(Clone)]
 pub(crate) struct Counting {
     /// Which responses count; `None`: all.
     pub(crate) counts: Option<Arc<dyn CountResponse>>,
     /// Whether a request that ends without a response counts.
     pub(crate) unfinished: bool,
+    /// What a response says the request really cost; `None`: the estimate
+    /// stands.
+    pub(crate) actual: Option<ActualCostReader>,
 }
 
 impl Default for Counting {
@@ -71,6 +84,7 @@ impl Default for Counting {
         Counting {
             counts: None,
             unfinished: true,
+            actual: None,
         }
     }
 }
@@ -80,23 +94,34 @@ impl fmt::Debug for Counting {
         f.debug_struct("Counting")
             .field("count_if", &self.counts.is_some())
             .field("unfinished", &self.unfinished)
+            .field("settle_from", &self.actual.is_some())
             .finish()
     }
 }
 
 impl Counting {
-    /// Whether anything can be given back: only then does an admitted
-    /// request hold a reservation (the default path clones nothing).
-    pub(crate) fn refunds(&self) -> bool {
-        self.counts.is_some() || !self.unfinished
+    /// Reads the actual cost with `actual`.
+    pub(crate) fn settle_from(&mut self, actual: impl ResponseCost) {
+        self.actual = Some(Arc::new(move |res: &response::Parts| {
+            actual.actual_cost(res)
+        }));
     }
 
-    /// The reservation of a request admitted with `charge` by `limiter`.
+    /// Whether the charge can change after the check: only then does an
+    /// admitted request hold a reservation (the default path clones
+    /// nothing).
+    pub(crate) fn holds_charge(&self) -> bool {
+        self.counts.is_some() || !self.unfinished || self.actual.is_some()
+    }
+
+    /// The reservation of a request admitted with `charge` by `limiter`;
+    /// `report` makes the headers of the figures after settling.
     pub(crate) fn reserve(
         &self,
         limiter: &RateLimiter,
         subject: &Subject,
         charge: Charge,
+        report: Report,
     ) -> Reservation {
         Reservation {
             taken: Some(Taken {
@@ -105,7 +130,22 @@ impl Counting {
                 charge,
             }),
             counting: self.clone(),
+            report: Some(report),
         }
+    }
+}
+
+/// Makes the headers of the figures after settling: the layer's shared
+/// state and the plan's entry that decided.
+pub(crate) struct Report {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) selected: Option<Arc<Entry>>,
+}
+
+impl Report {
+    fn headers(&self, decision: &Decision) -> DecisionHeaders {
+        let entry = self.shared.entry(&self.selected);
+        self.shared.admitted_headers(entry, decision)
     }
 }
 
@@ -122,6 +162,7 @@ struct Taken {
 pub(crate) struct Reservation {
     taken: Option<Taken>,
     counting: Counting,
+    report: Option<Report>,
 }
 
 impl fmt::Debug for Reservation {
@@ -133,22 +174,34 @@ impl fmt::Debug for Reservation {
 }
 
 impl Reservation {
-    /// The refund to await before the response goes out, if the response
-    /// does not count.
-    pub(crate) fn settle(mut self, status: StatusCode, headers: &HeaderMap) -> Option<Refunding> {
+    /// The settlement to await before the response with head `res` goes
+    /// out: the whole charge given back if the response does not count,
+    /// else the charge corrected to the actual cost the response says;
+    /// `None` when the charge stands as taken.
+    pub(crate) fn settle(mut self, res: &response::Parts) -> Option<Settling> {
         let taken = self.taken.take()?;
         let counts = match &self.counting.counts {
-            Some(counts) => counts.counts(status, headers),
+            Some(counts) => counts.counts(res.status, &res.headers),
             None => true,
         };
-        (!counts).then(|| Refunding::new(taken))
+        let actual = if counts {
+            let actual = self.counting.actual.as_ref().and_then(|a| a(res))?;
+            // Already what was taken: nothing to correct, no round trip.
+            if actual == taken.charge.cost() {
+                return None;
+            }
+            actual
+        } else {
+            0
+        };
+        Some(Settling::new(taken, actual, self.report.take()))
     }
 
     /// The refund to await before an inner error is returned, if requests
     /// without a response do not count.
-    pub(crate) fn fail(mut self) -> Option<Refunding> {
+    pub(crate) fn fail(mut self) -> Option<Settling> {
         let taken = self.taken.take()?;
-        (!self.counting.unfinished).then(|| Refunding::new(taken))
+        (!self.counting.unfinished).then(|| Settling::new(taken, 0, None))
     }
 }
 
@@ -156,65 +209,80 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(taken) = self.taken.take() {
             if !self.counting.unfinished {
-                // Dropping a refund under way finishes it in a task.
-                drop(Refunding::new(taken));
+                // Dropping a settlement under way finishes it in a task.
+                drop(Settling::new(taken, 0, None));
             }
         }
     }
 }
 
-/// A refund under way. Awaited before the response is returned, so a
-/// client that retries at once already sees the quota given back; dropped
-/// before it finished, it finishes in a task of its own.
-pub(crate) struct Refunding {
-    refund: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+/// A charge being settled (a refund is a settlement to 0). Awaited before
+/// the response is returned, so a client that retries at once already
+/// sees the quota given back, and the response's `RateLimit` says what is
+/// left after it; dropped before it finished, it finishes in a task of its
+/// own.
+pub(crate) struct Settling {
+    settle: Option<Pin<Box<dyn Future<Output = Option<DecisionHeaders>> + Send>>>,
 }
 
-impl fmt::Debug for Refunding {
+impl fmt::Debug for Settling {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Refunding")
-            .field("done", &self.refund.is_none())
+        f.debug_struct("Settling")
+            .field("done", &self.settle.is_none())
             .finish()
     }
 }
 
-impl Refunding {
-    fn new(taken: Taken) -> Self {
+impl Settling {
+    fn new(taken: Taken, actual: u64, report: Option<Report>) -> Self {
         let Taken {
             limiter,
             subject,
             charge,
         } = taken;
-        // Bounded by the limiter's timeout; a failure is logged by the
-        // limiter and the request keeps its charge (never a made-up refund).
-        let refund = async move {
-            let _ = limiter.refund(subject, &charge).await;
+        // Bounded by the limiter's timeout; a failure leaves the charge as
+        // it was taken and the response as it is (never made-up figures).
+        let settle = async move {
+            match limiter.settle(subject.clone(), &charge, actual).await {
+                Ok(settled) => report.map(|r| r.headers(&settled.decision)),
+                Err(e) => {
+                    tracing::warn!(
+                        target: "tollgate_tower::rate_limit",
+                        policy = limiter.keyspace().policy(), subject = %subject.digest(),
+                        reserved = charge.cost(), actual, error = %e,
+                        "settling a charge failed; it stays as reserved"
+                    );
+                    None
+                }
+            }
         };
-        Refunding {
-            refund: Some(Box::pin(refund)),
+        Settling {
+            settle: Some(Box::pin(settle)),
         }
     }
 
-    /// Drives the refund; ready once it is applied, refused or failed.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if let Some(refund) = &mut self.refund {
-            std::task::ready!(refund.as_mut().poll(cx));
-            self.refund = None;
-        }
-        Poll::Ready(())
+    /// Drives the settlement; ready once it is applied, refused or failed,
+    /// with the headers of the figures after it when it told them.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Option<DecisionHeaders>> {
+        let Some(settle) = &mut self.settle else {
+            return Poll::Ready(None);
+        };
+        let headers = std::task::ready!(settle.as_mut().poll(cx));
+        self.settle = None;
+        Poll::Ready(headers)
     }
 }
 
-impl Drop for Refunding {
+impl Drop for Settling {
     fn drop(&mut self) {
-        let Some(refund) = self.refund.take() else {
+        let Some(settle) = self.settle.take() else {
             return;
         };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(refund)),
+            Ok(runtime) => drop(runtime.spawn(settle)),
             Err(_) => tracing::warn!(
                 target: "tollgate_tower::rate_limit",
-                "a refund was dropped unfinished outside a Tokio runtime; the charge stays"
+                "a settlement was dropped unfinished outside a Tokio runtime; the charge stays as reserved"
             ),
         }
     }

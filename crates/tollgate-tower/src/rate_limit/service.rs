@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -26,6 +27,9 @@ pub(crate) struct Options {
     pub(crate) shadow: bool,
     pub(crate) answer: Answer,
     pub(crate) counting: Counting,
+    /// How long a request may wait for its slot instead of a 429
+    /// (`wait_up_to`); `None`: it never waits.
+    pub(crate) wait: Option<Duration>,
 }
 
 impl Default for Options {
@@ -36,6 +40,7 @@ impl Default for Options {
             shadow: false,
             answer: Answer::default(),
             counting: Counting::default(),
+            wait: None,
         }
     }
 }
@@ -113,6 +118,12 @@ impl Shared {
     /// (then [`Shared::one`] decides).
     pub(crate) fn select(&self, req: &Parts) -> Option<Arc<Entry>> {
         self.plans.as_ref().map(|p| p.select(req))
+    }
+
+    /// How long a request may wait for its slot: never in shadow mode,
+    /// which only reports.
+    pub(crate) fn wait(&self) -> Option<Duration> {
+        self.options.wait.filter(|_| !self.options.shadow)
     }
 
     /// The plan table, for a layer over plans.
