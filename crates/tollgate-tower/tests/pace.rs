@@ -14,9 +14,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate_core::{Algorithm, Backend, MemoryBackend, Quota, RateLimiter, RedisBackend};
+use tollgate_core::{
+    Algorithm, Backend, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend,
+};
 use tollgate_testkit::{unique, RedisCluster, RedisServer};
-use tollgate_tower::pace::{Pace, Throttled};
+use tollgate_tower::pace::{Pace, Throttled, Unavailable};
 use tollgate_tower::{BoxError, PaceLayer};
 use tower::{Layer, ServiceExt};
 use upstream::{First, Upstream};
@@ -303,6 +305,37 @@ async fn the_clients_errors_pass_through(fleet: Fleet) {
     let other = budget(&fleet.b, &prefix, Quota::per_minute(10));
     let left = other.check_n("global", 0).await.unwrap().remaining;
     assert_eq!(left, 8, "both failed calls keep their charge");
+}
+
+/// A store that fails: under `FailurePolicy::Deny` the call ends with
+/// `Unavailable` and is never made; under `Allow` it goes, and a 429 it
+/// gets back is handed back though the budget cannot be blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_store_follows_the_failure_policy() {
+    let mut server = RedisServer::start().expect("start redis-server");
+    let backend: Backend = RedisBackend::connect(&server.url()).await.unwrap().into();
+    let upstream = Upstream::start(First::new(429, &[("retry-after", "2")]), &[]).await;
+    let uri = upstream.uri("/");
+    let layer = |policy| {
+        let limiter = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+            .quota(Quota::per_second(10))
+            .name("provider")
+            .failure_policy(policy)
+            .timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        PaceLayer::new(limiter).layer(client())
+    };
+    let deny = layer(FailurePolicy::Deny);
+    let allow = layer(FailurePolicy::Allow);
+    server.stop();
+
+    let e = call(&deny, &uri, "a").await.unwrap_err();
+    assert!(e.is::<Unavailable>(), "not Unavailable: {e}");
+    assert!(upstream.arrivals().is_empty(), "the call was not made");
+
+    assert_eq!(call(&allow, &uri, "a").await.unwrap(), 429);
+    assert_eq!(upstream.arrivals().len(), 1);
 }
 
 macro_rules! on_every_backend {

@@ -43,7 +43,8 @@
 //! The longest of these counts, cut to [`max_block`](PaceLayer::max_block)
 //! (default 10 min). Calls waiting for a slot wait the block out when it
 //! ends within their `max_wait`; others end with [`Throttled`]. A block
-//! that cannot be set is logged at WARN and never fails the call.
+//! that cannot be set (within 1 s) is logged at WARN and never fails the
+//! call.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

@@ -19,6 +19,10 @@ use crate::key::{GlobalKey, KeyExtractor};
 use crate::middleware::take_readied;
 use crate::rate_limit::RequestCost;
 
+/// How long setting a block may hold a response back: a store that does
+/// not answer must not hold every call.
+const BLOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Reads a response's actual cost (a type-erased
 /// [`ResponseCost`](crate::rate_limit::ResponseCost)).
 pub(crate) type SettleFrom = Arc<dyn Fn(&Parts) -> Option<u64> + Send + Sync>;
@@ -127,7 +131,11 @@ impl Slot {
                 return;
             };
             let duration = wait.min(shared.max_block);
-            match shared.limiter.block(&self.subject, duration).await {
+            let blocking = shared.limiter.block(&self.subject, duration);
+            let done = tokio::time::timeout(BLOCK_TIMEOUT, blocking)
+                .await
+                .unwrap_or(Err(Error::Timeout(BLOCK_TIMEOUT)));
+            match done {
                 Ok(()) => tracing::info!(
                     target: "tollgate_tower::pace",
                     policy = shared.policy(), subject = %self.subject.digest(),
