@@ -15,9 +15,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tollgate_core::{
-    Algorithm, Backend, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend,
+    Algorithm, Backend, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend, Subject,
 };
 use tollgate_testkit::{unique, RedisCluster, RedisServer};
+use tollgate_tower::key::KeyError;
 use tollgate_tower::pace::{Pace, Throttled, Unavailable};
 use tollgate_tower::{BoxError, PaceLayer};
 use tower::{Layer, ServiceExt};
@@ -307,6 +308,42 @@ async fn the_clients_errors_pass_through(fleet: Fleet) {
     assert_eq!(left, 8, "both failed calls keep their charge");
 }
 
+/// Keyed per upstream host, a block holds back that host's budget only.
+async fn a_block_holds_only_its_own_budget(fleet: Fleet) {
+    let stopped = Upstream::start(First::new(429, &[("retry-after", "30")]), &[]).await;
+    let open = Upstream::start(First::new(200, &[]), &[]).await;
+    let prefix = unique("pace");
+    let by_host = |req: &http::request::Parts| -> Result<Option<Subject>, KeyError> {
+        Ok(req.uri.authority().map(|a| Subject::new(a.as_str())))
+    };
+    let layer = |backend: &Backend| {
+        PaceLayer::new(budget(backend, &prefix, Quota::per_second(100)))
+            .key(by_host)
+            .max_wait(Duration::ZERO)
+    };
+    let a = layer(&fleet.a).layer(client());
+    let b = layer(&fleet.b).layer(client());
+    let send = |svc: Pace<HttpClient, _>, uri: String| async move {
+        let res = svc.oneshot(get(&uri, "x")).await?;
+        Ok::<_, BoxError>(res.status())
+    };
+
+    assert_eq!(send(a.clone(), stopped.uri("/")).await.unwrap(), 429);
+    throttled(send(b.clone(), stopped.uri("/")).await);
+    assert_eq!(send(b.clone(), open.uri("/")).await.unwrap(), 200);
+    assert_eq!(stopped.arrivals().len(), 1);
+}
+
+/// Services and their futures can be shared across tasks, as a client is.
+#[test]
+fn services_and_futures_are_send_and_sync() {
+    fn shareable<T: Clone + Send + Sync + 'static>() {}
+    fn sendable<T: Send + 'static>() {}
+    shareable::<Pace<HttpClient>>();
+    shareable::<PaceLayer>();
+    sendable::<<Pace<HttpClient> as tower::Service<Request<Full<Bytes>>>>::Future>();
+}
+
 /// A store that fails: under `FailurePolicy::Deny` the call ends with
 /// `Unavailable` and is never made; under `Allow` it goes, and a 429 it
 /// gets back is handed back though the budget cannot be blocked.
@@ -361,4 +398,5 @@ on_every_backend!(memory, redis, cluster; [
     a_block_is_capped,
     a_slot_beyond_max_wait_is_throttled,
     the_clients_errors_pass_through,
+    a_block_holds_only_its_own_budget,
 ]);
