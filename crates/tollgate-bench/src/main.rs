@@ -26,6 +26,7 @@ mod micro;
 mod ops;
 mod peers;
 mod redisinfo;
+mod settle;
 mod soak;
 mod stats;
 mod throughput;
@@ -54,7 +55,7 @@ enum Cmd {
         peers: peers::PeerOpts,
         #[command(flatten)]
         http: http::HttpOpts,
-        /// Items to skip (comma-separated: latency,throughput,cpu,coalesce,memory,http,micro,flood,locks,peers,idempotency).
+        /// Items to skip (comma-separated: latency,throughput,cpu,coalesce,memory,http,micro,flood,locks,peers,idempotency,settle).
         #[arg(long, value_delimiter = ',')]
         skip: Vec<String>,
         /// Also write the Markdown report to this file.
@@ -87,6 +88,8 @@ enum Cmd {
     Locks(Opts),
     /// Idempotency keys (issue #13): Redis round trips per first request and per replay.
     Idempotency(Opts),
+    /// Settles (issue #26): Redis CPU and round trips of a settle beside a check and a refund.
+    Settle(Opts),
     /// 7. Peers: rate-limiter-flexible (node) and limits (Python).
     Peers {
         #[command(flatten)]
@@ -209,6 +212,9 @@ fn all(
     if !skipped("idempotency") {
         push("idempotency", rt.block_on(idempotency::run(opts)));
     }
+    if !skipped("settle") {
+        push("settle", rt.block_on(settle::run(opts)));
+    }
     if !skipped("peers") {
         push("peers", rt.block_on(peers::run(opts, peer)));
     }
@@ -235,6 +241,7 @@ fn main() {
         Cmd::Flood(o) => one(runtime().block_on(flood::run(o))),
         Cmd::Locks(o) => one(runtime().block_on(locks::run(o))),
         Cmd::Idempotency(o) => one(runtime().block_on(idempotency::run(o))),
+        Cmd::Settle(o) => one(runtime().block_on(settle::run(o))),
         Cmd::Peers { opts, peers } => one(runtime().block_on(peers::run(opts, peers))),
         Cmd::Soak(o) => match soak::run(o) {
             Ok(true) => Ok(()),

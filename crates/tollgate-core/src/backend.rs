@@ -12,7 +12,7 @@ use crate::redis::RedisBackend;
 use crate::store::{
     AcquireReply, AcquireRequest, AdminBackend, ClaimReply, ClaimRequest, FencingToken,
     IdempotencyBackend, InFlightRecord, LockBackend, LockHolder, LockKeys, RateBackend, RateReply,
-    RateRequest, RecordKeys, RefundRequest, ReleaseEvents, StoredResponse,
+    RateRequest, RecordKeys, ReleaseEvents, SettleReply, SettleRequest, StoredResponse,
 };
 
 /// The store an application picked: this process's memory, or Redis
@@ -177,12 +177,12 @@ impl RateBackend for Backend {
         self.rate().check_rate_now(request)
     }
 
-    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
-        self.rate().refund_rate(request)
+    fn settle_rate<'a>(&'a self, request: &'a SettleRequest) -> BoxFuture<'a, Result<SettleReply>> {
+        self.rate().settle_rate(request)
     }
 
-    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
-        self.rate().refund_rate_now(request)
+    fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
+        self.rate().settle_rate_now(request)
     }
 
     fn local_rate(&self) -> Arc<dyn RateBackend> {

@@ -43,6 +43,7 @@ impl RateLimiter {
             policy: FailurePolicy::Allow,
             breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_COOLDOWN),
             deny_cache: DEFAULT_DENY_CACHE,
+            max_debt: None,
             register: true,
         }
     }
@@ -77,6 +78,7 @@ pub struct RateLimiterBuilder {
     policy: FailurePolicy,
     breaker: (u32, Duration),
     deny_cache: usize,
+    max_debt: Option<u64>,
     /// Whether it registers itself (the operator plane's own rebuilt
     /// limiters and local fallbacks do not).
     register: bool,
@@ -150,6 +152,15 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// The most a [`settle`](RateLimiter::settle) over the estimate may put
+    /// a subject into debt, in units, per quota (default: each quota's
+    /// capacity — the burst for buckets, the limit for windows). 0 forgives
+    /// every overrun: a settle then only gives back.
+    pub fn max_debt(mut self, units: u64) -> Self {
+        self.max_debt = Some(units);
+        self
+    }
+
     /// Not written into the operator plane's registry (it still hears
     /// admin actions and honours blocks).
     pub(crate) fn unregistered(mut self) -> Self {
@@ -202,6 +213,10 @@ impl RateLimiterBuilder {
                     .name(keyspace.policy())
                     .deny_cache(0)
                     .unregistered();
+                // Each instance's share of the debt, as of the quota.
+                if let Some(debt) = self.max_debt {
+                    b = b.max_debt(debt / n);
+                }
                 for q in &self.quotas {
                     let share = Quota::new((q.limit() / n).max(1), q.period())?;
                     let share = if q.has_explicit_burst() {
@@ -237,6 +252,7 @@ impl RateLimiterBuilder {
                 timeout: self.timeout,
                 policy: self.policy,
                 fallback,
+                max_debt: self.max_debt,
                 breaker: Breaker::new(self.breaker.0, self.breaker.1),
                 deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
                 unclaimed,

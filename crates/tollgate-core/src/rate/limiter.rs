@@ -63,6 +63,8 @@ pub(super) struct Inner {
     pub(super) timeout: Duration,
     pub(super) policy: FailurePolicy,
     pub(super) fallback: Option<RateLimiter>,
+    /// The most debt a settle leaves per quota; `None`: each quota's capacity.
+    pub(super) max_debt: Option<u64>,
     pub(super) breaker: Breaker,
     pub(super) deny_cache: Option<DenyCache>,
     /// Gives back admissions whose callers had stopped waiting.

@@ -14,6 +14,21 @@
 //! of the same code, see [`Coalescing`](crate::Coalescing)), timed by the Redis server unless a client [`Clock`](crate::Clock)
 //! is configured, and every key it writes has a TTL. A denied request consumes
 //! nothing. Several quotas on one subject are checked together, all or nothing.
+//!
+//! An admitted check's [`Charge`] can be corrected once to its actual cost
+//! ([`RateLimiter::settle`]; [`RateLimiter::refund`] is a settle to 0).
+//! Under the estimate every algorithm gives the difference back as a refund
+//! does; over it the subject owes the difference, at most
+//! [`max_debt`](RateLimiterBuilder::max_debt) per quota (default: its
+//! capacity), and is refused until time pays it off:
+//!
+//! | algorithm | a settle over the estimate |
+//! |---|---|
+//! | [`Algorithm::FixedWindow`] | the window current at the settle counts the difference, never above limit + max_debt |
+//! | [`Algorithm::SlidingWindowLog`] | the difference is logged at the settle's instant, never more than limit + max_debt live entries |
+//! | [`Algorithm::SlidingWindowCounter`] | the window current at the settle counts the difference, never above limit + max_debt |
+//! | [`Algorithm::TokenBucket`] | the tokens go below zero, never below −max_debt |
+//! | [`Algorithm::Gcra`] | the TAT moves later by the difference's intervals, never beyond now + (burst + max_debt) intervals |
 
 use std::time::Duration;
 
@@ -24,6 +39,7 @@ mod limiter;
 pub mod plans;
 mod quota_decisions;
 mod refund;
+mod settle;
 
 pub use builder::RateLimiterBuilder;
 
@@ -38,6 +54,7 @@ pub use limiter::{PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
 pub use plans::{Plan, PlanTable, PlanTableBuilder, Plans};
 pub use quota_decisions::QuotaDecisions;
 pub use refund::Charge;
+pub use settle::Settlement;
 
 impl Algorithm {
     /// How long after an admitted check (`d`) its refund can still give

@@ -1,5 +1,5 @@
 //! Refunds: giving back what an admitted check took, at most once per charge
-//! ([`RateLimiter::refund`], [`Charge`]).
+//! ([`RateLimiter::refund`], a settle to 0; [`Charge`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use futures_util::FutureExt;
 
+use super::settle::settle_request;
 use super::{Decision, DecisionSource, RateLimiter};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
 use crate::failure::is_outage;
 use crate::keyspace::Subject;
 use crate::quota::Quota;
-use crate::store::{Algorithm, RateBackend, RateReply, RateRequest, RefundRequest, Unclaimed};
+use crate::store::{Algorithm, RateBackend, RateReply, RateRequest, Unclaimed};
 
 /// What one admitted check took: the receipt [`RateLimiter::refund`] gives
 /// back against. Found in [`Decision::charge`](super::Decision::charge).
@@ -103,33 +104,6 @@ pub(super) fn charge_of(
     })
 }
 
-/// The refund of `charge`, taken under `keys`: its marker sits beside the
-/// first key (same hash tag), one per charge.
-fn refund_request(
-    algorithm: Algorithm,
-    quotas: &Arc<[Quota]>,
-    keys: Vec<String>,
-    charge: &Charge,
-    now_micros: Option<u64>,
-) -> RefundRequest {
-    let quota_spans_micros = algorithm.quota_refund_spans(quotas, charge.cost, charge.span_micros);
-    RefundRequest {
-        algorithm,
-        marker: format!("{}:r:{:016x}", keys[0], charge.id),
-        keys,
-        quotas: Arc::clone(quotas),
-        cost: charge.cost,
-        now_micros,
-        id: charge.id,
-        at_micros: charge.at_micros,
-        span_micros: quota_spans_micros
-            .iter()
-            .copied()
-            .fold(charge.span_micros, u64::max),
-        quota_spans_micros,
-    }
-}
-
 /// Gives back what an admission took when its caller had stopped waiting
 /// before the reply came: that caller was answered by the failure policy,
 /// so the check must take nothing (a late reply, e.g. Redis resuming from a
@@ -155,14 +129,14 @@ pub(super) fn unclaimed(
             let now = clock.as_ref().map(|c| c.now_micros());
             // Its quota keys (a block key may follow).
             let keys = request.keys[..quotas.len().min(request.keys.len())].to_vec();
-            refund_request(algorithm, &quotas, keys, &c, now)
+            settle_request(algorithm, &quotas, None, keys, &c, 0, now)
         });
         let (backend, policy) = (Arc::clone(&backend), policy.clone());
         async move {
             let Some(refund) = refund else { return };
             let mut pause = UNCLAIMED_FIRST_PAUSE;
             for _ in 0..UNCLAIMED_TRIES {
-                let done = tokio::time::timeout(UNCLAIMED_TIMEOUT, backend.refund_rate(&refund))
+                let done = tokio::time::timeout(UNCLAIMED_TIMEOUT, backend.settle_rate(&refund))
                     .await
                     .unwrap_or(Err(Error::Timeout(UNCLAIMED_TIMEOUT)));
                 match done {
@@ -205,8 +179,11 @@ impl RateLimiter {
     /// after a timeout or a lost reply returns `Ok(false)` and changes nothing.
     /// It also clears the subject from the local deny cache.
     ///
+    /// A refund is [`settle`](Self::settle) to 0 and shares its marker: a
+    /// charge is refunded or settled once, not both.
+    ///
     /// Returns whether the refund was applied (it gave back whatever of the
-    /// charge still counted): `false` for a charge already refunded, older
+    /// charge still counted): `false` for a charge already refunded or settled, older
     /// than the longest quota's span (a window's period, two for the
     /// counter, a bucket's refill from empty), or of cost 0.
     ///
@@ -235,66 +212,15 @@ impl RateLimiter {
     /// # Ok(()) }
     /// ```
     pub async fn refund(&self, subject: impl Into<Subject>, charge: &Charge) -> Result<bool> {
-        let inner = &self.inner;
         if charge.cost == 0 {
             return Ok(false);
         }
-        let subject = subject.into();
-        if charge.local {
-            return match &inner.fallback {
-                Some(fallback) => {
-                    let own = Charge {
-                        local: false,
-                        ..*charge
-                    };
-                    Box::pin(fallback.refund(subject, &own)).await
-                }
-                None => Ok(false),
-            };
+        // Taken by a fallback this limiter does not have: nothing of ours.
+        if charge.local && self.inner.fallback.is_none() {
+            return Ok(false);
         }
-        let keys = self.keys_for(&subject);
-        if key_digest(&keys[0]) != charge.key {
-            return Err(Error::InvalidConfig(
-                "this charge was taken for another subject or by another limiter".into(),
-            ));
-        }
-        if let Some(cache) = &inner.deny_cache {
-            cache.remove(&keys[0]);
-        }
-        let now = inner.clock.as_ref().map(|c| c.now_micros());
-        let request = refund_request(inner.algorithm, &inner.quotas, keys, charge, now);
-        let done = match inner.backend.refund_rate_now(&request) {
-            Some(done) => done,
-            // While the circuit is open the backend is skipped, as for a
-            // check: the charge stays, and nobody waits a timeout for it.
-            None if !inner.breaker.admits() => Err(Error::CircuitOpen),
-            None => {
-                let done = tokio::time::timeout(inner.timeout, inner.backend.refund_rate(&request))
-                    .await
-                    .unwrap_or(Err(Error::Timeout(inner.timeout)));
-                match &done {
-                    Err(e) if is_outage(e) => inner.breaker.failure(monotonic_micros()),
-                    _ => inner.breaker.success(),
-                }
-                done
-            }
-        };
-        if let (Ok(true), Some(cache)) = (&done, &inner.deny_cache) {
-            // Again once applied: a denial decided before the refund may
-            // have been cached while it was on its way.
-            cache.remove(&request.keys[0]);
-        }
-        match &done {
-            Ok(true) => {
-                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), cost = charge.cost, "refunded")
-            }
-            Ok(false) => {
-                tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "refund already applied or too late")
-            }
-            Err(e) => {
-                tracing::warn!(policy = inner.keyspace.policy(), error = %e, "refund failed")
-            }
-        }
-        done
+        // A refund is a settle to 0: one route, one marker per charge.
+        let settled = self.settle_charge(subject.into(), charge, 0).await?;
+        Ok(settled.applied)
     }
 }

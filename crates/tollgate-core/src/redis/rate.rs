@@ -1,5 +1,5 @@
 //! Rate limits on a [`RedisBackend`]: the five algorithms' scripts, their
-//! refunds, and the batch script that decides coalesced checks — sent on
+//! settles (and refunds), and the batch script that decides coalesced checks — sent on
 //! the connection ([`Conn`]), which is the coalescer's [`Sender`].
 
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
 use crate::quota::Quota;
 use crate::store::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
 };
 
 /// How rate checks are sent: on the connection, each with its deadline on
@@ -272,6 +272,28 @@ fn parse_rate_reply(value: Value, quotas: usize) -> Result<Parsed> {
     ))
 }
 
+/// A settle's reply: `{applied, then a check's reply}`.
+fn parse_settle_reply(value: Value, quotas: usize) -> Result<SettleReply> {
+    let Value::Array(mut items) = value else {
+        return Err(Error::Protocol(format!(
+            "a settle replied {value:?}, not an array"
+        )));
+    };
+    let applied = match items.first() {
+        Some(Value::Int(n)) => *n == 1,
+        other => {
+            return Err(Error::Protocol(format!(
+                "a settle replied {other:?} for applied"
+            )))
+        }
+    };
+    items.remove(0);
+    match parse_rate_reply(Value::Array(items), quotas)? {
+        Parsed::Decided(reply) => Ok(SettleReply::new(applied, reply)),
+        Parsed::Late(_) => Err(Error::Protocol("a settle replied as a late check".into())),
+    }
+}
+
 impl RateBackend for RedisBackend {
     fn check_rate<'a>(&'a self, req: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         async move {
@@ -283,10 +305,10 @@ impl RateBackend for RedisBackend {
         .boxed()
     }
 
-    fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+    fn settle_rate<'a>(&'a self, req: &'a SettleRequest) -> BoxFuture<'a, Result<SettleReply>> {
         async move {
             let value = self
-                .invoke(scripts::refund(req.algorithm), |cmd| {
+                .invoke(scripts::settle(req.algorithm), |cmd| {
                     cmd.arg(1 + req.keys.len()).arg(req.marker.as_str());
                     for k in &req.keys {
                         cmd.arg(k.as_str());
@@ -298,19 +320,20 @@ impl RateBackend for RedisBackend {
                     cmd.arg(req.cost)
                         .arg(format!("{:016x}", req.id))
                         .arg(req.at_micros)
-                        .arg(req.span_micros);
+                        .arg(req.span_micros)
+                        .arg(req.actual);
+                    match req.max_debt {
+                        Some(debt) => cmd.arg(debt),
+                        None => cmd.arg(""),
+                    };
+                    cmd.arg(req.marker_span_micros.max(req.span_micros));
                     quota_args(cmd, req.algorithm, &req.quotas);
                     for span in &req.quota_spans_micros {
                         cmd.arg(*span);
                     }
                 })
                 .await?;
-            match value {
-                Value::Int(n) => Ok(n == 1),
-                other => Err(Error::Protocol(format!(
-                    "a refund replied {other:?}, not 0 or 1"
-                ))),
-            }
+            parse_settle_reply(value, req.quotas.len())
         }
         .boxed()
     }

@@ -25,9 +25,12 @@ impl LuaScript {
 /// A script's body as it is sent: a rate algorithm's arguments
 /// (`lua/rate_args.lua`), then for a check its deadline
 /// (`lua/rate_deadline.lua`), the shared prelude, for a check its block
-/// (`lua/rate_block.lua`), then the algorithm; a
-/// refund adds the refund prelude instead of the deadline. Every script is sent whole, so each carries
-/// its preludes.
+/// (`lua/rate_block.lua`), then the algorithm. A settle (and a refund, a
+/// settle to 0) wraps the algorithm's check script as a function `check`,
+/// then runs the settle prelude, the algorithm's settle part and the
+/// epilogue that calls `check` with a cost of 0 (`lua/settle_reply.lua`):
+/// its figures come from the check's own code. Every script is sent whole,
+/// so each carries its preludes.
 macro_rules! rate_body {
     (check $file:literal) => {
         concat!(
@@ -38,12 +41,16 @@ macro_rules! rate_body {
             include_str!(concat!("../../lua/", $file, ".lua"))
         )
     };
-    (refund $file:literal) => {
+    (settle $file:literal) => {
         concat!(
             include_str!("../../lua/rate_args.lua"),
             include_str!("../../lua/rate_prelude.lua"),
-            include_str!("../../lua/refund_prelude.lua"),
-            include_str!(concat!("../../lua/", $file, "_refund.lua"))
+            "local function check(KEYS, ARGV)\n",
+            include_str!(concat!("../../lua/", $file, ".lua")),
+            "\nend\n",
+            include_str!("../../lua/settle_prelude.lua"),
+            include_str!(concat!("../../lua/", $file, "_settle.lua")),
+            include_str!("../../lua/settle_reply.lua")
         )
     };
     (batched $file:literal) => {
@@ -57,7 +64,7 @@ macro_rules! rate_body {
     };
 }
 
-/// One row per algorithm: its file, its check and refund scripts, and its
+/// One row per algorithm: its file, its check and settle scripts, and its
 /// place in the batch script's `decide` table (the row's order).
 macro_rules! rate_scripts {
     ($($alg:ident => $file:literal),* $(,)?) => {
@@ -82,11 +89,11 @@ macro_rules! rate_scripts {
             }
         }
 
-        /// An algorithm's refund script.
-        pub(crate) fn refund(algorithm: Algorithm) -> &'static LuaScript {
+        /// An algorithm's settle script (refunds too).
+        pub(crate) fn settle(algorithm: Algorithm) -> &'static LuaScript {
             match algorithm {
                 $(Algorithm::$alg => {
-                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(refund $file)));
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(settle $file)));
                     &S
                 })*
             }

@@ -28,5 +28,6 @@ pub use self::lock::{
     ReleaseEvents,
 };
 pub use self::rate::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest, Unclaimed,
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
+    Unclaimed,
 };

@@ -1,4 +1,4 @@
-//! [`RateBackend`]: one rate-limit decision or refund, as a store makes it,
+//! [`RateBackend`]: one rate-limit decision or settle, as a store makes it,
 //! and the vocabulary the two sides share ([`Algorithm`], [`Outcome`]).
 
 use std::fmt;
@@ -224,35 +224,69 @@ impl fmt::Debug for Unclaimed {
     }
 }
 
-/// A refund of one admitted check, for every quota (see
-/// [`RateLimiter::refund`](crate::RateLimiter::refund)).
+/// A settle of one admitted check, for every quota: the charge corrected
+/// from `cost` to `actual` units, at most once per charge (see
+/// [`RateLimiter::settle`](crate::RateLimiter::settle); a refund is a settle
+/// to 0).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct RefundRequest {
+pub struct SettleRequest {
     /// The algorithm that charged.
     pub algorithm: Algorithm,
-    /// The marker that makes the refund apply at most once (same hash tag).
+    /// The marker that makes the settle apply at most once (same hash tag);
+    /// a refund and a settle of one charge share it.
     pub marker: String,
-    /// One key per quota, as the check's.
+    /// One key per quota, as the check's (no block key: a settle is not
+    /// refused by a block).
     pub keys: Vec<String>,
     /// The quotas, as the check's.
     pub quotas: Arc<[Quota]>,
-    /// Units to give back.
+    /// Units the check took.
     pub cost: u64,
-    /// The time of the refund (µs), or `None` for the backend's own clock.
+    /// Units it should have taken: less gives the difference back, more
+    /// puts the subject into debt (up to `max_debt`).
+    pub actual: u64,
+    /// The most debt a quota may carry (units), or `None` for each quota's
+    /// capacity (burst for buckets, limit for windows).
+    pub max_debt: Option<u64>,
+    /// The time of the settle (µs), or `None` for the backend's own clock.
     pub now_micros: Option<u64>,
     /// The check's id (its log entries carry it).
     pub id: u64,
     /// When the check was decided (µs, the backend's clock).
     pub at_micros: u64,
-    /// How long after `at_micros` a refund can still change anything (µs):
-    /// the longest of the quotas' spans.
+    /// How long after `at_micros` the settle can still be applied (µs):
+    /// for a give-back the longest of the quotas' refund spans, for a debt
+    /// the longer of that and the longest quota period.
     pub span_micros: u64,
-    /// Per quota, how long after `at_micros` its refund may still give
-    /// (µs); empty when every quota's span is `span_micros` (the windows).
-    /// A token bucket's or GCRA's quota stops one its own time after the
-    /// check, however long the others' run.
+    /// How long after `at_micros` the marker lives (µs): the longest
+    /// horizon of either direction, at least `span_micros`, so that a
+    /// charge settled once stays settled whichever way a replay goes.
+    pub marker_span_micros: u64,
+    /// Per quota, how long after `at_micros` a give-back may still reach
+    /// it (µs); empty when every quota's span is `span_micros` (the
+    /// windows, and every debt). A token bucket's or GCRA's quota stops one
+    /// its own time after the check, however long the others' run.
     pub quota_spans_micros: Vec<u64>,
+}
+
+/// A backend's answer to a [`SettleRequest`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SettleReply {
+    /// Whether the settle changed the charge (false: the marker was there,
+    /// it came too late, or `actual` equals `cost`).
+    pub applied: bool,
+    /// The subject's figures after settling, as a check of cost 0 reports
+    /// them (its block aside).
+    pub reply: RateReply,
+}
+
+impl SettleReply {
+    /// A reply from its parts.
+    pub fn new(applied: bool, reply: RateReply) -> Self {
+        Self { applied, reply }
+    }
 }
 
 /// One [`Outcome`] per quota, the first held inline: a single-quota reply
@@ -310,21 +344,21 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// Gives back what one admitted check took, at most once per
-    /// [`RefundRequest::marker`]: `Ok(true)` when given back. The default
-    /// refuses (a backend written before refunds existed).
-    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
+    /// Corrects one admitted check to its actual cost, at most once per
+    /// [`SettleRequest::marker`], and reports the figures after it. The
+    /// default refuses (a backend written before settles existed).
+    fn settle_rate<'a>(&'a self, request: &'a SettleRequest) -> BoxFuture<'a, Result<SettleReply>> {
         let _ = request;
         Box::pin(async {
             Err(crate::error::Error::InvalidConfig(
-                "this rate-limit backend does not support refunds".into(),
+                "this rate-limit backend does not support settles or refunds".into(),
             ))
         })
     }
 
-    /// The refund at once when no I/O is needed, like
+    /// The settle at once when no I/O is needed, like
     /// [`check_rate_now`](Self::check_rate_now). The default is `None`.
-    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
+    fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
         let _ = request;
         None
     }
@@ -353,12 +387,12 @@ impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
         (**self).check_rate_now(request)
     }
 
-    fn refund_rate<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
-        (**self).refund_rate(request)
+    fn settle_rate<'a>(&'a self, request: &'a SettleRequest) -> BoxFuture<'a, Result<SettleReply>> {
+        (**self).settle_rate(request)
     }
 
-    fn refund_rate_now(&self, request: &RefundRequest) -> Option<Result<bool>> {
-        (**self).refund_rate_now(request)
+    fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
+        (**self).settle_rate_now(request)
     }
 
     fn local_rate(&self) -> Arc<dyn RateBackend> {

@@ -1,7 +1,7 @@
 //! Fixed window aligned to the epoch. The Redis script is
 //! `lua/fixed_window.lua`; this file is its twin for the memory store.
 
-use super::{Outcome, Refund, Slot, Step};
+use super::{Outcome, Settle, Slot, Step};
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
@@ -28,13 +28,33 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
     )
 }
 
-/// The refund: the window charged gets the cost back (never below zero);
-/// once it has passed, nothing is owed. The TTL stays.
-pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, period): (u64, u64)) -> Option<u64> {
-    if let Some(Slot::Window { window, count, .. }) = slot {
-        if *window == r.at / period {
-            *count = count.saturating_sub(r.cost);
+/// The settle. Under the estimate: the window charged gets the difference
+/// back (never below zero); once it has passed, nothing is owed, and the
+/// TTL stays. Over it: the window current now counts the difference, never
+/// above limit + debt; returns the new TTL.
+pub(crate) fn settle(
+    slot: &mut Option<Slot>,
+    s: Settle,
+    (limit, period): (u64, u64),
+) -> Option<u64> {
+    if s.give() > 0 {
+        if let Some(Slot::Window { window, count, .. }) = slot {
+            if *window == s.at / period {
+                *count = count.saturating_sub(s.give());
+            }
         }
+        return None;
     }
-    None
+    let w = s.now / period;
+    let count = match slot {
+        Some(Slot::Window { window, count, .. }) if *window == w => *count,
+        _ => 0,
+    };
+    let most = limit.saturating_add(s.debt);
+    *slot = Some(Slot::Window {
+        window: w,
+        previous: 0,
+        count: count.saturating_add(s.owe()).min(count.max(most)),
+    });
+    Some((w + 1) * period - s.now)
 }

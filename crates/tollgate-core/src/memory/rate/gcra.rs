@@ -6,7 +6,7 @@
 //! emission interval `period / limit` is a whole number of units
 //! ([`Interval`]): no rate is rounded.
 
-use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Refund, Slot, Step};
+use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Settle, Slot, Step};
 use crate::quota::Interval;
 
 /// One quota's step. `burst` and the exact emission interval. With
@@ -40,18 +40,32 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, iv): (u64, Interv
     Outcome::current(units(limit_at - tat), us(tat), us(nt - limit_at), next(tat))
 }
 
-/// The refund: the TAT moves back by the cost's intervals, never before now
-/// (a full bucket keeps no state). Returns the new TTL.
-pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, iv): (u64, Interval)) -> Option<u64> {
-    let Some(Slot::At(t)) = slot else {
-        return None;
+/// The settle. Under the estimate: the TAT moves back by the difference's
+/// intervals, never before now (a full bucket keeps no state). Over it: the
+/// TAT moves later by the difference from max(TAT, now), never beyond now +
+/// (burst + debt) intervals. Returns the new TTL.
+pub(crate) fn settle(
+    slot: &mut Option<Slot>,
+    s: Settle,
+    (burst, iv): (u64, Interval),
+) -> Option<u64> {
+    let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
+    let tat = match slot {
+        Some(Slot::At(t)) => Some(t.rel(s.now, per)),
+        _ => None,
     };
-    let per = iv.per_micro;
-    let tat = t.rel(r.now, per) - i128::from(r.cost) * i128::from(iv.ticks);
-    if tat <= 0 {
-        *slot = None;
-        return None;
-    }
-    *slot = Some(Slot::At(Instant::at(r.now, tat, per)));
+    let tat = if s.give() > 0 {
+        let tat = tat? - i128::from(s.give()) * interval;
+        if tat <= 0 {
+            *slot = None;
+            return None;
+        }
+        tat
+    } else {
+        let tat = tat.unwrap_or(0).max(0);
+        let most = (i128::from(burst) + i128::from(s.debt)) * interval;
+        (tat + i128::from(s.owe()) * interval).min(tat.max(most))
+    };
+    *slot = Some(Slot::At(Instant::at(s.now, tat, per)));
     Some(ceil_micros(tat, per))
 }

@@ -1,5 +1,5 @@
 //! Rate limits in memory: [`RateBackend`] for [`MemoryBackend`], each check
-//! and refund decided by the algorithms' twins ([`twin`]) on one shard.
+//! and settle decided by the algorithms' twins ([`twin`]) on one shard.
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -9,11 +9,12 @@ use super::{lock, Entry, MemoryBackend, Shard};
 use crate::error::Result;
 use crate::quota::Quota;
 use crate::store::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, RefundRequest,
+    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
 };
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+mod settle;
 pub(crate) mod sliding_window_counter;
 pub(crate) mod sliding_window_log;
 #[cfg(test)]
@@ -105,68 +106,6 @@ impl MemoryBackend {
         RateReply::new(allowed, outcomes).at(now)
     }
 
-    /// The refund scripts' twin: the marker first (at most once per charge,
-    /// living as long as the refund could matter), then each quota's refund
-    /// on its live entry.
-    fn refund_now(&self, req: &RefundRequest) -> bool {
-        let now = req
-            .now_micros
-            .unwrap_or_else(|| self.inner.clock.now_micros());
-        let until = req.at_micros.saturating_add(req.span_micros);
-        if until <= now {
-            return false;
-        }
-        let first = req.keys.first().unwrap_or(&req.marker);
-        let mut shard = lock(self.shard_for(first));
-        if shard
-            .map
-            .get(&req.marker)
-            .is_some_and(|e| e.expires_at > now)
-        {
-            return false;
-        }
-        shard.map.insert(
-            req.marker.clone(),
-            Entry {
-                slot: Slot::Marker,
-                expires_at: until,
-            },
-        );
-        let r = Refund {
-            now,
-            cost: req.cost,
-            at: req.at_micros,
-        };
-        for (i, (key, q)) in req.keys.iter().zip(req.quotas.iter()).enumerate() {
-            // A quota whose own span has passed may have refilled: nothing.
-            let span = req
-                .quota_spans_micros
-                .get(i)
-                .copied()
-                .unwrap_or(req.span_micros);
-            if req.at_micros.saturating_add(span) <= now {
-                continue;
-            }
-            let Some(entry) = shard.map.get_mut(key).filter(|e| e.expires_at > now) else {
-                continue;
-            };
-            let mut slot = Some(std::mem::replace(&mut entry.slot, Slot::Marker));
-            let ttl = req.algorithm.refund(&mut slot, r, q);
-            match slot {
-                Some(slot) => {
-                    entry.slot = slot;
-                    if let Some(ttl) = ttl {
-                        entry.expires_at = now + ttl.max(1);
-                    }
-                }
-                None => {
-                    shard.map.remove(key);
-                }
-            }
-        }
-        true
-    }
-
     /// [`check_now`](Self::check_now) for one quota (the common case): the
     /// same steps on the entry in place (one lookup, no vectors).
     fn check_one(
@@ -249,13 +188,13 @@ impl RateBackend for MemoryBackend {
         Some(Ok(self.check_now(req)))
     }
 
-    fn refund_rate<'a>(&'a self, req: &'a RefundRequest) -> BoxFuture<'a, Result<bool>> {
-        let done = self.refund_now(req);
+    fn settle_rate<'a>(&'a self, req: &'a SettleRequest) -> BoxFuture<'a, Result<SettleReply>> {
+        let done = self.settle_now(req);
         async move { Ok(done) }.boxed()
     }
 
-    fn refund_rate_now(&self, req: &RefundRequest) -> Option<Result<bool>> {
-        Some(Ok(self.refund_now(req)))
+    fn settle_rate_now(&self, req: &SettleRequest) -> Option<Result<SettleReply>> {
+        Some(Ok(self.settle_now(req)))
     }
 
     fn local_rate(&self) -> std::sync::Arc<dyn RateBackend> {

@@ -2,7 +2,7 @@
 //! much of it still overlaps the sliding window, plus the current count. The
 //! Redis script is `lua/sliding_window_counter.lua`; this file is its twin.
 
-use super::{Outcome, Refund, Slot, Step};
+use super::{Outcome, Settle, Slot, Step};
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
@@ -75,22 +75,47 @@ fn next_unit(prev: u64, cur: u64, e: u64, period: u64) -> u64 {
     t as u64
 }
 
-/// The refund: the window charged gets the cost back, as the current window
-/// or as the previous one (still weighed); never below zero; two windows on,
-/// nothing is owed. The TTL stays.
-pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, (_, period): (u64, u64)) -> Option<u64> {
-    if let Some(Slot::Window {
-        window,
-        previous,
-        count,
-    }) = slot
-    {
-        let charged = r.at / period;
-        if *window == charged {
-            *count = count.saturating_sub(r.cost);
-        } else if *window == charged + 1 {
-            *previous = previous.saturating_sub(r.cost);
+/// The settle. Under the estimate: the window charged gets the difference
+/// back, as the current window or as the previous one (still weighed);
+/// never below zero; two windows on, nothing is owed; the TTL stays. Over
+/// it: the windows rotate as the step rotates them, and the current one
+/// counts the difference, never above limit + debt; returns the new TTL.
+pub(crate) fn settle(
+    slot: &mut Option<Slot>,
+    s: Settle,
+    (limit, period): (u64, u64),
+) -> Option<u64> {
+    if s.give() > 0 {
+        if let Some(Slot::Window {
+            window,
+            previous,
+            count,
+        }) = slot
+        {
+            let charged = s.at / period;
+            if *window == charged {
+                *count = count.saturating_sub(s.give());
+            } else if *window == charged + 1 {
+                *previous = previous.saturating_sub(s.give());
+            }
         }
+        return None;
     }
-    None
+    let w = s.now / period;
+    let (prev, cur) = match slot {
+        Some(Slot::Window {
+            window,
+            previous,
+            count,
+        }) if *window == w => (*previous, *count),
+        Some(Slot::Window { window, count, .. }) if *window + 1 == w => (*count, 0),
+        _ => (0, 0),
+    };
+    let most = limit.saturating_add(s.debt);
+    *slot = Some(Slot::Window {
+        window: w,
+        previous: prev,
+        count: cur.saturating_add(s.owe()).min(cur.max(most)),
+    });
+    Some(2 * period - (s.now - w * period))
 }

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Outcome, Refund, Slot, Step};
+use super::{Outcome, Settle, Slot, Step};
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
@@ -50,18 +50,47 @@ fn oldest_leaves(log: &VecDeque<u64>, period: u64, now: u64) -> u64 {
     log.front().map_or(0, |&t| (t + period).saturating_sub(now))
 }
 
-/// The refund: the charge's entries leave the log. The script removes them
-/// by the charge's id; here entries carry only their time, and the charge's
-/// are those logged at its instant — any of them is the same entry.
-pub(crate) fn refund(slot: &mut Option<Slot>, r: Refund, _: (u64, u64)) -> Option<u64> {
-    if let Some(Slot::Log(log)) = slot {
-        let from = log.partition_point(|&t| t < r.at);
-        let to = log.partition_point(|&t| t <= r.at);
-        let gone = (to - from).min(r.cost as usize);
-        log.drain(from..from + gone);
-        if log.is_empty() {
-            *slot = None;
+/// The settle. Under the estimate: the charge's last entries leave the
+/// log. The script removes them by the charge's id; here entries carry only
+/// their time, and the charge's are those logged at its instant — any of
+/// them is the same entry; the TTL stays. Over it: the log drops what left
+/// the window and gains the difference's entries at now, never more than
+/// limit + debt live ones; returns the new TTL when it gained any.
+pub(crate) fn settle(
+    slot: &mut Option<Slot>,
+    s: Settle,
+    (limit, period): (u64, u64),
+) -> Option<u64> {
+    if s.give() > 0 {
+        if let Some(Slot::Log(log)) = slot {
+            let from = log.partition_point(|&t| t < s.at);
+            let to = log.partition_point(|&t| t <= s.at);
+            let gone = (to - from).min(usize::try_from(s.give()).unwrap_or(usize::MAX));
+            log.drain(from..from + gone);
+            if log.is_empty() {
+                *slot = None;
+            }
         }
+        return None;
     }
-    None
+    let mut log = match slot.take() {
+        Some(Slot::Log(log)) => log,
+        _ => VecDeque::new(),
+    };
+    // As the step's trim: entries at or before now - period have left.
+    let cutoff = i128::from(s.now) - i128::from(period);
+    let gone = log.partition_point(|&t| i128::from(t) <= cutoff);
+    log.drain(..gone);
+    let room = limit
+        .saturating_add(s.debt)
+        .saturating_sub(log.len() as u64);
+    let added = s.owe().min(room);
+    let at = log.partition_point(|&t| t <= s.now);
+    for _ in 0..added {
+        log.insert(at, s.now);
+    }
+    if !log.is_empty() {
+        *slot = Some(Slot::Log(log));
+    }
+    (added > 0).then_some(period)
 }

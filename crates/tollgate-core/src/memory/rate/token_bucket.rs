@@ -7,7 +7,7 @@
 //! ([`Interval`]): no rate is rounded. The empty instant is at or before now
 //! (≤ 0) while it counts.
 
-use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Refund, Slot, Step};
+use super::{ceil_micros, div_euclid, rem_euclid, Instant, Outcome, Settle, Slot, Step};
 use crate::quota::Interval;
 
 /// One quota's step. `capacity` tokens, one token every exact interval.
@@ -54,23 +54,33 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Int
     )
 }
 
-/// The refund: the tokens go back, never above the capacity (a full bucket
-/// keeps no state). Returns the new TTL.
-pub(crate) fn refund(
+/// The settle. Under the estimate: the tokens go back, never above the
+/// capacity (a full bucket keeps no state). Over it: the empty instant moves
+/// later by the difference, the tokens never below -debt. Returns the new
+/// TTL.
+pub(crate) fn settle(
     slot: &mut Option<Slot>,
-    r: Refund,
+    s: Settle,
     (capacity, iv): (u64, Interval),
 ) -> Option<u64> {
-    let Some(Slot::At(t)) = slot else {
-        return None;
-    };
     let (interval, per) = (i128::from(iv.ticks), iv.per_micro);
     let full = i128::from(capacity) * interval;
-    let empty = t.rel(r.now, per) - i128::from(r.cost) * interval;
-    if empty <= -full {
-        *slot = None;
-        return None;
-    }
-    *slot = Some(Slot::At(Instant::at(r.now, empty, per)));
+    let empty = match slot {
+        Some(Slot::At(t)) => Some(t.rel(s.now, per)),
+        _ => None,
+    };
+    let empty = if s.give() > 0 {
+        let empty = empty? - i128::from(s.give()) * interval;
+        if empty <= -full {
+            *slot = None;
+            return None;
+        }
+        empty
+    } else {
+        let empty = empty.unwrap_or(-full).max(-full);
+        let most = i128::from(s.debt) * interval;
+        (empty + i128::from(s.owe()) * interval).min(empty.max(most))
+    };
+    *slot = Some(Slot::At(Instant::at(s.now, empty, per)));
     Some(ceil_micros(empty + full, per))
 }

@@ -1,6 +1,6 @@
 //! The Rust twins of the rate-limit scripts: each algorithm's step and
-//! refund over a key's [`Slot`], figure for figure what `lua/<name>.lua`
-//! and `lua/<name>_refund.lua` do on Redis, and the exact arithmetic they
+//! settle over a key's [`Slot`], figure for figure what `lua/<name>.lua`
+//! and `lua/<name>_settle.lua` do on Redis, and the exact arithmetic they
 //! share.
 
 use std::collections::VecDeque;
@@ -34,10 +34,10 @@ pub(crate) trait Twin {
     /// commit) reduces its interval once.
     fn step_with(&self, slot: &mut Option<Slot>, req: Step, params: (u64, Interval)) -> Outcome;
 
-    /// The twin of the refund script, for one quota: the new TTL (µs) when
-    /// the state was rewritten with one, `None` to keep it (or when the slot
-    /// was emptied).
-    fn refund(&self, slot: &mut Option<Slot>, r: Refund, q: &Quota) -> Option<u64>;
+    /// The twin of the settle script's part for one quota (before its
+    /// cost-0 check): the new TTL (µs) when the state was rewritten with
+    /// one, `None` to keep it (or when the slot was emptied).
+    fn settle(&self, slot: &mut Option<Slot>, s: Settle, q: &Quota) -> Option<u64>;
 }
 
 impl Twin for Algorithm {
@@ -72,26 +72,42 @@ impl Twin for Algorithm {
         }
     }
 
-    fn refund(&self, slot: &mut Option<Slot>, r: Refund, q: &Quota) -> Option<u64> {
+    fn settle(&self, slot: &mut Option<Slot>, s: Settle, q: &Quota) -> Option<u64> {
         let (a, b) = self.params(q);
         match self {
-            Algorithm::FixedWindow => fixed_window::refund(slot, r, (a, b.ticks)),
-            Algorithm::SlidingWindowLog => sliding_window_log::refund(slot, r, (a, b.ticks)),
+            Algorithm::FixedWindow => fixed_window::settle(slot, s, (a, b.ticks)),
+            Algorithm::SlidingWindowLog => sliding_window_log::settle(slot, s, (a, b.ticks)),
             Algorithm::SlidingWindowCounter => {
-                sliding_window_counter::refund(slot, r, (a, b.ticks))
+                sliding_window_counter::settle(slot, s, (a, b.ticks))
             }
-            Algorithm::TokenBucket => token_bucket::refund(slot, r, (a, b)),
-            Algorithm::Gcra => gcra::refund(slot, r, (a, b)),
+            Algorithm::TokenBucket => token_bucket::settle(slot, s, (a, b)),
+            Algorithm::Gcra => gcra::settle(slot, s, (a, b)),
         }
     }
 }
 
-/// A refund as an algorithm's twin sees it.
+/// A settle as an algorithm's twin sees it: the charge of `cost` units
+/// taken at `at`, corrected to `actual` at `now`, with at most `debt`
+/// units of debt for this quota.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Refund {
+pub(crate) struct Settle {
     pub(crate) now: u64,
-    pub(crate) cost: u64,
     pub(crate) at: u64,
+    pub(crate) cost: u64,
+    pub(crate) actual: u64,
+    pub(crate) debt: u64,
+}
+
+impl Settle {
+    /// Units to give back (under the estimate).
+    pub(crate) fn give(&self) -> u64 {
+        self.cost.saturating_sub(self.actual)
+    }
+
+    /// Units owed (over the estimate).
+    pub(crate) fn owe(&self) -> u64 {
+        self.actual.saturating_sub(self.cost)
+    }
 }
 
 /// An instant as the buckets store it, exactly: whole microseconds (`floor`,
@@ -166,7 +182,7 @@ pub(crate) struct Step {
 /// State of one key in the memory backend.
 #[derive(Debug, Clone)]
 pub(crate) enum Slot {
-    /// A refund's marker, or a placeholder while an entry is stepped.
+    /// A settle's marker, or a placeholder while an entry is stepped.
     Marker,
     /// GCRA's TAT or the token bucket's empty instant.
     At(Instant),

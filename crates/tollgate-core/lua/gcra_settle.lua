@@ -1,0 +1,29 @@
+-- GCRA settle. Under the estimate: the theoretical arrival time moves back
+-- by the difference's emission intervals, never before now (a full bucket
+-- needs no key), while the quota's own span lasts. Over it: the TAT moves
+-- later by the difference from max(TAT, now), never beyond now + (burst +
+-- debt) intervals. Time relative to now in units of 1/per µs, as in gcra.lua.
+if applied then
+  for i = 1, q do
+    local key = KEYS[i + 1]
+    local interval, per = interval_of(ARGV[8 + 2 * i])
+    local tat = stored_instant(key, per)
+    if give > 0 then
+      if tat and not own_span_passed(i) then
+        tat = tat - give * interval
+        if tat <= 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, instant(tat, per), 'PX',
+            string.format('%d', math.ceil(ceil_us(tat, per) / 1000)))
+        end
+      end
+    else
+      tat = math.max(tat or 0, 0)
+      local most = (ARGV[7 + 2 * i] + debt_of(i)) * interval
+      tat = math.min(tat + owe * interval, math.max(tat, most))
+      redis.call('SET', key, instant(tat, per), 'PX',
+        string.format('%d', math.max(math.ceil(ceil_us(tat, per) / 1000), 1)))
+    end
+  end
+end

@@ -1,0 +1,46 @@
+-- Prologue of the five settle scripts. The loader puts before it
+-- rate_args.lua (`now`, `cost` = the units the check took, `n` = #KEYS),
+-- rate_prelude.lua and the algorithm's check script wrapped as
+-- `local function check(KEYS, ARGV)` (run by settle_reply.lua); after it,
+-- the algorithm's `<alg>_settle.lua`, then settle_reply.lua.
+-- A settle corrects what one admitted check took to `actual` units, at most
+-- once per charge; a refund is a settle to 0.
+-- KEYS[1]: the marker: one settle or refund per charge.
+-- KEYS[2..n]: one key per quota, as the check's, all sharing one hash tag.
+-- ARGV[3]: the charge's id (hex; the log's member prefix).
+-- ARGV[4]: the instant the check decided at (µs).
+-- ARGV[5]: how long after it the settle may still be applied (µs).
+-- ARGV[6]: actual units. ARGV[7]: the most debt per quota, or '' for each
+-- quota's own limit or burst. ARGV[8]: how long after the check the marker
+-- lives (µs): the longest horizon of either direction, so that a settle
+-- refused as a replay stays refused whichever way a later one goes.
+-- ARGV[7+2i], ARGV[8+2i]: quota i's parameters, as the check's.
+-- Then, for a give-back on a token bucket or GCRA, each quota's own span
+-- (µs), in order.
+local at, q = ARGV[4] + 0, n - 1
+local delta = ARGV[6] - cost
+-- Units to give back (under the estimate) or to owe (over it).
+local give, owe = math.max(-delta, 0), math.max(delta, 0)
+local applied = false
+if delta ~= 0 and at + ARGV[5] > now then
+  -- The marker lives as long as any settle of the charge could apply, so
+  -- a replay after a lost reply finds it and changes nothing twice.
+  applied = redis.call('SET', KEYS[1], '1', 'NX', 'PX',
+    string.format('%d', math.ceil((at + ARGV[8] - now) / 1000))) and true or false
+end
+-- The most debt quota i may carry (units).
+local function debt_of(i)
+  if ARGV[7] ~= '' then return ARGV[7] + 0 end
+  return ARGV[7 + 2 * i] + 0
+end
+-- Whether quota i's own give-back span has passed: past it, a bucket may
+-- have refilled what the charge took, so nothing is given.
+local function own_span_passed(i)
+  local span = ARGV[8 + 2 * q + i]
+  return span and at + span <= now
+end
+-- Rewrites a window's value under its current TTL (KEEPTTL needs Redis 6).
+local function rewrite(key, value)
+  local pttl = redis.call('PTTL', key)
+  if pttl > 0 then redis.call('SET', key, value, 'PX', pttl) end
+end

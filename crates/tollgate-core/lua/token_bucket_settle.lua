@@ -1,0 +1,30 @@
+-- Token bucket settle. Under the estimate: the tokens go back into the
+-- bucket, never above its capacity (a full bucket needs no key), while the
+-- quota's own span lasts. Over it: the empty instant moves later by the
+-- difference, the tokens never below -debt. Time relative to now in units
+-- of 1/per µs, as in token_bucket.lua.
+if applied then
+  for i = 1, q do
+    local key = KEYS[i + 1]
+    local interval, per = interval_of(ARGV[8 + 2 * i])
+    local full = ARGV[7 + 2 * i] * interval
+    local empty = stored_instant(key, per)
+    if give > 0 then
+      if empty and not own_span_passed(i) then
+        empty = empty - give * interval
+        if empty <= -full then
+          redis.call('DEL', key)
+        else
+          redis.call('SET', key, instant(empty, per), 'PX',
+            string.format('%d', math.ceil(ceil_us(empty + full, per) / 1000)))
+        end
+      end
+    else
+      empty = math.max(empty or -full, -full)
+      local most = debt_of(i) * interval
+      empty = math.min(empty + owe * interval, math.max(empty, most))
+      redis.call('SET', key, instant(empty, per), 'PX',
+        string.format('%d', math.max(math.ceil(ceil_us(empty + full, per) / 1000), 1)))
+    end
+  end
+end
