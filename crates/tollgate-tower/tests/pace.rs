@@ -20,6 +20,7 @@ use tollgate_core::{
 use tollgate_testkit::{unique, RedisCluster, RedisServer};
 use tollgate_tower::key::KeyError;
 use tollgate_tower::pace::{Pace, Throttled, Unavailable};
+use tollgate_tower::rate_limit::CostHeader;
 use tollgate_tower::{BoxError, PaceLayer};
 use tower::{Layer, ServiceExt};
 use upstream::{First, Upstream};
@@ -308,6 +309,30 @@ async fn the_clients_errors_pass_through(fleet: Fleet) {
     assert_eq!(left, 8, "both failed calls keep their charge");
 }
 
+/// `settle_from`: a call charged its estimate is settled to the cost its
+/// response reports, before the response is handed back; the other
+/// instance sees the budget as really used.
+async fn settle_from_settles_to_the_reported_cost(fleet: Fleet) {
+    let upstream = Upstream::start(First::new(200, &[("x-tokens-used", "30")]), &[]).await;
+    let prefix = unique("pace");
+    // 1000 tokens an hour: nothing refills in the time the test takes.
+    let quota = Quota::per_hour(1000);
+    let uri = upstream.uri("/v1/chat");
+    let a = PaceLayer::new(budget(&fleet.a, &prefix, quota))
+        .cost(100)
+        .settle_from(CostHeader::new("x-tokens-used"))
+        .layer(client());
+    let other = budget(&fleet.b, &prefix, quota);
+    let global = Subject::new("global");
+
+    assert_eq!(call(&a, &uri, "a").await.unwrap(), 200);
+    assert_eq!(other.inspect(&global).await.unwrap().remaining, 970);
+    // A response that says nothing (the second answer has no header)
+    // leaves the estimate.
+    assert_eq!(call(&a, &uri, "a").await.unwrap(), 200);
+    assert_eq!(other.inspect(&global).await.unwrap().remaining, 870);
+}
+
 /// Keyed per upstream host, a block holds back that host's budget only.
 async fn a_block_holds_only_its_own_budget(fleet: Fleet) {
     let stopped = Upstream::start(First::new(429, &[("retry-after", "30")]), &[]).await;
@@ -398,5 +423,6 @@ on_every_backend!(memory, redis, cluster; [
     a_block_is_capped,
     a_slot_beyond_max_wait_is_throttled,
     the_clients_errors_pass_through,
+    settle_from_settles_to_the_reported_cost,
     a_block_holds_only_its_own_budget,
 ]);

@@ -10,6 +10,7 @@ use std::task::{ready, Context, Poll};
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::task::JoinHandle;
 use tollgate_core::{Charge, Subject};
 use tower_service::Service;
 
@@ -21,8 +22,10 @@ pin_project! {
     /// budget, calls the inner service, learns from its response.
     ///
     /// Nothing is taken until it is polled. Dropped while waiting for its
-    /// slot, it makes no call; dropped (or failed) after, its charge stays:
-    /// the call may have reached the upstream.
+    /// slot, it makes no call and gives the slot back; dropped (or failed)
+    /// after, its charge stays: the call may have reached the upstream.
+    /// Dropped while the block or settle its response asked for is being
+    /// made, that work still completes (it runs in a task of its own).
     pub struct ResponseFuture<S, ReqB>
     where
         S: Service<Request<ReqB>>,
@@ -51,7 +54,8 @@ pin_project! {
             slot: Option<Slot>,
         },
         Learning {
-            learning: BoxFuture<'static, S::Response>,
+            applying: JoinHandle<()>,
+            response: Option<S::Response>,
         },
         Failed {
             error: Option<BoxError>,
@@ -125,7 +129,6 @@ impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
-    ResB: Send + 'static,
 {
     type Output = Result<Response<ResB>, BoxError>;
 
@@ -158,16 +161,26 @@ where
                     // An error keeps the charge: the call may have reached
                     // the upstream.
                     let response = ready!(fut.poll(cx)).map_err(Into::into)?;
-                    match slot.take() {
-                        Some(slot) if slot.learns() => {
-                            let learning = Box::pin(slot.learn(response));
-                            this.state.set(State::Learning { learning });
-                        }
-                        _ => return Poll::Ready(Ok(response)),
-                    }
+                    let Some(slot) = slot.take() else {
+                        return Poll::Ready(Ok(response));
+                    };
+                    let (parts, body) = response.into_parts();
+                    let Some(lesson) = slot.lesson(&parts) else {
+                        return Poll::Ready(Ok(Response::from_parts(parts, body)));
+                    };
+                    // In a task of its own: a caller that stops waiting for
+                    // the response does not undo what it taught.
+                    let applying = tokio::spawn(slot.apply(lesson));
+                    this.state.set(State::Learning {
+                        applying,
+                        response: Some(Response::from_parts(parts, body)),
+                    });
                 }
-                StateProj::Learning { learning } => {
-                    return Poll::Ready(Ok(ready!(learning.as_mut().poll(cx))));
+                StateProj::Learning { applying, response } => {
+                    // The task never fails the call (a panic in it is its own).
+                    let _ = ready!(Pin::new(applying).poll(cx));
+                    let response = response.take().expect("polled after completion");
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Failed { error } => {
                     return Poll::Ready(Err(error.take().expect("polled after completion")));

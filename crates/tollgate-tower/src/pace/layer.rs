@@ -109,9 +109,10 @@ impl<K, C> PaceLayer<K, C> {
     /// Settles each call's charge to the cost its response reports (a
     /// [`ResponseCost`]: [`CostHeader`](crate::rate_limit::CostHeader),
     /// [`CostExtension`](crate::rate_limit::CostExtension) or a closure),
-    /// with [`RateLimiter::settle`], before the response is handed back. A
-    /// response that says nothing leaves the charge as taken; a settle that
-    /// fails is logged and never fails the call.
+    /// with [`RateLimiter::settle`](tollgate_core::RateLimiter::settle),
+    /// before the response is handed back. A response that says nothing
+    /// leaves the charge as taken; a settle that fails is logged and never
+    /// fails the call.
     pub fn settle_from(mut self, actual: impl ResponseCost) -> Self {
         self.shared.settle_from = Some(Arc::new(move |res| actual.actual_cost(res)));
         self

@@ -99,14 +99,26 @@
 //! `x-tokens-used`, or a closure); the budget then holds what was really
 //! used. A settle that fails is logged and never fails the call.
 //!
-//! # Round trips
+//! # Waiting, and round trips
 //!
-//! On Redis, a call that finds a slot at once costs one round trip before
-//! it goes; a response asking to wait costs one more (the block, with its
+//! A call first asks for a slot now (`RateLimiter::acquire` without a
+//! wait): one round trip on Redis, and the call goes. When there is none,
+//! it reserves the earliest slot within what is left of `max_wait` (one
+//! more; calls across the fleet are served in the order they reserved) and
+//! waits for it locally. Since the upstream may have asked the fleet to stop
+//! while it waited, a call whose slot was reserved ahead reads the block
+//! once more when the slot comes ([`RateLimiter::inspect`], two round
+//! trips); blocked, it gives the slot back (one) and waits the block out.
+//! A response asking to wait costs one more round trip (the block, with its
 //! announcement to every instance), a settle one more.
+//!
+//! A call already sent when the upstream says stop cannot be held back:
+//! pace the budget so that the upstream's limit is rarely reached, and the
+//! block stops the rest.
 //!
 //! [`RateLimiter`]: tollgate_core::RateLimiter
 //! [`RateLimiter::block`]: tollgate_core::RateLimiter::block
+//! [`RateLimiter::inspect`]: tollgate_core::RateLimiter::inspect
 
 mod error;
 mod future;

@@ -7,8 +7,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::response::Parts;
-use http::{Request, Response};
-use tollgate_core::{Charge, Error, RateLimiter, Subject};
+use http::{Request, Response, StatusCode};
+use tollgate_core::{Charge, Decision, DecisionSource, Error, RateLimiter, Subject};
 use tower_service::Service;
 
 use super::error::{Throttled, Unavailable};
@@ -49,6 +49,31 @@ impl fmt::Debug for Shared {
     }
 }
 
+/// Stands in for `RateLimiter::acquire` until it is on this branch: checks,
+/// and waits out a denial that ends within `max_wait` (no reservation).
+async fn acquire(
+    limiter: &RateLimiter,
+    subject: &Subject,
+    cost: u64,
+    max_wait: Duration,
+) -> tollgate_core::Result<Decision> {
+    let deadline = Instant::now() + max_wait;
+    loop {
+        let d = limiter.check_n(subject.clone(), cost).await?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let store_said = matches!(
+            d.source,
+            DecisionSource::Backend | DecisionSource::DenyCache
+        );
+        match d.retry_after {
+            Some(wait) if !d.allowed && store_said && wait <= left => {
+                tokio::time::sleep(wait).await;
+            }
+            _ => return Ok(d),
+        }
+    }
+}
+
 /// A call that took its slot: what learning from its response needs.
 pub(crate) struct Slot {
     pub(crate) shared: Arc<Shared>,
@@ -72,91 +97,194 @@ impl Shared {
     ) -> Result<Option<Charge>, BoxError> {
         let deadline = Instant::now() + self.max_wait;
         loop {
-            let decision = match self.limiter.check_n(subject.clone(), cost).await {
-                Ok(d) => d,
-                Err(e @ Error::CostExceedsCapacity { .. }) => {
-                    tracing::info!(
-                        target: "tollgate_tower::pace",
-                        policy = self.policy(), subject = %subject.digest(), cost, error = %e,
-                        "call refused: it costs more than the budget holds"
-                    );
-                    return Err(Throttled::new(None).into());
-                }
-                Err(e) => {
-                    tracing::warn!(
-                        target: "tollgate_tower::pace",
-                        policy = self.policy(), subject = %subject.digest(), cost, error = %e,
-                        "call refused: the budget is unavailable"
-                    );
-                    return Err(Unavailable::new(e).into());
-                }
-            };
-            if decision.allowed {
-                tracing::debug!(
-                    target: "tollgate_tower::pace",
-                    policy = self.policy(), subject = %subject.digest(), cost,
-                    remaining = decision.remaining, "call admitted"
-                );
-                return Ok(decision.charge);
+            // A slot now: one round trip, and the call goes.
+            let now = self.acquire(subject, cost, Duration::ZERO).await?;
+            if now.allowed {
+                return Ok(self.admitted(subject, cost, now));
             }
-            // Refused now (the quota, or a block the upstream asked for):
-            // wait it out when it ends within the time left.
-            let wait = decision.retry_after.unwrap_or(Duration::from_millis(1));
             let left = deadline.saturating_duration_since(Instant::now());
-            if wait > left {
+            let store_said = matches!(
+                now.source,
+                DecisionSource::Backend | DecisionSource::DenyCache
+            );
+            match now.retry_after {
+                Some(wait) if wait <= left && store_said => {}
+                wait => return Err(self.throttled(subject, cost, wait)),
+            }
+            // Reserve the earliest slot within what is left, and wait for it.
+            let later = self.acquire(subject, cost, left).await?;
+            if !later.allowed {
+                return Err(self.throttled(subject, cost, later.retry_after));
+            }
+            // The upstream may have asked the fleet to stop while this call
+            // waited for a slot reserved before: read the block once more.
+            if self.learn {
+                if let Some(charge) = &later.charge {
+                    if self.blocked(subject).await {
+                        self.give_back(subject, charge).await;
+                        continue;
+                    }
+                }
+            }
+            return Ok(self.admitted(subject, cost, later));
+        }
+    }
+
+    /// The limiter's acquire, its errors as the call's.
+    async fn acquire(
+        &self,
+        subject: &Subject,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, BoxError> {
+        match acquire(&self.limiter, subject, cost, max_wait).await {
+            Ok(d) => Ok(d),
+            Err(e @ Error::CostExceedsCapacity { .. }) => {
                 tracing::info!(
                     target: "tollgate_tower::pace",
-                    policy = self.policy(), subject = %subject.digest(), cost,
-                    retry_after = ?wait, "call throttled: no slot within the wait allowed"
+                    policy = self.policy(), subject = %subject.digest(), cost, error = %e,
+                    "call refused: it costs more than the budget holds"
                 );
-                return Err(Throttled::new(Some(wait)).into());
+                Err(Throttled::new(None).into())
             }
-            tokio::time::sleep(wait).await;
+            Err(e) => {
+                tracing::warn!(
+                    target: "tollgate_tower::pace",
+                    policy = self.policy(), subject = %subject.digest(), cost, error = %e,
+                    "call refused: the budget is unavailable"
+                );
+                Err(Unavailable::new(e).into())
+            }
+        }
+    }
+
+    fn admitted(&self, subject: &Subject, cost: u64, decision: Decision) -> Option<Charge> {
+        tracing::debug!(
+            target: "tollgate_tower::pace",
+            policy = self.policy(), subject = %subject.digest(), cost,
+            remaining = decision.remaining, "call admitted"
+        );
+        decision.charge
+    }
+
+    fn throttled(&self, subject: &Subject, cost: u64, wait: Option<Duration>) -> BoxError {
+        tracing::info!(
+            target: "tollgate_tower::pace",
+            policy = self.policy(), subject = %subject.digest(), cost,
+            retry_after = ?wait, "call throttled: no slot within the wait allowed"
+        );
+        Throttled::new(wait).into()
+    }
+
+    /// Whether `subject` is blocked now; `false` when that cannot be read
+    /// (the call then goes, as it would have without the wait).
+    async fn blocked(&self, subject: &Subject) -> bool {
+        match self.limiter.inspect(subject).await {
+            Ok(state) => state.blocked_until_ms.is_some(),
+            Err(e) => {
+                tracing::debug!(
+                    target: "tollgate_tower::pace",
+                    policy = self.policy(), subject = %subject.digest(), error = %e,
+                    "could not read the block after a wait"
+                );
+                false
+            }
+        }
+    }
+
+    /// Gives a slot back that a block made useless.
+    async fn give_back(&self, subject: &Subject, charge: &Charge) {
+        if let Err(e) = self.limiter.refund(subject.clone(), charge).await {
+            tracing::warn!(
+                target: "tollgate_tower::pace",
+                policy = self.policy(), subject = %subject.digest(), error = %e,
+                "a slot given up for a block could not be given back"
+            );
         }
     }
 }
 
+/// What a response taught: how long to block the budget, what the call
+/// really cost.
+pub(crate) struct Lesson {
+    status: StatusCode,
+    /// The wait the upstream asked for, and the block it sets (capped).
+    block: Option<(Duration, Duration)>,
+    actual: Option<(Charge, u64)>,
+}
+
 impl Slot {
-    /// Learns from the response before it is handed back: blocks the budget
-    /// fleet-wide for as long as the upstream asks, and settles the charge
-    /// to the cost the response reports. Neither ever fails the call.
-    pub(crate) async fn learn<B>(self, response: Response<B>) -> Response<B> {
-        let (parts, body) = response.into_parts();
+    /// What the response `res` says, if anything is to be done about it.
+    pub(crate) fn lesson(&self, res: &Parts) -> Option<Lesson> {
         let shared = &self.shared;
+        let block = shared
+            .learn
+            .then(|| upstream_wait(res, SystemTime::now()))
+            .flatten()
+            .map(|wait| (wait, wait.min(shared.max_block)));
+        let actual = match (&shared.settle_from, self.charge) {
+            (Some(read), Some(charge)) => read(res).map(|actual| (charge, actual)),
+            _ => None,
+        };
+        (block.is_some() || actual.is_some()).then_some(Lesson {
+            status: res.status,
+            block,
+            actual,
+        })
+    }
+
+    /// Blocks the budget fleet-wide for as long as the upstream asked, and
+    /// settles the charge to the cost the response reports. Neither ever
+    /// fails the call.
+    pub(crate) async fn apply(self, lesson: Lesson) {
+        let (shared, subject) = (&self.shared, &self.subject);
         let block = async {
-            if !shared.learn {
-                return;
-            }
-            let Some(wait) = upstream_wait(&parts, SystemTime::now()) else {
+            let Some((asked, duration)) = lesson.block else {
                 return;
             };
-            let duration = wait.min(shared.max_block);
-            let blocking = shared.limiter.block(&self.subject, duration);
+            let blocking = shared.limiter.block(subject, duration);
             let done = tokio::time::timeout(BLOCK_TIMEOUT, blocking)
                 .await
                 .unwrap_or(Err(Error::Timeout(BLOCK_TIMEOUT)));
             match done {
                 Ok(()) => tracing::info!(
                     target: "tollgate_tower::pace",
-                    policy = shared.policy(), subject = %self.subject.digest(),
-                    status = parts.status.as_u16(), asked = ?wait, blocked_for = ?duration,
+                    policy = shared.policy(), subject = %subject.digest(),
+                    status = lesson.status.as_u16(), ?asked, blocked_for = ?duration,
                     "the upstream asked to wait: budget blocked fleet-wide"
                 ),
                 Err(e) => tracing::warn!(
                     target: "tollgate_tower::pace",
-                    policy = shared.policy(), subject = %self.subject.digest(),
-                    status = parts.status.as_u16(), asked = ?wait, error = %e,
+                    policy = shared.policy(), subject = %subject.digest(),
+                    status = lesson.status.as_u16(), ?asked, error = %e,
                     "the upstream asked to wait, but the budget could not be blocked"
                 ),
             }
         };
-        block.await;
-        Response::from_parts(parts, body)
-    }
-
-    /// Whether [`learn`](Self::learn) has anything to do.
-    pub(crate) fn learns(&self) -> bool {
-        self.shared.learn || (self.shared.settle_from.is_some() && self.charge.is_some())
+        let settle = async {
+            let Some((charge, actual)) = lesson.actual else {
+                return;
+            };
+            match shared
+                .limiter
+                .settle(subject.clone(), &charge, actual)
+                .await
+            {
+                Ok(s) => tracing::debug!(
+                    target: "tollgate_tower::pace",
+                    policy = shared.policy(), subject = %subject.digest(),
+                    estimate = charge.cost(), actual, applied = s.applied,
+                    remaining = s.decision.remaining, "call settled"
+                ),
+                Err(e) => tracing::warn!(
+                    target: "tollgate_tower::pace",
+                    policy = shared.policy(), subject = %subject.digest(),
+                    estimate = charge.cost(), actual, error = %e,
+                    "the call's charge could not be settled: the estimate stays"
+                ),
+            }
+        };
+        futures_util::join!(block, settle);
     }
 }
 
@@ -210,7 +338,6 @@ where
     K: KeyExtractor,
     C: RequestCost,
     ReqB: Send + 'static,
-    ResB: Send + 'static,
 {
     type Response = Response<ResB>;
     type Error = BoxError;
