@@ -76,7 +76,10 @@ With feature `tower` (on by default), in [`tower`]:
   [`ConcurrencyLimitLayer`](tower::ConcurrencyLimitLayer) and
   [`IdempotencyLayer`](tower::IdempotencyLayer), keyed by a
   [`KeyExtractor`](tower::key::KeyExtractor) from [`tower::key`]; every
-  refusal is a [`Rejection`](tower::Rejection)."
+  refusal is a [`Rejection`](tower::Rejection).
+- **Client middleware**: [`PaceLayer`](tower::PaceLayer) paces outbound
+  calls against a budget the fleet shares and stops the fleet when the
+  upstream says stop."
 )]
 #![cfg_attr(
     not(feature = "tower"),
@@ -127,7 +130,9 @@ pub mod tower {
     //! tower middleware, shaped like tower-http: each layer wraps any
     //! `Service<http::Request<B>>` (axum routers, tonic servers, hyper
     //! services), checks in the response future and answers every refusal
-    //! with a response (`429`, `409`, `503`, … or the matching gRPC status).
+    //! with a response (`429`, `409`, `503`, … or the matching gRPC status);
+    //! the client layer [`PaceLayer`] wraps an HTTP client instead and ends
+    //! a refused call with an error.
     //!
     //! - [`RateLimitLayer`]: a rate limit per key, with the IETF draft
     //!   `RateLimit` / `RateLimit-Policy` headers and `Retry-After`; plans
@@ -142,6 +147,10 @@ pub mod tower {
     //!   runs, a retry gets the stored response — on an
     //!   [`IdempotencyStore`](crate::idempotency::IdempotencyStore)
     //!   ([`idempotency`]).
+    //! - [`PaceLayer`]: for clients — outbound calls wait for a slot of a
+    //!   budget the whole fleet shares, and an upstream's 429 with
+    //!   `Retry-After` (or an exhausted `RateLimit`) blocks that budget on
+    //!   every instance ([`pace`]).
     //! - [`key`]: what a request is limited or locked under: the
     //!   [`KeyExtractor`](key::KeyExtractor) trait and the built-in keys
     //!   ([`GlobalKey`](key::GlobalKey), [`PeerIp`](key::PeerIp),

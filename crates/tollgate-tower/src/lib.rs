@@ -15,6 +15,10 @@
 //!   IETF draft — the first request runs, a retry gets the stored response
 //!   (`Idempotent-Replayed: true`), 409 while in flight, 422 for another
 //!   payload, 400 for a missing or malformed key — on fenced leases.
+//! - [`pace`]: [`PaceLayer`] → [`Pace`](pace::Pace): for clients —
+//!   outbound calls wait for a slot of a budget the fleet shares, settle
+//!   to the cost their response reports, and a 429 with `Retry-After` (or
+//!   an exhausted `RateLimit`) blocks the budget on every instance.
 //! - [`key`]: [`KeyExtractor`](key::KeyExtractor), the one way a request
 //!   is keyed (by the layers here and by `tollgate-axum`'s extractors), and
 //!   the built-in keys (global, peer IP, client IP behind trusted proxies,
@@ -106,6 +110,7 @@ pub mod idempotency;
 pub mod key;
 pub mod lock;
 mod middleware;
+pub mod pace;
 pub mod rate_limit;
 pub mod rejection;
 
@@ -113,5 +118,6 @@ pub use body::{BoxError, ResponseBody};
 pub use concurrency::ConcurrencyLimitLayer;
 pub use idempotency::IdempotencyLayer;
 pub use lock::LockLayer;
+pub use pace::PaceLayer;
 pub use rate_limit::RateLimitLayer;
 pub use rejection::{Rejection, RejectionReason};
