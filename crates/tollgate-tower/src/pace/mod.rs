@@ -101,7 +101,7 @@
 //!
 //! # Waiting, and round trips
 //!
-//! A call first asks for a slot now (`RateLimiter::acquire` without a
+//! A call first asks for a slot now ([`RateLimiter::acquire`] without a
 //! wait): one round trip on Redis, and the call goes. When there is none,
 //! it reserves the earliest slot within what is left of `max_wait` (one
 //! more; calls across the fleet are served in the order they reserved) and
@@ -118,6 +118,7 @@
 //!
 //! [`RateLimiter`]: tollgate_core::RateLimiter
 //! [`RateLimiter::block`]: tollgate_core::RateLimiter::block
+//! [`RateLimiter::acquire`]: tollgate_core::RateLimiter::acquire
 //! [`RateLimiter::inspect`]: tollgate_core::RateLimiter::inspect
 
 mod error;

@@ -49,31 +49,6 @@ impl fmt::Debug for Shared {
     }
 }
 
-/// Stands in for `RateLimiter::acquire` until it is on this branch: checks,
-/// and waits out a denial that ends within `max_wait` (no reservation).
-async fn acquire(
-    limiter: &RateLimiter,
-    subject: &Subject,
-    cost: u64,
-    max_wait: Duration,
-) -> tollgate_core::Result<Decision> {
-    let deadline = Instant::now() + max_wait;
-    loop {
-        let d = limiter.check_n(subject.clone(), cost).await?;
-        let left = deadline.saturating_duration_since(Instant::now());
-        let store_said = matches!(
-            d.source,
-            DecisionSource::Backend | DecisionSource::DenyCache
-        );
-        match d.retry_after {
-            Some(wait) if !d.allowed && store_said && wait <= left => {
-                tokio::time::sleep(wait).await;
-            }
-            _ => return Ok(d),
-        }
-    }
-}
-
 /// A call that took its slot: what learning from its response needs.
 pub(crate) struct Slot {
     pub(crate) shared: Arc<Shared>,
@@ -137,7 +112,7 @@ impl Shared {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, BoxError> {
-        match acquire(&self.limiter, subject, cost, max_wait).await {
+        match self.limiter.acquire(subject.clone(), cost, max_wait).await {
             Ok(d) => Ok(d),
             Err(e @ Error::CostExceedsCapacity { .. }) => {
                 tracing::info!(
