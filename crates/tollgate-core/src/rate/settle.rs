@@ -173,6 +173,9 @@ impl RateLimiter {
         let gives = actual < charge.cost;
         if let (true, Some(cache)) = (gives, &inner.deny_cache) {
             cache.remove(&keys[0]);
+            // A denial of a check already on its way may be decided before
+            // the give-back lands and answered after it: not cached.
+            cache.forget_before(self.local_now());
         }
         let now = inner.clock.as_ref().map(|c| c.now_micros());
         let request = settle_request(
