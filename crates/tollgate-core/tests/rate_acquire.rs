@@ -123,6 +123,72 @@ async fn a_dropped_waiters_slot_is_reused() {
     }
 }
 
+/// A waiter that leaves while others wait behind it keeps its slot taken:
+/// giving it back would move the line's end back under the last waiter,
+/// and the next arrival would share that waiter's slot (two admissions in
+/// one interval). The one after the line gets the slot after the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = t.limiter(alg, &[tenth()], &p, &clock);
+            assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
+            let waiter = |l: &RateLimiter| {
+                let l = l.clone();
+                tokio::spawn(async move { l.acquire("s", 1, Duration::from_secs(1)).await })
+            };
+            let dropped = waiter(&l);
+            until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
+            let last = waiter(&l);
+            until(&l, "s", &what, |d| d.reset_after == 300 * MS).await;
+            let entries = t.memory.as_ref().map(MemoryBackend::len);
+            dropped.abort();
+            assert!(dropped.await.unwrap_err().is_cancelled(), "{what}");
+            // Its give-back runs in a task of its own: wait until it has
+            // been decided (its marker is written), then the line is as it was.
+            give_back_decided(&t, &p, entries, &what).await;
+            let d = l.check_n("s", 0).await.unwrap();
+            assert_eq!(d.reset_after, 300 * MS, "{what}: the line kept its end");
+            let next = waiter(&l);
+            until(&l, "s", &what, |d| d.reset_after == 400 * MS).await;
+            clock.advance(200 * MS);
+            assert!(resolved(last, &what).await.allowed, "{what}");
+            clock.advance(100 * MS);
+            assert!(resolved(next, &what).await.allowed, "{what}");
+        }
+    }
+}
+
+/// Waits until a give-back's marker is written: on memory an entry more
+/// than `entries`, on Redis a key `…:r:<id>` under `prefix`.
+async fn give_back_decided(t: &Target, prefix: &str, entries: Option<usize>, what: &str) {
+    for _ in 0..500 {
+        let written = match (&t.memory, entries) {
+            (Some(m), Some(before)) => m.len() > before,
+            _ => {
+                let nodes: Vec<&tollgate_testkit::RedisServer> = match t.kind {
+                    Kind::Cluster => cluster().nodes().iter().collect(),
+                    _ => vec![server()],
+                };
+                nodes.iter().any(|n| {
+                    !n.cli(&["--scan", "--pattern", &format!("{prefix}:*:r:*")])
+                        .trim()
+                        .is_empty()
+                })
+            }
+        };
+        if written {
+            return;
+        }
+        tokio::time::sleep(10 * MS).await;
+    }
+    panic!("{what}: the give-back was never decided");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_quotas_all_or_nothing_the_longest_wait() {
     // A slot every 100 ms, and 2 a second with a burst of 2.

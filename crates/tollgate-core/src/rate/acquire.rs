@@ -54,10 +54,11 @@ impl RateLimiter {
     ///
     /// Cancel-safe: dropped before its slot, the reservation is refunded
     /// (at most once, as any refund, by a task on the current Tokio runtime),
-    /// so the next acquire can take it. A dropped waiter that was not the
-    /// last in line moves the line's end back by its cost: the next reserve
-    /// then shares a slot with the last waiter, as a refund of an admission
-    /// lets the next one in earlier.
+    /// so the next acquire can take it — while it is the last in line. A
+    /// waiter that leaves with others reserved behind it keeps its slot
+    /// taken (nothing is given back): moving the line's end back would put
+    /// the next arrival on the last waiter's slot. That slot passes unused
+    /// (an under-admission of its cost, never an over-admission).
     ///
     /// Errors: as [`check_n`](Self::check_n) ([`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity)
     /// before any round trip, an outage under [`FailurePolicy::Deny`](crate::FailurePolicy::Deny), …).

@@ -34,12 +34,45 @@ impl MemoryBackend {
                         .saturating_add(req.marker_span_micros.max(req.span_micros)),
                 },
             );
+        }
+        let applied = applied && !behind_later_ones(&shard, req, now);
+        if applied {
             adjust(&mut shard, req, now);
         }
         let keys = &req.keys[..req.quotas.len().min(req.keys.len())];
         let reply = peek(&mut shard, keys, &req.quotas, req.algorithm, now);
         SettleReply::new(applied, reply)
     }
+}
+
+/// Whether `req` gives back a bucket's reservation before its slot while
+/// later ones stand behind it on some quota: then it gives nothing (as
+/// `lua/gcra_settle.lua` and `lua/token_bucket_settle.lua` say why).
+fn behind_later_ones(shard: &Shard, req: &SettleRequest, now: u64) -> bool {
+    if req.actual >= req.cost || req.at_micros <= now {
+        return false;
+    }
+    req.keys.iter().zip(req.quotas.iter()).any(|(key, q)| {
+        let Some(Entry {
+            slot: Slot::At(t),
+            expires_at,
+        }) = shard.map.get(key)
+        else {
+            return false;
+        };
+        if *expires_at <= now {
+            return false;
+        }
+        let (size, iv) = req.algorithm.params(q);
+        let per = iv.per_micro;
+        let ahead = i128::from(req.at_micros - now) * i128::from(per);
+        let end = t.rel(now, per);
+        match req.algorithm {
+            Algorithm::Gcra => end > ahead + i128::from(size) * i128::from(iv.ticks),
+            Algorithm::TokenBucket => end > ahead,
+            _ => false,
+        }
+    })
 }
 
 /// Each quota's settle on its live entry (a debt on no entry starts one).
