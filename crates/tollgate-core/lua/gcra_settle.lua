@@ -20,8 +20,9 @@ if applied then
     local interval, per = interval_of(ARGV[8 + 2 * i])
     local tat = stored_instant(key, per)
     if give > 0 then
-      if tat and not own_span_passed(i) then
-        tat = tat - give * interval
+      local g = still_held(i, give, interval, per)
+      if tat and g > 0 then
+        tat = tat - g
         if tat <= 0 then
           redis.call('DEL', key)
         else
@@ -31,7 +32,7 @@ if applied then
       end
     else
       tat = math.max(tat or 0, 0)
-      local most = (ARGV[7 + 2 * i] + debt_of(i)) * interval
+      local most = math.min((ARGV[7 + 2 * i] + debt_of(i)) * interval, MOST_AHEAD * per)
       tat = math.min(tat + owe * interval, math.max(tat, most))
       redis.call('SET', key, instant(tat, per), 'PX',
         string.format('%d', math.max(math.ceil(ceil_us(tat, per) / 1000), 1)))

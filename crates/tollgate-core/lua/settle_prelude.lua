@@ -33,12 +33,20 @@ local function debt_of(i)
   if ARGV[7] ~= '' then return ARGV[7] + 0 end
   return ARGV[7 + 2 * i] + 0
 end
--- Whether quota i's own give-back span has passed: past it, a bucket may
--- have refilled what the charge took, so nothing is given.
-local function own_span_passed(i)
-  local span = ARGV[8 + 2 * q + i]
-  return span and at + span <= now
+-- A bucket's give-back on quota i, in units of 1/per µs of its instant: at
+-- most what the schedule still holds of the charge (its own span past `at`
+-- is when the charge would have refilled; the part time has refilled
+-- already was used, and giving it back too would admit it twice); none
+-- once the span has passed.
+local function still_held(i, give, interval, per)
+  local span = ARGV[8 + 2 * q + i] or ARGV[5]
+  local left = at + span - now
+  if left <= 0 then return 0 end
+  return math.min(give * interval, left * per)
 end
+-- The furthest ahead of now a debt may move a bucket's instant (µs, 2^40,
+-- about 12 days): stored instants stay exact (below 2^53).
+local MOST_AHEAD = 1099511627776
 -- Rewrites a window's value under its current TTL (KEEPTTL needs Redis 6).
 local function rewrite(key, value)
   local pttl = redis.call('PTTL', key)

@@ -22,8 +22,9 @@ if applied then
     local full = ARGV[7 + 2 * i] * interval
     local empty = stored_instant(key, per)
     if give > 0 then
-      if empty and not own_span_passed(i) then
-        empty = empty - give * interval
+      local g = still_held(i, give, interval, per)
+      if empty and g > 0 then
+        empty = empty - g
         if empty <= -full then
           redis.call('DEL', key)
         else
@@ -33,7 +34,7 @@ if applied then
       end
     else
       empty = math.max(empty or -full, -full)
-      local most = debt_of(i) * interval
+      local most = math.min(debt_of(i) * interval, MOST_AHEAD * per - full)
       empty = math.min(empty + owe * interval, math.max(empty, most))
       redis.call('SET', key, instant(empty, per), 'PX',
         string.format('%d', math.max(math.ceil(ceil_us(empty + full, per) / 1000), 1)))

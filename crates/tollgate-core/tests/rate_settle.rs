@@ -314,3 +314,65 @@ async fn a_fallback_charge_settles_on_the_fallback() {
         assert!(s.applied && !s.decision.allowed, "{alg:?}: {s:?}");
     }
 }
+
+/// A bucket gives back only what its schedule still holds of a charge: the
+/// part time has refilled since was used (another check took it). 5 per
+/// 5 s, no debt: A takes 5; 4 s later 4 have refilled and B takes them;
+/// settling A to 0 then gives back 1 (what A still held), never 5 — had A
+/// cost nothing, the bucket would have held 5 at B, and 1 after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_gives_back_only_what_has_not_refilled() {
+    for kind in KINDS {
+        for alg in [Algorithm::Gcra, Algorithm::TokenBucket] {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::new(T0);
+            let t = Target::new(kind, &clock).await;
+            let quota = Quota::new(5, Duration::from_secs(5)).unwrap();
+            let l = limiter(&t, alg, &[quota], &prefix(), &clock, Some(0));
+            let a = l.check_n("s", 5).await.unwrap();
+            let charge = a.charge.expect("A took 5");
+            clock.advance(Duration::from_secs(4));
+            assert!(l.check_n("s", 4).await.unwrap().allowed, "{what}");
+            let s = l.settle("s", &charge, 0).await.unwrap();
+            assert!(s.applied, "{what}");
+            assert_eq!(s.decision.remaining, 1, "{what}: one unit came back");
+            assert!(l.check_n("s", 2).await.unwrap().is_denied(), "{what}");
+            assert!(l.check_n("s", 1).await.unwrap().allowed, "{what}");
+        }
+    }
+}
+
+/// A debt as large as `max_debt(u64::MAX)` allows ends at most 2^40 µs
+/// ahead: the store keeps it (a bucket's instant past 2^53 µs would read
+/// as no value and forgive it), and the twin agrees; a log's debt is at most
+/// `MAX_LOG_LIMIT` entries, so a huge settle stays one quick call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_debt_is_kept_and_bounded() {
+    const MOST_AHEAD: Duration = Duration::from_micros(1 << 40);
+    for kind in KINDS {
+        for alg in Algorithm::ALL {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::new(T0);
+            let t = Target::new(kind, &clock).await;
+            let l = limiter(
+                &t,
+                alg,
+                &[per_ten(alg, 10)],
+                &prefix(),
+                &clock,
+                Some(u64::MAX),
+            );
+            let a = l.check_n("s", 1).await.unwrap();
+            let s = l.settle("s", &a.charge.unwrap(), u64::MAX).await.unwrap();
+            assert!(s.applied, "{what}");
+            assert!(!s.decision.allowed, "{what}: in debt");
+            let next = l.check_n("s", 1).await.unwrap();
+            assert!(next.is_denied(), "{what}: the debt was kept");
+            let retry = next.retry_after.unwrap();
+            if alg.uses_burst() {
+                assert!(retry > MOST_AHEAD / 2, "{what}: {retry:?}");
+                assert!(retry <= MOST_AHEAD, "{what}: {retry:?}");
+            }
+        }
+    }
+}

@@ -155,7 +155,10 @@ impl RateLimiterBuilder {
     /// The most a [`settle`](RateLimiter::settle) over the estimate may put
     /// a subject into debt, in units, per quota (default: each quota's
     /// capacity — the burst for buckets, the limit for windows). 0 forgives
-    /// every overrun: a settle then only gives back.
+    /// every overrun: a settle then only gives back. At most
+    /// [`MAX_LOG_LIMIT`](super::MAX_LOG_LIMIT) for the sliding log (one
+    /// entry per unit owed) and 2^40 for the others; a bucket's debt also
+    /// ends at most 2^40 µs (about 12 days) ahead.
     pub fn max_debt(mut self, units: u64) -> Self {
         self.max_debt = Some(units);
         self
@@ -252,7 +255,12 @@ impl RateLimiterBuilder {
                 timeout: self.timeout,
                 policy: self.policy,
                 fallback,
-                max_debt: self.max_debt,
+                max_debt: self.max_debt.map(|d| {
+                    d.min(match self.algorithm {
+                        Algorithm::SlidingWindowLog => super::MAX_LOG_LIMIT,
+                        _ => 1 << 40,
+                    })
+                }),
                 breaker: Breaker::new(self.breaker.0, self.breaker.1),
                 deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
                 unclaimed,

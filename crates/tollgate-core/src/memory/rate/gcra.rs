@@ -6,7 +6,10 @@
 //! emission interval `period / limit` is a whole number of units
 //! ([`Interval`]): no rate is rounded.
 
-use super::{ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step};
+use super::{
+    ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
+    MOST_AHEAD_MICROS,
+};
 use crate::quota::Interval;
 
 /// One quota's step. `burst` and the exact emission interval. With
@@ -65,7 +68,11 @@ pub(crate) fn settle(
         _ => None,
     };
     let tat = if s.give() > 0 {
-        let tat = tat? - i128::from(s.give()) * interval;
+        let give = s.give_held(interval, per);
+        if give == 0 {
+            return None;
+        }
+        let tat = tat? - give;
         if tat <= 0 {
             *slot = None;
             return None;
@@ -73,7 +80,8 @@ pub(crate) fn settle(
         tat
     } else {
         let tat = tat.unwrap_or(0).max(0);
-        let most = (i128::from(burst) + i128::from(s.debt)) * interval;
+        let most = ((i128::from(burst) + i128::from(s.debt)) * interval)
+            .min(MOST_AHEAD_MICROS * i128::from(per));
         (tat + i128::from(s.owe()) * interval).min(tat.max(most))
     };
     *slot = Some(Slot::At(Instant::at(s.now, tat, per)));

@@ -84,11 +84,15 @@ fn adjust(shard: &mut Shard, req: &SettleRequest, now: u64) {
             cost: req.cost,
             actual: req.actual,
             debt: req.max_debt.unwrap_or_else(|| req.algorithm.capacity(q)),
+            span: req
+                .quota_spans_micros
+                .get(i)
+                .copied()
+                .unwrap_or(req.span_micros),
         };
         // A give-back on a quota whose own span has passed: it may have
         // refilled what the charge took, so nothing.
-        let span = req.quota_spans_micros.get(i).copied();
-        if s.give() > 0 && span.is_some_and(|span| req.at_micros.saturating_add(span) <= now) {
+        if s.give() > 0 && req.at_micros.saturating_add(s.span) <= now {
             continue;
         }
         let live = shard.map.get(key).is_some_and(|e| e.expires_at > now);

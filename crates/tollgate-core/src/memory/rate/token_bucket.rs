@@ -7,7 +7,10 @@
 //! ([`Interval`]): no rate is rounded. The empty instant is at or before now
 //! (≤ 0) while it counts.
 
-use super::{ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step};
+use super::{
+    ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
+    MOST_AHEAD_MICROS,
+};
 use crate::quota::Interval;
 
 /// One quota's step. `capacity` tokens, one token every exact interval.
@@ -80,7 +83,11 @@ pub(crate) fn settle(
         _ => None,
     };
     let empty = if s.give() > 0 {
-        let empty = empty? - i128::from(s.give()) * interval;
+        let give = s.give_held(interval, per);
+        if give == 0 {
+            return None;
+        }
+        let empty = empty? - give;
         if empty <= -full {
             *slot = None;
             return None;
@@ -88,7 +95,7 @@ pub(crate) fn settle(
         empty
     } else {
         let empty = empty.unwrap_or(-full).max(-full);
-        let most = i128::from(s.debt) * interval;
+        let most = (i128::from(s.debt) * interval).min(MOST_AHEAD_MICROS * i128::from(per) - full);
         (empty + i128::from(s.owe()) * interval).min(empty.max(most))
     };
     *slot = Some(Slot::At(Instant::at(s.now, empty, per)));

@@ -102,12 +102,30 @@ pub(crate) struct Settle {
     pub(crate) cost: u64,
     pub(crate) actual: u64,
     pub(crate) debt: u64,
+    /// How long after `at` this quota's give-back may still give (µs):
+    /// when the charge would have refilled (a bucket).
+    pub(crate) span: u64,
 }
+
+/// The furthest ahead of now a debt may move a bucket's instant (µs, 2^40,
+/// about 12 days), as the settle scripts bound it.
+pub(crate) const MOST_AHEAD_MICROS: i128 = 1 << 40;
 
 impl Settle {
     /// Units to give back (under the estimate).
     pub(crate) fn give(&self) -> u64 {
         self.cost.saturating_sub(self.actual)
+    }
+
+    /// A bucket's give-back in units of `1/per` µs of its instant: at most
+    /// what the schedule still holds of the charge — the part time has
+    /// refilled already was used (`still_held` in `lua/settle_prelude.lua`).
+    pub(crate) fn give_held(&self, interval: i128, per: u64) -> i128 {
+        let left = i128::from(self.at) + i128::from(self.span) - i128::from(self.now);
+        if left <= 0 {
+            return 0;
+        }
+        (i128::from(self.give()) * interval).min(left * i128::from(per))
     }
 
     /// Units owed (over the estimate).
