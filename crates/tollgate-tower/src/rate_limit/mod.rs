@@ -131,6 +131,7 @@
 //! [`Decision`]: tollgate_core::Decision
 
 mod actual;
+mod charging;
 mod future;
 mod layer;
 mod outcome;
