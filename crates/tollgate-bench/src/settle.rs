@@ -1,9 +1,10 @@
-//! Issue #26: what a settle costs on Redis, beside a check and a refund
-//! (a settle to 0): Redis's CPU per call (`INFO` `used_cpu_*` deltas) and
-//! the commands per call (`INFO commandstats` deltas: one `EVALSHA` is one
-//! round trip), every algorithm, one call at a time.
+//! What a settle costs on Redis, beside a check and a refund
+//! (a settle to 0), and what a waiting acquire costs: Redis's CPU per call
+//! (`INFO` `used_cpu_*` deltas) and the commands per call (`INFO
+//! commandstats` deltas: one `EVALSHA` is one round trip), every algorithm,
+//! one call at a time.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tollgate_core::{Algorithm, Charge, Quota, RateLimiter, Subject};
 
@@ -22,6 +23,10 @@ enum Row {
     Under,
     /// Settled to twice the estimate (a debt).
     Over,
+    /// A check that empties the quota, then an acquire that must wait for
+    /// the next [`COST`] (a 2 ms period): a bucket reserves, a window waits
+    /// out the retry-after and checks again.
+    Acquire,
 }
 
 impl Row {
@@ -31,6 +36,7 @@ impl Row {
             Row::Refund => "refund",
             Row::Under => "settle under (10 → 5)",
             Row::Over => "settle over (10 → 20)",
+            Row::Acquire => "check + waiting acquire (slot ≤ 2 ms away)",
         }
     }
 }
@@ -45,22 +51,31 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     s.line(format!(
         "{n} calls per row, one at a time, one subject each; a reservation of {COST} of 1 000 000/s (the log: 10 000/h, each subject far below it). \
          CPU: Redis `used_cpu_user + used_cpu_sys` per call; calls: `EVALSHA` per call \
-         (the round trips), then every command the scripts ran per call.\n"
+         (the round trips), then every command the scripts ran per call. The acquire row: {} pairs of a check that \
+         empties a quota of {COST} per 2 ms and an acquire of {COST} that waits for the next (per pair; subtract the check row \
+         for the acquire alone).\n", n / 5
     ));
     s.line("| algorithm | operation | Redis CPU µs/call | EVALSHA/call | commands/call | client µs/call |");
     s.line("|---|---|---:|---:|---:|---:|");
     for alg in Algorithm::ALL {
         progress!("settle: {alg}");
-        for row in [Row::Check, Row::Refund, Row::Under, Row::Over] {
+        for row in [Row::Check, Row::Refund, Row::Under, Row::Over, Row::Acquire] {
             // The log's limit is capped (one entry per unit): 10 000 an hour.
-            let quota = match alg {
-                Algorithm::SlidingWindowLog => Quota::per_hour(10_000),
+            let quota = match (row, alg) {
+                (Row::Acquire, _) => Quota::new(COST, Duration::from_millis(2))?,
+                (_, Algorithm::SlidingWindowLog) => Quota::per_hour(10_000),
                 _ => Quota::per_second(1_000_000),
             };
-            let quota = if alg.uses_burst() {
-                quota.with_burst(1_000_000)?
+            let quota = match row {
+                _ if !alg.uses_burst() => quota,
+                Row::Acquire => quota.with_burst(COST)?,
+                _ => quota.with_burst(1_000_000)?,
+            };
+            // Each acquire waits for its slot: fewer of them.
+            let n = if matches!(row, Row::Acquire) {
+                n / 5
             } else {
-                quota
+                n
             };
             let tag = format!(
                 "settle-{}-{:?}-{}",
@@ -71,14 +86,14 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             let l = redis_limiter(&conn, alg, quota, &tag)?;
             // The charges to settle are taken before the measured run.
             let mut charges: Vec<Charge> = Vec::with_capacity(n);
-            if !matches!(row, Row::Check) {
-                for subject in &subjects {
+            if !matches!(row, Row::Check | Row::Acquire) {
+                for subject in &subjects[..n] {
                     charges.push(take(&l, subject).await?);
                 }
             }
             let acct = Accounting::start(&admin).await?;
             let started = Instant::now();
-            for (i, subject) in subjects.iter().enumerate() {
+            for (i, subject) in subjects[..n].iter().enumerate() {
                 match row {
                     Row::Check => {
                         take(&l, subject).await?;
@@ -91,6 +106,13 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
                     }
                     Row::Over => {
                         l.settle(subject, &charges[i], COST * 2).await?;
+                    }
+                    Row::Acquire => {
+                        take(&l, subject).await?;
+                        let d = l.acquire(subject, COST, Duration::from_secs(1)).await?;
+                        if !d.allowed {
+                            return Err("an acquire with a slot 2 ms away was refused".into());
+                        }
                     }
                 }
             }
