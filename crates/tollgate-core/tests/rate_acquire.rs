@@ -69,6 +69,7 @@ async fn a_bucket_reserves_its_slot_or_refuses_honestly() {
             let first = l.acquire("s", 1, Duration::from_secs(1)).await.unwrap();
             assert!(first.allowed, "{what}");
             assert_eq!(first.reset_after, 100 * MS, "{what}");
+            assert_eq!(first.waited, Duration::ZERO, "{what}: admitted at once");
             // The next slot is 100 ms away: reserved now, resolved then.
             let waiter = tokio::spawn({
                 let l = l.clone();
@@ -86,6 +87,7 @@ async fn a_bucket_reserves_its_slot_or_refuses_honestly() {
             let d = resolved(waiter, &what).await;
             assert!(d.allowed, "{what}");
             assert_eq!((d.remaining, d.reset_after), (0, 100 * MS), "{what}");
+            assert_eq!(d.waited, 100 * MS, "{what}: waited for its slot");
             let charge = d.charge.expect("it took one");
             assert_eq!(charge.cost(), 1);
             assert_eq!(peek(&l, "s").await.reset_after, 100 * MS, "{what}");
@@ -288,12 +290,19 @@ async fn a_short_block_is_waited_out() {
                 .unwrap();
             let s = Subject::new("s");
             l.block(&s, Duration::from_secs(60)).await.unwrap();
+            let left = l.blocked_for(&s).await.unwrap().expect("blocked");
+            assert!(
+                left > Duration::from_secs(59) && left <= Duration::from_secs(60),
+                "{what}"
+            );
             let refused = l.acquire("s", 1, 200 * MS).await.unwrap();
             assert!(refused.is_denied(), "{what}");
             assert!(refused.retry_after.unwrap() > 200 * MS, "{what}");
             l.block(&s, 300 * MS).await.unwrap();
             let d = l.acquire("s", 1, Duration::from_secs(5)).await.unwrap();
             assert!(d.allowed, "{what}: admitted once the block ended");
+            assert!(d.waited > Duration::ZERO, "{what}: it waited the block out");
+            assert_eq!(l.blocked_for(&s).await.unwrap(), None, "{what}");
         }
     }
 }

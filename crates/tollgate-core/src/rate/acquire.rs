@@ -86,11 +86,13 @@ impl RateLimiter {
         let subject = subject.into();
         let micros = |t: Duration| u64::try_from(t.as_micros()).unwrap_or(u64::MAX);
         let until = self.local_now().saturating_add(micros(max_wait));
+        let mut waited = Duration::ZERO;
         loop {
             let left = until.saturating_sub(self.local_now());
             let mut d = self
                 .check_for_slot(&subject, cost, left.min(MOST_WAIT_MICROS))
                 .await?;
+            d.waited = waited;
             if d.allowed {
                 if d.slot_in.is_zero() {
                     return Ok(d);
@@ -108,6 +110,7 @@ impl RateLimiter {
                     None => self.wait(d.slot_in).await,
                 }
                 held.keep();
+                d.waited += d.slot_in;
                 d.slot_in = Duration::ZERO;
                 return Ok(d);
             }
@@ -122,6 +125,7 @@ impl RateLimiter {
             match d.retry_after {
                 Some(retry) if micros(retry) <= until.saturating_sub(self.local_now()) => {
                     self.wait(retry).await;
+                    waited += retry;
                 }
                 _ => return Ok(d),
             }

@@ -166,9 +166,10 @@ impl RateLimiter {
     /// could be admitted, when every quota is full, and a block's end.
     /// Takes nothing.
     pub async fn inspect(&self, subject: &Subject) -> Result<SubjectState> {
-        let store = Arc::clone(&self.operated()?.store);
+        // A store without an operator plane is refused before any read.
+        self.operated()?;
         let d = self.peek(subject).await?;
-        let left = store.block_left(&self.block_key_for(subject)).await?;
+        let left = self.blocked_for(subject).await?;
         // A full quota has nothing to reset (a log reports its period as
         // the reset of a cost-0 check on an empty log).
         let strictest = d.quotas.iter().min_by_key(|q| q.remaining).map(|q| {
@@ -201,6 +202,13 @@ impl RateLimiter {
             reset_after_ms: ms(reset),
             blocked_until_ms: left.map(|l| epoch_ms().saturating_add(ms(l).max(1))),
         })
+    }
+
+    /// How long `subject` stays blocked ([`block`](Self::block)), `None`
+    /// when it is not: one read of its block key, on the store's clock.
+    pub async fn blocked_for(&self, subject: &Subject) -> Result<Option<Duration>> {
+        let store = Arc::clone(&self.operated()?.store);
+        store.block_left(&self.block_key_for(subject)).await
     }
 
     /// Gives `subject` its whole quota back (every instance forgets its

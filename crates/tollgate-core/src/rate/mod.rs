@@ -175,6 +175,9 @@ pub struct Decision {
     /// denied, for a cost of 0, or when a failure policy admitted without
     /// taking anything.
     pub charge: Option<Charge>,
+    /// How long [`RateLimiter::acquire`] waited before this decision (for
+    /// its slot, or for a retry-after that fit); zero for a check.
+    pub waited: Duration,
     /// How long until the slot of an admission reserved ahead (see
     /// [`RateLimiter::acquire`]); zero otherwise.
     pub(crate) slot_in: Duration,
@@ -229,6 +232,7 @@ impl Decision {
             quotas: per,
             source,
             charge: None,
+            waited: Duration::ZERO,
             slot_in: Duration::ZERO,
         }
     }

@@ -101,14 +101,14 @@
 //!
 //! # Waiting, and round trips
 //!
-//! A call first asks for a slot now ([`RateLimiter::acquire`] without a
-//! wait): one round trip on Redis, and the call goes. When there is none,
-//! it reserves the earliest slot within what is left of `max_wait` (one
-//! more; calls across the fleet are served in the order they reserved) and
-//! waits for it locally. Since the upstream may have asked the fleet to stop
-//! while it waited, a call whose slot was reserved ahead reads the block
-//! once more when the slot comes ([`RateLimiter::inspect`], two round
-//! trips); blocked, it gives the slot back (one) and waits the block out.
+//! A call takes its slot with one [`RateLimiter::acquire`] (one round trip
+//! on Redis): a slot now, and the call goes; else the earliest slot within
+//! `max_wait`, reserved on the store (calls across the fleet are served in
+//! the order they reserved) and waited for locally. Since the upstream may
+//! have asked the fleet to stop while it waited, a call that waited reads
+//! the block once more when its slot comes ([`RateLimiter::blocked_for`],
+//! one round trip); blocked, it gives the slot back (one) and waits the
+//! block out.
 //! A response asking to wait costs one more round trip (the block, with its
 //! announcement to every instance), a settle one more.
 //!
@@ -119,7 +119,7 @@
 //! [`RateLimiter`]: tollgate_core::RateLimiter
 //! [`RateLimiter::block`]: tollgate_core::RateLimiter::block
 //! [`RateLimiter::acquire`]: tollgate_core::RateLimiter::acquire
-//! [`RateLimiter::inspect`]: tollgate_core::RateLimiter::inspect
+//! [`RateLimiter::blocked_for`]: tollgate_core::RateLimiter::blocked_for
 
 mod error;
 mod future;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::response::Parts;
 use http::{Request, Response, StatusCode};
-use tollgate_core::{Charge, Decision, DecisionSource, Error, RateLimiter, Subject};
+use tollgate_core::{Charge, Decision, Error, RateLimiter, Subject};
 use tower_service::Service;
 
 use super::error::{Throttled, Unavailable};
@@ -72,36 +72,24 @@ impl Shared {
     ) -> Result<Option<Charge>, BoxError> {
         let deadline = Instant::now() + self.max_wait;
         loop {
-            // A slot now: one round trip, and the call goes.
-            let now = self.acquire(subject, cost, Duration::ZERO).await?;
-            if now.allowed {
-                return Ok(self.admitted(subject, cost, now));
-            }
+            // One round trip: a slot now, or the earliest within what is
+            // left of the wait (reserved, then waited for), or a refusal.
             let left = deadline.saturating_duration_since(Instant::now());
-            let store_said = matches!(
-                now.source,
-                DecisionSource::Backend | DecisionSource::DenyCache
-            );
-            match now.retry_after {
-                Some(wait) if wait <= left && store_said => {}
-                wait => return Err(self.throttled(subject, cost, wait)),
-            }
-            // Reserve the earliest slot within what is left, and wait for it.
-            let later = self.acquire(subject, cost, left).await?;
-            if !later.allowed {
-                return Err(self.throttled(subject, cost, later.retry_after));
+            let d = self.acquire(subject, cost, left).await?;
+            if !d.allowed {
+                return Err(self.throttled(subject, cost, d.retry_after));
             }
             // The upstream may have asked the fleet to stop while this call
             // waited for a slot reserved before: read the block once more.
-            if self.learn {
-                if let Some(charge) = &later.charge {
+            if self.learn && !d.waited.is_zero() {
+                if let Some(charge) = &d.charge {
                     if self.blocked(subject).await {
                         self.give_back(subject, charge).await;
                         continue;
                     }
                 }
             }
-            return Ok(self.admitted(subject, cost, later));
+            return Ok(self.admitted(subject, cost, d));
         }
     }
 
@@ -154,8 +142,8 @@ impl Shared {
     /// Whether `subject` is blocked now; `false` when that cannot be read
     /// (the call then goes, as it would have without the wait).
     async fn blocked(&self, subject: &Subject) -> bool {
-        match self.limiter.inspect(subject).await {
-            Ok(state) => state.blocked_until_ms.is_some(),
+        match self.limiter.blocked_for(subject).await {
+            Ok(left) => left.is_some(),
             Err(e) => {
                 tracing::debug!(
                     target: "tollgate_tower::pace",
