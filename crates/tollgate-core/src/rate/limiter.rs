@@ -7,8 +7,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::charge::{charge_of, next_id};
 use super::deny_cache::DenyCache;
-use super::refund::{charge_of, next_id};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};

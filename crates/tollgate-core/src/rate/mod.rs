@@ -43,6 +43,7 @@ use std::time::Duration;
 mod acquire;
 mod admin;
 pub(crate) mod builder;
+mod charge;
 mod deny_cache;
 mod limiter;
 pub mod plans;
@@ -59,10 +60,10 @@ pub const MAX_LOG_LIMIT: u64 = 10_000;
 pub use crate::failure::FailurePolicy;
 pub use crate::quota::Quota;
 pub use crate::store::{Algorithm, Outcome};
+pub use charge::Charge;
 pub use limiter::{PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
 pub use plans::{Plan, PlanTable, PlanTableBuilder, Plans};
 pub use quota_decisions::QuotaDecisions;
-pub use refund::Charge;
 pub use settle::Settlement;
 
 impl Algorithm {

@@ -1,108 +1,20 @@
 //! Refunds: giving back what an admitted check took, at most once per charge
 //! ([`RateLimiter::refund`], a settle to 0; [`Charge`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
 
+use super::charge::charge_of;
 use super::settle::settle_request;
-use super::{Decision, DecisionSource, RateLimiter};
-use crate::clock::{monotonic_micros, Clock};
+use super::{Charge, Decision, DecisionSource, RateLimiter};
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::failure::is_outage;
 use crate::keyspace::Subject;
 use crate::quota::Quota;
-use crate::store::{Algorithm, RateBackend, RateReply, RateRequest, Unclaimed};
-
-/// What one admitted check took: the receipt [`RateLimiter::refund`] gives
-/// back against. Found in [`Decision::charge`](super::Decision::charge).
-///
-/// A refund needs more than a cost: a window gives back to the window that
-/// was charged (so the instant of the check), a log removes the check's own
-/// entries (so its id), and a refund retried after a lost reply must not be
-/// applied twice (so, again, its id).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Charge {
-    pub(crate) cost: u64,
-    /// The instant the backend decided at (µs, the backend's clock).
-    pub(crate) at_micros: u64,
-    /// Unique per check: the log's member prefix and the refund's marker.
-    pub(crate) id: u64,
-    /// How long after `at_micros` a refund can still give back (µs).
-    pub(crate) span_micros: u64,
-    /// Taken by the outage fallback's local limiter, not the backend.
-    pub(crate) local: bool,
-    /// The digest of the key it was taken under ([`key_digest`]): a charge
-    /// refunds only its own subject on its own limiter.
-    pub(crate) key: u64,
-}
-
-impl Charge {
-    /// The units taken.
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// The check's id: a refund is applied at most once per id.
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The instant the check was decided at (µs since the epoch, on the
-    /// backend's clock).
-    pub fn at_micros(&self) -> u64 {
-        self.at_micros
-    }
-
-    /// The same charge, for `cost` of its units at most: a partial refund
-    /// (never more than was taken).
-    pub fn part(mut self, cost: u64) -> Charge {
-        self.cost = self.cost.min(cost);
-        self
-    }
-}
-
-/// A digest of a check's first key (its limiter and subject): cheap on
-/// every admission; it tells apart keys, not adversaries.
-pub(crate) fn key_digest(key: &str) -> u64 {
-    crate::keyspace::quick_hash(0, key.as_bytes())
-}
-
-/// A fresh id for a check: a random base per process (so processes sharing a
-/// backend do not collide) plus a counter (so one process never repeats, and
-/// no syscall per check).
-pub(crate) fn next_id() -> u64 {
-    static BASE: LazyLock<u64> = LazyLock::new(|| {
-        let mut b = [0u8; 8];
-        // The OS CSPRNG; if it ever fails, a time-derived base (a collision
-        // needs the same subject and counter in two processes).
-        match getrandom::fill(&mut b) {
-            Ok(()) => u64::from_le_bytes(b),
-            Err(_) => monotonic_micros() ^ 0x9E37_79B9_7F4A_7C15,
-        }
-    });
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    BASE.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
-}
-
-/// The charge an admission took (none for a denial or a cost of 0).
-pub(super) fn charge_of(
-    algorithm: Algorithm,
-    request: &RateRequest,
-    reply: &RateReply,
-    d: &Decision,
-) -> Option<Charge> {
-    (reply.allowed && request.cost > 0).then(|| Charge {
-        cost: request.cost,
-        at_micros: reply.now_micros,
-        id: request.nonce,
-        span_micros: algorithm.refund_span(d),
-        local: false,
-        key: key_digest(&request.keys[0]),
-    })
-}
+use crate::store::{Algorithm, RateBackend, Unclaimed};
 
 /// Gives back what an admission took when its caller had stopped waiting
 /// before the reply came: that caller was answered by the failure policy,

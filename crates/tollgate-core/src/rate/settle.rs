@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::refund::key_digest;
+use super::charge::key_digest;
 use super::{Charge, Decision, DecisionSource, RateLimiter};
 use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
