@@ -26,14 +26,6 @@ use tower::{service_fn, Layer, ServiceExt};
 use common::suite::{clock, Backend};
 use common::{send, unique};
 
-const ALL: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
-
 fn limiter(backend: &Backend, alg: Algorithm, per_minute: u64, clock: &ManualClock) -> RateLimiter {
     RateLimiter::builder(backend.clone(), alg)
         .quota(Quota::per_minute(per_minute))
@@ -129,7 +121,7 @@ async fn every_algorithm_refunds_what_does_not_count(backend: Backend) {
         Ok::<_, Infallible>(res)
     };
     let counts = |s: StatusCode| !(s == StatusCode::NOT_MODIFIED || s.is_server_error());
-    for alg in ALL {
+    for alg in Algorithm::ALL {
         let limiter = limiter(&backend, alg, 4, &clock);
         let svc = RateLimitLayer::new(limiter.clone())
             .count_if(counts)

@@ -29,14 +29,6 @@ use tower::{service_fn, Layer};
 use common::suite::{clock, Backend};
 use common::{send, unique, Reply};
 
-const ALL: [Algorithm; 5] = [
-    Algorithm::FixedWindow,
-    Algorithm::SlidingWindowLog,
-    Algorithm::SlidingWindowCounter,
-    Algorithm::TokenBucket,
-    Algorithm::Gcra,
-];
-
 fn limiter(backend: &Backend, alg: Algorithm, per_minute: u64, clock: &ManualClock) -> RateLimiter {
     RateLimiter::builder(backend.clone(), alg)
         .quota(Quota::per_minute(per_minute))
@@ -142,7 +134,7 @@ async fn headers_show_what_is_left_after_settling(backend: Backend) {
 /// store say 8 of 10 are left; another request that uses 0 leaves 8.
 async fn every_algorithm_settles_under_the_estimate(backend: Backend) {
     let clock = clock();
-    for alg in ALL {
+    for alg in Algorithm::ALL {
         let limiter = limiter(&backend, alg, 10, &clock);
         let svc = RateLimitLayer::new(limiter.clone())
             .key(HeaderKey::new("x-api-key").plain())
