@@ -3,15 +3,18 @@
 -- needs no key), while the quota's own span lasts. Over it: the TAT moves
 -- later by the difference from max(TAT, now), never beyond now + (burst +
 -- debt) intervals. Time relative to now in units of 1/per µs, as in gcra.lua.
--- A reservation given back before its slot (a waiter that left) gives
--- only while it is still the last in line: behind later ones, moving the
--- schedule back would put the next arrival on a slot already taken, so its
--- slot stays taken instead (an under-admission, never an over-admission).
-if applied and give > 0 and at > now then
+-- A give-back while waiters hold reservations behind the charge gives
+-- nothing: their slots were fixed by the schedule as it stood, and moving
+-- its end back would admit the next arrival on top of them. Only the last
+-- reservation (a waiter that left before its slot) may give itself back.
+-- A schedule past full (the TAT beyond burst intervals ahead) holds
+-- reservations (or a debt); the charge's own slot, when still ahead, is
+-- allowed. (An under-admission of the difference, never an over-admission.)
+if applied and give > 0 then
   for i = 1, q do
     local interval, per = interval_of(ARGV[8 + 2 * i])
     local tat = stored_instant(KEYS[i + 1], per)
-    if tat and tat > (at - now) * per + ARGV[7 + 2 * i] * interval then applied = false end
+    if tat and tat > math.max(at - now, 0) * per + ARGV[7 + 2 * i] * interval then applied = false end
   end
 end
 if applied then

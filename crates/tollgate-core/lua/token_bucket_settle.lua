@@ -3,16 +3,18 @@
 -- quota's own span lasts. Over it: the empty instant moves later by the
 -- difference, the tokens never below -debt. Time relative to now in units
 -- of 1/per µs, as in token_bucket.lua.
--- A reservation given back before its slot (a waiter that left) gives
--- only while it is still the last in line: behind later ones, moving the
--- empty instant back would put the next arrival on a slot already taken,
--- so its slot stays taken instead (an under-admission, never an
--- over-admission).
-if applied and give > 0 and at > now then
+-- A give-back while waiters hold reservations behind the charge gives
+-- nothing: their slots were fixed by the bucket as it stood, and moving
+-- its empty instant back would admit the next arrival on top of them. Only
+-- the last reservation (a waiter that left before its slot) may give itself
+-- back. An empty instant ahead of now means reservations (or a debt); the
+-- charge's own slot, when still ahead, is allowed. (An under-admission of
+-- the difference, never an over-admission.)
+if applied and give > 0 then
   for i = 1, q do
     local _, per = interval_of(ARGV[8 + 2 * i])
     local empty = stored_instant(KEYS[i + 1], per)
-    if empty and empty > (at - now) * per then applied = false end
+    if empty and empty > math.max(at - now, 0) * per then applied = false end
   end
 end
 if applied then

@@ -165,6 +165,43 @@ async fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
     }
 }
 
+/// A charge given back while waiters hold reservations behind it gives
+/// nothing: their slots were fixed by the charge as it stood, and moving
+/// the schedule back would admit newcomers on top of them. 1 a second,
+/// burst 2: C takes 2 at 0 s, two waiters reserve 1 s and 2 s; settling C
+/// to 0 must not let two more in at 2 s beside the second waiter (3 at one
+/// instant against a burst of 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_ahead_of_waiters_gives_nothing() {
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let quota = Quota::per_second(1).with_burst(2).unwrap();
+            let l = t.limiter(alg, &[quota], &prefix(), &clock);
+            let c = l.check_n("s", 2).await.unwrap().charge.expect("took 2");
+            let waiter = |l: &RateLimiter| {
+                let l = l.clone();
+                tokio::spawn(async move { l.acquire("s", 1, Duration::from_secs(10)).await })
+            };
+            let first = waiter(&l);
+            until(&l, "s", &what, |d| d.reset_after == 3000 * MS).await;
+            let second = waiter(&l);
+            until(&l, "s", &what, |d| d.reset_after == 4000 * MS).await;
+            let s = l.settle("s", &c, 0).await.unwrap();
+            assert!(!s.applied, "{what}: nothing given back behind waiters");
+            assert_eq!(peek(&l, "s").await.reset_after, 4000 * MS, "{what}");
+            clock.advance(1000 * MS);
+            assert!(resolved(first, &what).await.allowed, "{what}");
+            clock.advance(1000 * MS);
+            assert!(resolved(second, &what).await.allowed, "{what}");
+            // At 2 s: the second waiter's unit, and none beside it.
+            assert!(l.check_n("s", 1).await.unwrap().is_denied(), "{what}");
+        }
+    }
+}
+
 /// Waits until a give-back's marker is written: on memory an entry more
 /// than `entries`, on Redis a key `…:r:<id>` under `prefix`.
 async fn give_back_decided(t: &Target, prefix: &str, entries: Option<usize>, what: &str) {
@@ -262,11 +299,16 @@ async fn the_windows_wait_out_a_retry_that_fits() {
                 let l = l.clone();
                 async move { l.acquire("s", 1, Duration::from_secs(2)).await }
             });
-            // Still waiting while the clock stands (a refusal would be done).
-            tokio::time::sleep(50 * MS).await;
-            assert!(!waiter.is_finished(), "{what}: gave up within its wait");
-            clock.advance(retry);
-            assert!(resolved(waiter, &what).await.allowed, "{what}");
+            // The clock moves on in steps until the waiter is served: it
+            // waits out its retry-after on this clock, wherever it started.
+            let steps = retry.as_millis() / 10 + 1;
+            for _ in 0..steps {
+                clock.advance(10 * MS);
+                tokio::time::sleep(MS).await;
+            }
+            let d = resolved(waiter, &what).await;
+            assert!(d.allowed, "{what}");
+            assert!(!d.waited.is_zero(), "{what}: it waited for its retry");
         }
     }
 }

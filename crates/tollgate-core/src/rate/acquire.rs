@@ -58,7 +58,9 @@ impl RateLimiter {
     /// waiter that leaves with others reserved behind it keeps its slot
     /// taken (nothing is given back): moving the line's end back would put
     /// the next arrival on the last waiter's slot. That slot passes unused
-    /// (an under-admission of its cost, never an over-admission).
+    /// (an under-admission of its cost, never an over-admission). For the
+    /// same reason a [`refund`](Self::refund) or a [`settle`](Self::settle)
+    /// under the estimate of a charge with waiters behind it gives nothing.
     ///
     /// Errors: as [`check_n`](Self::check_n) ([`Error::CostExceedsCapacity`](crate::Error::CostExceedsCapacity)
     /// before any round trip, an outage under [`FailurePolicy::Deny`](crate::FailurePolicy::Deny), …).

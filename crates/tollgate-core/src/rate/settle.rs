@@ -83,8 +83,8 @@ impl RateLimiter {
     ///
     /// | algorithm | under the estimate | over the estimate |
     /// |---|---|---|
-    /// | GCRA | the TAT moves back by the difference's intervals (not before now) | the TAT moves later by the difference's intervals from max(TAT, now), never beyond now + (burst + max_debt) intervals |
-    /// | token bucket | the tokens come back (never above the burst) | the tokens go below zero, never below −max_debt |
+    /// | GCRA | the TAT moves back by the difference's intervals, at most what the schedule still holds of the charge (not before now) | the TAT moves later by the difference's intervals from max(TAT, now), never beyond now + (burst + max_debt) intervals |
+    /// | token bucket | the tokens come back, at most those not refilled since (never above the burst) | the tokens go below zero, never below −max_debt |
     /// | fixed window | the window charged gets the difference back | the window current now counts it, never above limit + max_debt |
     /// | sliding window counter | the window charged gets it back (current or previous) | the window current now counts it, never above limit + max_debt |
     /// | sliding window log | the charge's last entries leave the log | entries logged now, never more than limit + max_debt live ones |
@@ -96,6 +96,14 @@ impl RateLimiter {
     /// nothing and leaves the charge open (`applied == false`; a later
     /// settle or refund still applies once). A charge is settled or
     /// refunded once, not both: they share one marker.
+    ///
+    /// On a bucket, a give-back while waiters hold reservations
+    /// ([`acquire`](Self::acquire)) behind the charge, or while the subject
+    /// is in debt, gives nothing (`applied == false`): the waiters' slots
+    /// were fixed by the schedule as it stood, and moving it back would
+    /// admit newcomers on top of them. Only the last reservation, given back
+    /// before its slot, may return itself. That difference is lost (an
+    /// under-admission, never an over-admission).
     ///
     /// The [`Settlement`] carries the subject's figures after settling, as
     /// a check of cost 0 would see them, from the same round trip: what a
@@ -216,6 +224,7 @@ impl RateLimiter {
                 // Again once applied: a denial decided before the settle
                 // may have been cached while it was on its way.
                 cache.remove(&request.keys[0]);
+                cache.forget_before(self.local_now());
             }
             let direction = if gives { "give_back" } else { "debt" };
             tracing::debug!(policy, subject = %subject.digest(), cost = charge.cost, actual, direction, "settled");

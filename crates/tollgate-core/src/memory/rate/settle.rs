@@ -45,11 +45,12 @@ impl MemoryBackend {
     }
 }
 
-/// Whether `req` gives back a bucket's reservation before its slot while
-/// later ones stand behind it on some quota: then it gives nothing (as
-/// `lua/gcra_settle.lua` and `lua/token_bucket_settle.lua` say why).
+/// Whether `req` gives back on a bucket while reservations stand behind
+/// its charge on some quota (only the last reservation may give itself
+/// back): then it gives nothing (as `lua/gcra_settle.lua` and
+/// `lua/token_bucket_settle.lua` say why).
 fn behind_later_ones(shard: &Shard, req: &SettleRequest, now: u64) -> bool {
-    if req.actual >= req.cost || req.at_micros <= now {
+    if req.actual >= req.cost {
         return false;
     }
     req.keys.iter().zip(req.quotas.iter()).any(|(key, q)| {
@@ -65,7 +66,7 @@ fn behind_later_ones(shard: &Shard, req: &SettleRequest, now: u64) -> bool {
         }
         let (size, iv) = req.algorithm.params(q);
         let per = iv.per_micro;
-        let ahead = i128::from(req.at_micros - now) * i128::from(per);
+        let ahead = i128::from(req.at_micros.saturating_sub(now)) * i128::from(per);
         let end = t.rel(now, per);
         match req.algorithm {
             Algorithm::Gcra => end > ahead + i128::from(size) * i128::from(iv.ticks),
