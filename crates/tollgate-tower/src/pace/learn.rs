@@ -8,6 +8,8 @@ use http::header::{HeaderMap, HeaderName, RETRY_AFTER};
 use http::response::Parts;
 use http::StatusCode;
 
+use crate::rate_limit::decimal;
+
 /// A reset this large is a Unix time (GitHub's `X-RateLimit-Reset`), not a
 /// number of seconds from now.
 const EPOCH_RESET_FROM: u64 = 1_000_000_000;
@@ -41,7 +43,7 @@ pub(crate) fn upstream_wait(res: &Parts, now: SystemTime) -> Option<Duration> {
 /// `Retry-After` (RFC 9110 §10.2.3): delta-seconds or an HTTP-date.
 fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Some(secs) = seconds(value) {
+    if let Some(secs) = decimal(value) {
         return Some(Duration::from_secs(secs));
     }
     let at = httpdate::parse_http_date(value).ok()?;
@@ -51,24 +53,23 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
 
 /// The longest `t` of the `RateLimit` items whose `r` is 0
 /// (draft-ietf-httpapi-ratelimit-headers: `"name";r=0;t=30`), over every
-/// field line.
+/// field line; a line that is not a structured-field list says nothing.
 fn exhausted_ratelimit(headers: &HeaderMap) -> Option<Duration> {
     headers
         .get_all(RATELIMIT)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(split_outside_quotes(','))
+        .filter_map(|v| sfv::Parser::new(v.as_bytes()).parse::<sfv::List>().ok())
+        .flatten()
+        .filter_map(|entry| match entry {
+            sfv::ListEntry::Item(item) => Some(item),
+            sfv::ListEntry::InnerList(_) => None,
+        })
         .filter_map(|item| {
-            let mut params = split_outside_quotes(';')(item).skip(1);
-            let (mut r, mut t) = (None, None);
-            for param in params.by_ref() {
-                match param.trim().split_once('=') {
-                    Some(("r", v)) => r = seconds(v.trim()),
-                    Some(("t", v)) => t = seconds(v.trim()),
-                    _ => {}
-                }
-            }
-            (r == Some(0)).then_some(t).flatten()
+            let int = |key: &str| {
+                let i = item.params.get(key)?.as_integer()?;
+                u64::try_from(i64::from(i)).ok()
+            };
+            (int("r") == Some(0)).then(|| int("t")).flatten()
         })
         .max()
         .map(Duration::from_secs)
@@ -77,48 +78,16 @@ fn exhausted_ratelimit(headers: &HeaderMap) -> Option<Duration> {
 /// `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset` in seconds from now
 /// (or, when as large as a Unix time, the instant of the reset).
 fn exhausted_legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let remaining = seconds(headers.get(X_REMAINING)?.to_str().ok()?.trim())?;
+    let remaining = decimal(headers.get(X_REMAINING)?.to_str().ok()?.trim())?;
     if remaining != 0 {
         return None;
     }
-    let reset = seconds(headers.get(X_RESET)?.to_str().ok()?.trim())?;
+    let reset = decimal(headers.get(X_RESET)?.to_str().ok()?.trim())?;
     if reset < EPOCH_RESET_FROM {
         return Some(Duration::from_secs(reset));
     }
     let at = UNIX_EPOCH.checked_add(Duration::from_secs(reset))?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-/// A non-negative integer in plain digits (`u64::from_str` would also take
-/// a leading `+`).
-fn seconds(v: &str) -> Option<u64> {
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    v.parse().ok()
-}
-
-/// Splits on `sep` where it is not inside a quoted string (a `RateLimit`
-/// item's name is a structured-field string and may hold `,` or `;`).
-fn split_outside_quotes(sep: char) -> impl Fn(&str) -> std::vec::IntoIter<&str> {
-    move |s: &str| {
-        let mut parts = Vec::new();
-        let (mut start, mut quoted, mut escaped) = (0, false, false);
-        for (i, c) in s.char_indices() {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' if quoted => escaped = true,
-                '"' => quoted = !quoted,
-                c if c == sep && !quoted => {
-                    parts.push(&s[start..i]);
-                    start = i + c.len_utf8();
-                }
-                _ => {}
-            }
-        }
-        parts.push(&s[start..]);
-        parts.into_iter()
-    }
 }
 
 #[cfg(test)]

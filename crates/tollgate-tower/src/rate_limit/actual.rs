@@ -82,13 +82,17 @@ impl CostHeader {
 
 impl ResponseCost for CostHeader {
     fn actual_cost(&self, res: &Parts) -> Option<u64> {
-        let v = res.headers.get(&self.0)?.to_str().ok()?;
-        // Digits only: `u64::from_str` also takes a leading `+`.
-        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        v.parse().ok()
+        decimal(res.headers.get(&self.0)?.to_str().ok()?)
     }
+}
+
+/// A non-negative integer in plain digits, as a header states a count or a
+/// number of seconds (`u64::from_str` would also take a leading `+`).
+pub(crate) fn decimal(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
 }
 
 #[cfg(test)]

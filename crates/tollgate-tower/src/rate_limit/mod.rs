@@ -140,6 +140,7 @@ mod service;
 
 use http::request::Parts;
 
+pub(crate) use self::actual::decimal;
 pub use self::actual::{ActualCost, CostExtension, CostHeader, ResponseCost};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
