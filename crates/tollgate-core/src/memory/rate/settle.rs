@@ -91,11 +91,6 @@ fn adjust(shard: &mut Shard, req: &SettleRequest, now: u64) {
                 .copied()
                 .unwrap_or(req.span_micros),
         };
-        // A give-back on a quota whose own span has passed: it may have
-        // refilled what the charge took, so nothing.
-        if s.give() > 0 && req.at_micros.saturating_add(s.span) <= now {
-            continue;
-        }
         let live = shard.map.get(key).is_some_and(|e| e.expires_at > now);
         let mut slot = if live {
             shard
