@@ -45,6 +45,15 @@ async fn until(l: &RateLimiter, s: &str, what: &str, cond: impl Fn(&Decision) ->
     panic!("{what}: never came ({:?})", peek(l, s).await);
 }
 
+/// An acquire of 1 for "s" on `l` with `max_wait`, in a task of its own.
+fn waiter(
+    l: &RateLimiter,
+    max_wait: Duration,
+) -> tokio::task::JoinHandle<tollgate_core::Result<Decision>> {
+    let l = l.clone();
+    tokio::spawn(async move { l.acquire("s", 1, max_wait).await })
+}
+
 async fn resolved(
     task: tokio::task::JoinHandle<tollgate_core::Result<Decision>>,
     what: &str,
@@ -71,10 +80,7 @@ async fn a_bucket_reserves_its_slot_or_refuses_honestly() {
             assert_eq!(first.reset_after, 100 * MS, "{what}");
             assert_eq!(first.waited, Duration::ZERO, "{what}: admitted at once");
             // The next slot is 100 ms away: reserved now, resolved then.
-            let waiter = tokio::spawn({
-                let l = l.clone();
-                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
-            });
+            let waiter = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
             // 200 ms away does not fit 150: refused, taking nothing, with the
             // wait a plain check has (past the max wait).
@@ -105,19 +111,13 @@ async fn a_dropped_waiters_slot_is_reused() {
             let t = Target::new(kind, &clock).await;
             let l = t.limiter(alg, &[tenth()], &prefix(), &clock);
             assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
-            let dropped = tokio::spawn({
-                let l = l.clone();
-                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
-            });
+            let dropped = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
             dropped.abort();
             // Given back: the schedule ends one slot away again.
             until(&l, "s", &what, |d| d.reset_after == 100 * MS).await;
             // The next waiter takes the dropped one's slot, +100 ms.
-            let next = tokio::spawn({
-                let l = l.clone();
-                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
-            });
+            let next = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
             clock.advance(100 * MS);
             assert!(resolved(next, &what).await.allowed, "{what}");
@@ -139,13 +139,9 @@ async fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
             let p = prefix();
             let l = t.limiter(alg, &[tenth()], &p, &clock);
             assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
-            let waiter = |l: &RateLimiter| {
-                let l = l.clone();
-                tokio::spawn(async move { l.acquire("s", 1, Duration::from_secs(1)).await })
-            };
-            let dropped = waiter(&l);
+            let dropped = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
-            let last = waiter(&l);
+            let last = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 300 * MS).await;
             let entries = t.memory.as_ref().map(MemoryBackend::len);
             dropped.abort();
@@ -155,7 +151,7 @@ async fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
             give_back_decided(&t, &p, entries, &what).await;
             let d = l.check_n("s", 0).await.unwrap();
             assert_eq!(d.reset_after, 300 * MS, "{what}: the line kept its end");
-            let next = waiter(&l);
+            let next = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 400 * MS).await;
             clock.advance(200 * MS);
             assert!(resolved(last, &what).await.allowed, "{what}");
@@ -181,13 +177,9 @@ async fn a_give_back_ahead_of_waiters_gives_nothing() {
             let quota = Quota::per_second(1).with_burst(2).unwrap();
             let l = t.limiter(alg, &[quota], &prefix(), &clock);
             let c = l.check_n("s", 2).await.unwrap().charge.expect("took 2");
-            let waiter = |l: &RateLimiter| {
-                let l = l.clone();
-                tokio::spawn(async move { l.acquire("s", 1, Duration::from_secs(10)).await })
-            };
-            let first = waiter(&l);
+            let first = waiter(&l, Duration::from_secs(10));
             until(&l, "s", &what, |d| d.reset_after == 3000 * MS).await;
-            let second = waiter(&l);
+            let second = waiter(&l, Duration::from_secs(10));
             until(&l, "s", &what, |d| d.reset_after == 4000 * MS).await;
             let s = l.settle("s", &c, 0).await.unwrap();
             assert!(!s.applied, "{what}: nothing given back behind waiters");
@@ -241,10 +233,7 @@ async fn several_quotas_all_or_nothing_the_longest_wait() {
             let wait = Duration::from_secs(1);
             assert!(l.acquire("s", 1, wait).await.unwrap().allowed);
             // The second waits 100 ms for the first quota.
-            let second = tokio::spawn({
-                let l = l.clone();
-                async move { l.acquire("s", 1, Duration::from_secs(1)).await }
-            });
+            let second = waiter(&l, Duration::from_secs(1));
             let resets = |d: &Decision| -> Vec<Duration> {
                 d.quotas.iter().map(|q| q.reset_after).collect()
             };
@@ -257,10 +246,7 @@ async fn several_quotas_all_or_nothing_the_longest_wait() {
             assert_eq!(refused.retry_after, Some(500 * MS), "{what}");
             assert_eq!(resets(&peek(&l, "s").await), [200 * MS, 1000 * MS]);
             // 600 ms is: both quotas charged as at the slot, 500 ms away.
-            let third = tokio::spawn({
-                let l = l.clone();
-                async move { l.acquire("s", 1, 600 * MS).await }
-            });
+            let third = waiter(&l, 600 * MS);
             until(&l, "s", &what, |d| resets(d) == [600 * MS, 1500 * MS]).await;
             clock.advance(100 * MS);
             assert!(resolved(second, &what).await.allowed, "{what}");
@@ -295,10 +281,7 @@ async fn the_windows_wait_out_a_retry_that_fits() {
             assert!(retry > 500 * MS, "{what}: {retry:?}");
             // Within the wait: it polls, and is admitted once the clock has
             // moved past the retry.
-            let waiter = tokio::spawn({
-                let l = l.clone();
-                async move { l.acquire("s", 1, Duration::from_secs(2)).await }
-            });
+            let waiter = waiter(&l, Duration::from_secs(2));
             // The clock moves on in steps until the waiter is served: it
             // waits out its retry-after on this clock, wherever it started.
             let steps = retry.as_millis() / 10 + 1;
@@ -378,10 +361,7 @@ async fn the_deny_cache_never_refuses_a_wait_that_fits() {
             tollgate_core::DecisionSource::DenyCache,
             "{kind:?}"
         );
-        let waiter = tokio::spawn({
-            let l = cached.clone();
-            async move { l.acquire("s", 1, Duration::from_secs(1)).await }
-        });
+        let waiter = waiter(&cached, Duration::from_secs(1));
         until(&plain, "s", "reserved", |d| d.reset_after == 200 * MS).await;
         clock.advance(100 * MS);
         assert!(resolved(waiter, "cached").await.allowed, "{kind:?}");
