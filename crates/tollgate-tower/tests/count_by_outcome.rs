@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::routing::{get as route_get, post};
 use axum::Router;
 use http::{HeaderMap, Request, Response, StatusCode};
-use tollgate_core::{Algorithm, ManualClock, PlanTable, Plans, Quota, RateLimiter};
+use tollgate_core::{Algorithm, PlanTable, Plans, Quota, RateLimiter};
 use tollgate_testkit::eventually;
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::rate_limit::{CountResponse, PlanHeader};
@@ -24,22 +24,8 @@ use tollgate_tower::RateLimitLayer;
 use tower::{service_fn, Layer, ServiceExt};
 
 use common::suite::{clock, Backend};
+use common::{left, limiter};
 use common::{send, unique};
-
-fn limiter(backend: &Backend, alg: Algorithm, per_minute: u64, clock: &ManualClock) -> RateLimiter {
-    RateLimiter::builder(backend.clone(), alg)
-        .quota(Quota::per_minute(per_minute))
-        .name(unique("outcome"))
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-}
-
-/// What `subject` has left, without taking anything (`GlobalKey` keys
-/// every request as "global").
-async fn left(limiter: &RateLimiter, subject: &str) -> u64 {
-    limiter.check_n(subject, 0).await.unwrap().remaining
-}
 
 async fn login(body: String) -> StatusCode {
     if body == "open-sesame" {

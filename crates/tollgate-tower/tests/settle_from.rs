@@ -20,28 +20,15 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use tollgate_core::{Algorithm, Decision, ManualClock, Quota, RateLimiter, Subject};
+use tollgate_core::{Algorithm, Decision, Quota, RateLimiter, Subject};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::rate_limit::{ActualCost, CostExtension, CostHeader};
 use tollgate_tower::RateLimitLayer;
 use tower::{service_fn, Layer};
 
 use common::suite::{clock, Backend};
+use common::{left, limiter};
 use common::{send, unique, Reply};
-
-fn limiter(backend: &Backend, alg: Algorithm, per_minute: u64, clock: &ManualClock) -> RateLimiter {
-    RateLimiter::builder(backend.clone(), alg)
-        .quota(Quota::per_minute(per_minute))
-        .name(unique("settle"))
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-}
-
-/// What `subject` has left, without taking anything.
-async fn left(limiter: &RateLimiter, subject: &str) -> u64 {
-    limiter.check_n(subject, 0).await.unwrap().remaining
-}
 
 /// The estimate: the request's `x-max-tokens`.
 fn estimate(req: &Parts) -> u64 {

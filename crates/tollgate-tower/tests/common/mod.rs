@@ -140,3 +140,24 @@ pub async fn lock_cluster() -> lock_suite::LockEnv {
         break_lock: break_by_del(conn),
     }
 }
+
+/// A one-quota limiter of `per_minute` on `backend`, timed by `clock`
+/// (standing still, so every figure is exact), under a name of its own.
+pub fn limiter(
+    backend: &suite::Backend,
+    alg: tollgate_core::Algorithm,
+    per_minute: u64,
+    clock: &tollgate_core::ManualClock,
+) -> tollgate_core::RateLimiter {
+    tollgate_core::RateLimiter::builder(backend.clone(), alg)
+        .quota(tollgate_core::Quota::per_minute(per_minute))
+        .name(unique("limit"))
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// What `subject` has left on `limiter`, without taking anything.
+pub async fn left(limiter: &tollgate_core::RateLimiter, subject: &str) -> u64 {
+    limiter.check_n(subject, 0).await.unwrap().remaining
+}
