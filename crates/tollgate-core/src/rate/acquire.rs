@@ -94,9 +94,11 @@ impl RateLimiter {
             let mut d = self
                 .check_for_slot(&subject, cost, left.min(MOST_WAIT_MICROS))
                 .await?;
-            d.waited = waited;
+            // The store's reply says how far ahead a reservation's slot is;
+            // the decision says how long this acquire waited in all.
+            let slot_in = std::mem::replace(&mut d.waited, waited);
             if d.allowed {
-                if d.slot_in.is_zero() {
+                if slot_in.is_zero() {
                     return Ok(d);
                 }
                 let held = Held {
@@ -109,11 +111,10 @@ impl RateLimiter {
                 let slot = d.charge.filter(|_| self.inner.clock.is_some());
                 match slot {
                     Some(c) => self.wait_for_clock(c.at_micros()).await,
-                    None => self.wait(d.slot_in).await,
+                    None => self.wait(slot_in).await,
                 }
                 held.keep();
-                d.waited += d.slot_in;
-                d.slot_in = Duration::ZERO;
+                d.waited += slot_in;
                 return Ok(d);
             }
             // Only the store's own refusals are waited out: a failure

@@ -364,7 +364,8 @@ impl RateLimiter {
             DecisionSource::Backend,
         );
         d.charge = charge_of(inner.algorithm, request, reply, &d);
-        d.slot_in = Duration::from_micros(wait);
+        // A reservation's wait until its slot: `acquire` waits it out.
+        d.waited = Duration::from_micros(wait);
         if reply.allowed {
             if let Some(op) = &inner.operated {
                 op.tally.admitted();

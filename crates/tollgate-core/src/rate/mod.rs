@@ -179,9 +179,6 @@ pub struct Decision {
     /// How long [`RateLimiter::acquire`] waited before this decision (for
     /// its slot, or for a retry-after that fit); zero for a check.
     pub waited: Duration,
-    /// How long until the slot of an admission reserved ahead (see
-    /// [`RateLimiter::acquire`]); zero otherwise.
-    pub(crate) slot_in: Duration,
 }
 
 impl Decision {
@@ -234,7 +231,6 @@ impl Decision {
             source,
             charge: None,
             waited: Duration::ZERO,
-            slot_in: Duration::ZERO,
         }
     }
 
