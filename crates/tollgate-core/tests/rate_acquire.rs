@@ -332,6 +332,45 @@ async fn a_short_block_is_waited_out() {
     }
 }
 
+/// A block set while a waiter waits for its reserved slot holds at the
+/// slot too (an upstream's stop learnt elsewhere must stop calls already in
+/// line): the waiter goes only once the block has ended. 1 a second: the
+/// waiter's slot is 1 s away; a 1.5 s block set meanwhile outlasts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_set_while_waiting_holds_at_the_slot() {
+    for kind in KINDS {
+        let backend: Arc<dyn RateBackend> = match kind {
+            Kind::Memory => Arc::new(MemoryBackend::new()),
+            _ => Target::new(kind, &ManualClock::new(0)).await.backend,
+        };
+        let what = format!("{kind:?}");
+        let l = RateLimiter::builder(backend, Algorithm::Gcra)
+            .quota(Quota::per_second(1).with_burst(1).unwrap())
+            .prefix(prefix())
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
+        let waiter = waiter(&l, Duration::from_secs(5));
+        // Reserved: the schedule reaches past one interval.
+        until(&l, "s", &what, |d| d.reset_after > Duration::from_secs(1)).await;
+        let blocked_at = std::time::Instant::now();
+        l.block(&Subject::new("s"), Duration::from_millis(1500))
+            .await
+            .unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("served once the block ended")
+            .unwrap()
+            .unwrap();
+        assert!(d.allowed, "{what}");
+        assert!(
+            blocked_at.elapsed() >= Duration::from_millis(1500),
+            "{what}: went during the block"
+        );
+    }
+}
+
 /// A cached denial refuses only a wait longer than it: a bucket's acquire
 /// that fits goes to the store and reserves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

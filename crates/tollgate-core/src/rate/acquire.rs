@@ -37,7 +37,10 @@ impl RateLimiter {
     ///   boundary though a slot came within its wait.
     ///
     /// A subject blocked by an operator ([`block`](Self::block)) whose
-    /// block ends within `max_wait` is waited for and checked again. The
+    /// block ends within `max_wait` is waited for and checked again; so is
+    /// one blocked while a bucket's waiter waited for its slot (at the slot
+    /// it reads the block — one round trip, only after a wait — and,
+    /// blocked, gives the slot back first). The
     /// local deny cache never refuses a wait that fits: a bucket goes to the
     /// store to reserve, a window waits out the cached retry-after (what the
     /// store would say) without a round trip.
@@ -113,8 +116,16 @@ impl RateLimiter {
                     Some(c) => self.wait_for_clock(c.at_micros()).await,
                     None => self.wait(slot_in).await,
                 }
+                waited += slot_in;
+                // A block set while it waited (an operator, or an upstream's
+                // stop learnt by another instance) holds at its slot too: the
+                // slot goes back, and the block is waited out or refused.
+                if self.blocked_at_slot(&subject).await {
+                    held.give_back().await;
+                    continue;
+                }
                 held.keep();
-                d.waited += slot_in;
+                d.waited = waited;
                 return Ok(d);
             }
             // Only the store's own refusals are waited out: a failure
@@ -131,6 +142,26 @@ impl RateLimiter {
                     waited += retry;
                 }
                 _ => return Ok(d),
+            }
+        }
+    }
+
+    /// Whether `subject` is blocked now, on a store that holds blocks (one
+    /// read of its block key); a failed read lets the reserved slot go.
+    async fn blocked_at_slot(&self, subject: &Subject) -> bool {
+        if !self
+            .inner
+            .operated
+            .as_ref()
+            .is_some_and(|op| op.store.may_block())
+        {
+            return false;
+        }
+        match self.blocked_for(subject).await {
+            Ok(left) => left.is_some(),
+            Err(e) => {
+                tracing::debug!(policy = self.inner.keyspace.policy(), error = %e, "could not read the block at a reserved slot");
+                false
             }
         }
     }
@@ -175,6 +206,16 @@ impl Held<'_> {
     /// The slot came: the charge stays.
     fn keep(mut self) {
         self.charge = None;
+    }
+
+    /// The slot came during a block: given back now, before waiting on.
+    async fn give_back(mut self) {
+        let Some(charge) = self.charge.take() else {
+            return;
+        };
+        if let Err(e) = self.limiter.refund(self.subject.clone(), &charge).await {
+            tracing::warn!(policy = self.limiter.keyspace().policy(), error = %e, "a slot that came during a block could not be given back");
+        }
     }
 }
 

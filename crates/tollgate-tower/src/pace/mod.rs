@@ -105,10 +105,9 @@
 //! on Redis): a slot now, and the call goes; else the earliest slot within
 //! `max_wait`, reserved on the store (calls across the fleet are served in
 //! the order they reserved) and waited for locally. Since the upstream may
-//! have asked the fleet to stop while it waited, a call that waited reads
-//! the block once more when its slot comes ([`RateLimiter::blocked_for`],
-//! one round trip); blocked, it gives the slot back (one) and waits the
-//! block out.
+//! have asked the fleet to stop while it waited, `acquire` reads the block
+//! once more when a reserved slot comes (one round trip, only after a
+//! wait); blocked, it gives the slot back (one) and waits the block out.
 //! A response asking to wait costs one more round trip (the block, with its
 //! announcement to every instance), a settle one more.
 //!
@@ -119,7 +118,6 @@
 //! [`RateLimiter`]: tollgate_core::RateLimiter
 //! [`RateLimiter::block`]: tollgate_core::RateLimiter::block
 //! [`RateLimiter::acquire`]: tollgate_core::RateLimiter::acquire
-//! [`RateLimiter::blocked_for`]: tollgate_core::RateLimiter::blocked_for
 
 mod error;
 mod future;

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use http::response::Parts;
 use http::{Request, Response, StatusCode};
@@ -70,27 +70,15 @@ impl Shared {
         subject: &Subject,
         cost: u64,
     ) -> Result<Option<Charge>, BoxError> {
-        let deadline = Instant::now() + self.max_wait;
-        loop {
-            // One round trip: a slot now, or the earliest within what is
-            // left of the wait (reserved, then waited for), or a refusal.
-            let left = deadline.saturating_duration_since(Instant::now());
-            let d = self.acquire(subject, cost, left).await?;
-            if !d.allowed {
-                return Err(self.throttled(subject, cost, d.retry_after));
-            }
-            // The upstream may have asked the fleet to stop while this call
-            // waited for a slot reserved before: read the block once more.
-            if self.learn && !d.waited.is_zero() {
-                if let Some(charge) = &d.charge {
-                    if self.blocked(subject).await {
-                        self.give_back(subject, charge).await;
-                        continue;
-                    }
-                }
-            }
-            return Ok(self.admitted(subject, cost, d));
+        // One round trip: a slot now, or the earliest within the wait
+        // (reserved, then waited for; a block set meanwhile — by another
+        // instance that heard the upstream say stop — holds at the slot
+        // too), or a refusal.
+        let d = self.acquire(subject, cost, self.max_wait).await?;
+        if !d.allowed {
+            return Err(self.throttled(subject, cost, d.retry_after));
         }
+        Ok(self.admitted(subject, cost, d))
     }
 
     /// The limiter's acquire, its errors as the call's.
@@ -137,33 +125,6 @@ impl Shared {
             retry_after = ?wait, "call throttled: no slot within the wait allowed"
         );
         Throttled::new(wait).into()
-    }
-
-    /// Whether `subject` is blocked now; `false` when that cannot be read
-    /// (the call then goes, as it would have without the wait).
-    async fn blocked(&self, subject: &Subject) -> bool {
-        match self.limiter.blocked_for(subject).await {
-            Ok(left) => left.is_some(),
-            Err(e) => {
-                tracing::debug!(
-                    target: "tollgate_tower::pace",
-                    policy = self.policy(), subject = %subject.digest(), error = %e,
-                    "could not read the block after a wait"
-                );
-                false
-            }
-        }
-    }
-
-    /// Gives a slot back that a block made useless.
-    async fn give_back(&self, subject: &Subject, charge: &Charge) {
-        if let Err(e) = self.limiter.refund(subject.clone(), charge).await {
-            tracing::warn!(
-                target: "tollgate_tower::pace",
-                policy = self.policy(), subject = %subject.digest(), error = %e,
-                "a slot given up for a block could not be given back"
-            );
-        }
     }
 }
 
