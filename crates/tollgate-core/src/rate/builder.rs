@@ -234,11 +234,13 @@ impl RateLimiterBuilder {
             _ => None,
         };
         let quotas: Arc<[Quota]> = self.quotas.into();
+        let deny_cache = (self.deny_cache > 0).then(|| Arc::new(DenyCache::new(self.deny_cache)));
         let unclaimed = unclaimed(
             Arc::clone(&self.backend),
             self.algorithm,
             Arc::clone(&quotas),
             self.clock.clone(),
+            deny_cache.clone(),
             keyspace.policy().to_owned(),
         );
         let operated = self.backend.admin().map(|store| Operated {
@@ -262,7 +264,7 @@ impl RateLimiterBuilder {
                     })
                 }),
                 breaker: Breaker::new(self.breaker.0, self.breaker.1),
-                deny_cache: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                deny_cache,
                 unclaimed,
                 operated,
             }),

@@ -66,7 +66,8 @@ pub(super) struct Inner {
     /// The most debt a settle leaves per quota; `None`: each quota's capacity.
     pub(super) max_debt: Option<u64>,
     pub(super) breaker: Breaker,
-    pub(super) deny_cache: Option<DenyCache>,
+    /// Shared with the give-back of unclaimed admissions, which clears it.
+    pub(super) deny_cache: Option<Arc<DenyCache>>,
     /// Gives back admissions whose callers had stopped waiting.
     pub(super) unclaimed: Unclaimed,
     /// The operator plane of the store, if it has one.

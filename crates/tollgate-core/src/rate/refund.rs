@@ -7,9 +7,10 @@ use std::time::Duration;
 use futures_util::FutureExt;
 
 use super::charge::charge_of;
+use super::deny_cache::DenyCache;
 use super::settle::settle_request;
 use super::{Charge, Decision, DecisionSource, RateLimiter};
-use crate::clock::Clock;
+use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
 use crate::failure::is_outage;
 use crate::keyspace::Subject;
@@ -26,6 +27,7 @@ pub(super) fn unclaimed(
     algorithm: Algorithm,
     quotas: Arc<[Quota]>,
     clock: Option<Arc<dyn Clock>>,
+    deny_cache: Option<Arc<DenyCache>>,
     policy: String,
 ) -> Unclaimed {
     Unclaimed::new(move |request, reply| {
@@ -44,8 +46,18 @@ pub(super) fn unclaimed(
             settle_request(algorithm, &quotas, None, keys, &c, 0, now)
         });
         let (backend, policy) = (Arc::clone(&backend), policy.clone());
+        let (deny_cache, clock) = (deny_cache.clone(), clock.clone());
         async move {
             let Some(refund) = refund else { return };
+            // As every give-back: a denial cached or in flight meanwhile
+            // may be stale once it lands.
+            let forget = |cache: &DenyCache| {
+                cache.remove(&refund.keys[0]);
+                cache.forget_before(clock.as_ref().map_or_else(monotonic_micros, |c| c.now_micros()));
+            };
+            if let Some(cache) = &deny_cache {
+                forget(cache);
+            }
             let mut pause = UNCLAIMED_FIRST_PAUSE;
             for _ in 0..UNCLAIMED_TRIES {
                 let done = tokio::time::timeout(UNCLAIMED_TIMEOUT, backend.settle_rate(&refund))
@@ -53,6 +65,9 @@ pub(super) fn unclaimed(
                     .unwrap_or(Err(Error::Timeout(UNCLAIMED_TIMEOUT)));
                 match done {
                     Ok(_) => {
+                        if let Some(cache) = &deny_cache {
+                            forget(cache);
+                        }
                         tracing::debug!(policy = %policy, cost = refund.cost, "gave back an admission its caller never received");
                         #[cfg(feature = "metrics")]
                         metrics::counter!("tollgate_unclaimed_refunds_total", "policy" => policy.clone())
