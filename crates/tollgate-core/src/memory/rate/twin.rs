@@ -176,6 +176,9 @@ pub(crate) fn ceil_micros(units: i128, per: u64) -> u64 {
 #[inline]
 pub(crate) fn div_euclid(a: i128, b: i128) -> i128 {
     match (i64::try_from(a), i64::try_from(b)) {
+        // A whole-µs interval (`per_micro` 1, the usual case): a hardware
+        // division costs more than the rest of the step.
+        (_, Ok(1)) => a,
         // i64::MIN / -1 overflows in 64 bits (not in 128): left to i128.
         (Ok(a), Ok(b)) if b != -1 => i128::from(a.div_euclid(b)),
         _ => a.div_euclid(b),
@@ -186,6 +189,7 @@ pub(crate) fn div_euclid(a: i128, b: i128) -> i128 {
 #[inline]
 pub(crate) fn rem_euclid(a: i128, b: i128) -> i128 {
     match (i64::try_from(a), i64::try_from(b)) {
+        (_, Ok(1)) => 0,
         (Ok(a), Ok(b)) if b != -1 => i128::from(a.rem_euclid(b)),
         _ => a.rem_euclid(b),
     }
