@@ -216,6 +216,7 @@ impl RateLimiter {
     /// Everything up to the round trip; `Err` carries the request to send.
     // Moved, not boxed: a box would cost an allocation per round trip.
     #[allow(clippy::result_large_err)]
+    #[inline]
     fn start(
         &self,
         subject: &Subject,
@@ -230,12 +231,15 @@ impl RateLimiter {
             }
         }
         let keys = take_keys(inner, subject);
+        // A limiter's own clock times the decision and is its local time
+        // too: read once.
+        let now_micros = inner.clock.as_ref().map(|c| c.now_micros());
         // Only the deny cache needs the local time (as of before the request
         // is sent); skip the clock read without one.
-        let sent_at = if inner.deny_cache.is_some() {
-            self.local_now()
-        } else {
-            0
+        let sent_at = match (&inner.deny_cache, now_micros) {
+            (None, _) => 0,
+            (Some(_), Some(now)) => now,
+            (Some(_), None) => monotonic_micros(),
         };
         if let Some(cache) = &inner.deny_cache {
             // A bucket reserves a wait that fits on the store: a cached
@@ -268,7 +272,7 @@ impl RateLimiter {
             keys,
             quotas: Arc::clone(&inner.quotas),
             cost,
-            now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
+            now_micros,
             // The log's member prefix, and every charge's refund id.
             nonce: next_id(),
             max_wait_micros,
@@ -316,6 +320,7 @@ impl RateLimiter {
     }
 
     /// Turns the backend's answer (or failure) into a decision.
+    #[inline]
     fn conclude(
         &self,
         subject: &Subject,
@@ -345,6 +350,7 @@ impl RateLimiter {
     /// The decision from the store's reply to `request`, one outcome per
     /// quota: the charge of an admission, the deny cache entry of a denial
     /// (under the first key).
+    #[inline]
     fn decided(
         &self,
         subject: &Subject,

@@ -182,6 +182,7 @@ pub struct Decision {
 }
 
 impl Decision {
+    #[inline]
     pub(crate) fn from_outcomes(
         algorithm: Algorithm,
         quotas: &[Quota],

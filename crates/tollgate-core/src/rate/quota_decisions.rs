@@ -52,6 +52,7 @@ impl From<Vec<QuotaDecision>> for QuotaDecisions {
 }
 
 impl FromIterator<QuotaDecision> for QuotaDecisions {
+    #[inline]
     fn from_iter<I: IntoIterator<Item = QuotaDecision>>(iter: I) -> Self {
         let mut iter = iter.into_iter();
         let Some(first) = iter.next() else {
