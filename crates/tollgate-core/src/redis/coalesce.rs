@@ -30,6 +30,7 @@ use futures_util::future::{join_all, select, BoxFuture, Either};
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
+use super::lean::LeanGroup;
 use super::unclaimed::{finish_detached, Awaited, OwnedCall};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
@@ -48,6 +49,13 @@ pub(crate) trait Sender: Clone + Send + Sync + 'static {
         &'a self,
         requests: &'a [RateRequest],
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>>;
+
+    /// The lean batch a check can join (checks of one group go in one lean
+    /// call), or `None`: the batch script or a single call.
+    fn lean_group(&self, request: &RateRequest) -> Option<LeanGroup> {
+        let _ = request;
+        None
+    }
 }
 
 /// How a [`RedisBackend`](crate::RedisBackend) coalesces rate-limit checks: on by default
@@ -126,6 +134,11 @@ impl Coalescing {
 /// than pipelined single calls save until a batch carries about this many
 /// (BENCHMARKS.md, item 2c).
 const MIN_SCRIPT_BATCH: usize = 8;
+
+/// The fewest checks of one limiter sent as one call of its lean script:
+/// a lean call of two costs Redis less than two single calls
+/// (BENCHMARKS.md, lean batches).
+const LEAN_BATCH: usize = 2;
 
 /// A check waiting for a batch.
 struct Waiting {
@@ -481,33 +494,16 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
     }
 }
 
-/// Decides `requests` in order: one call of the batch script, or single
-/// calls for a few; split by hash tag once the server has refused a call of
-/// several tags.
+/// Decides `requests` in order; split by hash tag once the server has
+/// refused a call of several tags.
 async fn decide<S: Sender>(
     coalescer: &Coalescer<S>,
     requests: &[RateRequest],
 ) -> Vec<Result<RateReply>> {
-    let split = &coalescer.shared.split;
-    if split.load(Ordering::Relaxed) && !one_tag(requests) {
+    if coalescer.shared.split.load(Ordering::Relaxed) && !one_tag(requests) {
         return decide_by_tag(coalescer, requests).await;
     }
-    match decide_together(coalescer, requests).await {
-        Err(e)
-            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
-                && !one_tag(requests) =>
-        {
-            // Refused before it ran: nothing was decided.
-            tracing::info!("a call of several hash tags was refused (CROSSSLOT): coalesced checks go one call per tag from now on");
-            split.store(true, Ordering::Relaxed);
-            decide_by_tag(coalescer, requests).await
-        }
-        Err(e) => requests
-            .iter()
-            .map(|_| Err(redis_error(e.clone())))
-            .collect(),
-        Ok(answers) => answers,
-    }
+    decide_together(coalescer, requests).await
 }
 
 fn one_tag(requests: &[RateRequest]) -> bool {
@@ -515,16 +511,99 @@ fn one_tag(requests: &[RateRequest]) -> bool {
     requests.iter().all(|r| tag_of(r) == first)
 }
 
-/// One call of the batch script, or single calls for fewer than the
-/// threshold; the call's own error is returned whole.
+/// How a batch's checks go out: the checks of each limiter with a lean
+/// script in one call of it (a part of one goes alone), the others in one
+/// call of the batch script when there are enough of them, else alone.
+/// Parts are listed by their first check; each part keeps arrival order.
+fn parts<S: Sender>(sender: &S, requests: &[RateRequest]) -> Vec<(Option<LeanGroup>, Vec<usize>)> {
+    let mut parts: Vec<(Option<LeanGroup>, Vec<usize>)> = Vec::new();
+    for (i, r) in requests.iter().enumerate() {
+        let group = sender.lean_group(r);
+        match parts.iter_mut().find(|(g, _)| *g == group) {
+            Some((_, members)) => members.push(i),
+            None => parts.push((group, vec![i])),
+        }
+    }
+    if parts.len() > 1 {
+        // Calls sent together run in the order sent, not in arrival order:
+        // a key in two parts keeps its order only in one call.
+        let mut part_of: HashMap<&str, usize> = HashMap::new();
+        for (p, (_, members)) in parts.iter().enumerate() {
+            for &i in members {
+                let key = requests[i].keys.first().map_or("", String::as_str);
+                if *part_of.entry(key).or_insert(p) != p {
+                    return vec![(None, (0..requests.len()).collect())];
+                }
+            }
+        }
+    }
+    parts
+}
+
+/// Decides `requests` in the calls [`parts`] chooses, sent together; each
+/// part's own failure is its checks' only.
 async fn decide_together<S: Sender>(
     coalescer: &Coalescer<S>,
     requests: &[RateRequest],
+) -> Vec<Result<RateReply>> {
+    let parts = parts(&coalescer.sender, requests);
+    if let [(group, _)] = &parts[..] {
+        return decide_part(coalescer, requests, group.is_some()).await;
+    }
+    let lean: Vec<bool> = parts.iter().map(|(g, _)| g.is_some()).collect();
+    let members: Vec<Vec<usize>> = parts.into_iter().map(|(_, m)| m).collect();
+    let lean = &lean;
+    scatter(requests, &members, |p, part| async move {
+        decide_part(coalescer, &part, lean[p]).await
+    })
+    .await
+}
+
+/// One part: one call (a lean part of two or more, or enough checks for
+/// the batch script), else single calls sent together (pipelined by the
+/// connection). A call of several tags the server refuses (`CROSSSLOT`,
+/// before it ran: nothing was decided) is decided again one call per tag.
+async fn decide_part<S: Sender>(
+    coalescer: &Coalescer<S>,
+    requests: &[RateRequest],
+    lean: bool,
+) -> Vec<Result<RateReply>> {
+    match decide_part_once(coalescer, requests, lean).await {
+        Ok(answers) => answers,
+        Err(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
+                && !one_tag(requests) =>
+        {
+            tracing::info!("a call of several hash tags was refused (CROSSSLOT): coalesced checks go one call per tag from now on");
+            coalescer.shared.split.store(true, Ordering::Relaxed);
+            scatter(requests, &by_tag(requests), |_, group| async move {
+                decide_part_once(coalescer, &group, lean)
+                    .await
+                    .unwrap_or_else(|e| group.iter().map(|_| Err(redis_error(e.clone()))).collect())
+            })
+            .await
+        }
+        Err(e) => requests
+            .iter()
+            .map(|_| Err(redis_error(e.clone())))
+            .collect(),
+    }
+}
+
+/// [`decide_part`] without the fallback: the call's own error is returned
+/// whole.
+async fn decide_part_once<S: Sender>(
+    coalescer: &Coalescer<S>,
+    requests: &[RateRequest],
+    lean: bool,
 ) -> redis::RedisResult<Vec<Result<RateReply>>> {
     let sender = &coalescer.sender;
-    if requests.len() < coalescer.shared.config.script_threshold() {
-        // Few checks: single calls, sent together (pipelined by the
-        // connection).
+    let threshold = if lean {
+        LEAN_BATCH
+    } else {
+        coalescer.shared.config.script_threshold()
+    };
+    if requests.len() < threshold {
         return Ok(join_all(requests.iter().map(|r| sender.one(r))).await);
     }
     sender.batch(requests).await
@@ -535,6 +614,14 @@ async fn decide_by_tag<S: Sender>(
     coalescer: &Coalescer<S>,
     requests: &[RateRequest],
 ) -> Vec<Result<RateReply>> {
+    scatter(requests, &by_tag(requests), |_, group| async move {
+        decide_together(coalescer, &group).await
+    })
+    .await
+}
+
+/// The checks of each hash tag (indices, in arrival order).
+fn by_tag(requests: &[RateRequest]) -> Vec<Vec<usize>> {
     let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         let t = tag_of(r);
@@ -543,16 +630,29 @@ async fn decide_by_tag<S: Sender>(
             None => groups.push((t, vec![i])),
         }
     }
-    let decided = join_all(groups.iter().map(|(_, members)| async move {
-        let group: Vec<RateRequest> = members.iter().map(|&i| requests[i].clone()).collect();
-        match decide_together(coalescer, &group).await {
-            Ok(answers) => answers,
-            Err(e) => group.iter().map(|_| Err(redis_error(e.clone()))).collect(),
-        }
-    }))
+    groups.into_iter().map(|(_, m)| m).collect()
+}
+
+/// Decides each group of `requests` (its indices) with `decide`, all sent
+/// together, and puts the answers back in the requests' order.
+async fn scatter<F, Fut>(
+    requests: &[RateRequest],
+    groups: &[Vec<usize>],
+    decide: F,
+) -> Vec<Result<RateReply>>
+where
+    F: Fn(usize, Vec<RateRequest>) -> Fut,
+    Fut: std::future::Future<Output = Vec<Result<RateReply>>>,
+{
+    let decided = join_all(
+        groups
+            .iter()
+            .enumerate()
+            .map(|(g, members)| decide(g, members.iter().map(|&i| requests[i].clone()).collect())),
+    )
     .await;
     let mut answers: Vec<Option<Result<RateReply>>> = requests.iter().map(|_| None).collect();
-    for ((_, members), group) in groups.iter().zip(decided) {
+    for (members, group) in groups.iter().zip(decided) {
         for (&i, answer) in members.iter().zip(group) {
             answers[i] = Some(answer);
         }

@@ -124,6 +124,36 @@ rate_scripts! {
     Gcra => "gcra",
 }
 
+/// The algorithms with a lean batch script (`lua/rate_lean.lua` after the
+/// prelude and the algorithm's `lua/<file>_lean.lua` step): many checks of
+/// one limiter, one figure each.
+macro_rules! lean_scripts {
+    ($($alg:ident => $file:literal),* $(,)?) => {
+        /// An algorithm's lean batch script, if it has one.
+        pub(crate) fn lean(algorithm: Algorithm) -> Option<&'static LuaScript> {
+            match algorithm {
+                $(Algorithm::$alg => {
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(concat!(
+                        "local now, cost, n\n",
+                        include_str!("../../lua/rate_prelude.lua"),
+                        include_str!(concat!("../../lua/", $file, "_lean.lua")),
+                        include_str!("../../lua/rate_lean.lua")
+                    )));
+                    Some(&S)
+                })*
+                #[allow(unreachable_patterns)]
+                _ => None,
+            }
+        }
+    };
+}
+
+lean_scripts! {
+    FixedWindow => "fixed_window",
+    TokenBucket => "token_bucket",
+    Gcra => "gcra",
+}
+
 /// Declares the scripts of the other operations, one `lua/<file>.lua` each.
 macro_rules! scripts {
     ($($name:ident => $file:literal),* $(,)?) => {

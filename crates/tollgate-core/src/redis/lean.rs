@@ -1,0 +1,218 @@
+//! Lean batches: many checks of one limiter (one algorithm, one quota, no
+//! wait) in one call of its lean script (`lua/rate_lean.lua`), which sends
+//! back one figure per check — the state the check was decided from. The
+//! figures a single call replies (remaining, reset, retry, next) are derived
+//! here from that state and the quota, with the very arithmetic of the
+//! algorithm's script (in doubles, as Lua computes), so they are the same.
+
+use redis::{Cmd, Value};
+
+use crate::error::{Error, Result};
+use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
+
+/// What checks must share to go in one lean call: the algorithm, the
+/// quota's two parameters, how many keys each has (a block key or not) and
+/// their time (`None`: the server's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeanGroup {
+    algorithm: Algorithm,
+    first: u64,
+    ticks: u64,
+    per: u64,
+    keys: usize,
+    now: Option<u64>,
+}
+
+impl LeanGroup {
+    /// The lean batch `request` can join, if any: GCRA, token bucket or
+    /// fixed window, one quota, no wait for a slot.
+    pub(crate) fn of(request: &RateRequest) -> Option<LeanGroup> {
+        let algorithm = request.algorithm;
+        let [quota] = &request.quotas[..] else {
+            return None;
+        };
+        let lean = match algorithm {
+            Algorithm::Gcra | Algorithm::TokenBucket => request.max_wait_micros == 0,
+            // The windows ignore the wait.
+            Algorithm::FixedWindow => true,
+            _ => false,
+        };
+        if !lean || !(1..=2).contains(&request.keys.len()) {
+            return None;
+        }
+        let (first, interval) = algorithm.params(quota);
+        Some(LeanGroup {
+            algorithm,
+            first,
+            ticks: interval.ticks,
+            per: interval.per_micro,
+            keys: request.keys.len(),
+            now: request.now_micros,
+        })
+    }
+
+    /// The call's arguments after `EVALSHA sha`: its keys, then its `ARGV`
+    /// (see `lua/rate_lean.lua`). `deadlines`: each check's, on the
+    /// server's clock.
+    pub(crate) fn fill(&self, cmd: &mut Cmd, requests: &[RateRequest], deadlines: &[Option<u64>]) {
+        cmd.arg(requests.len() * self.keys);
+        for r in requests {
+            for k in &r.keys {
+                cmd.arg(k.as_str());
+            }
+        }
+        match self.now {
+            Some(now) => cmd.arg(now),
+            None => cmd.arg(""),
+        };
+        cmd.arg(self.first);
+        if self.per == 1 {
+            cmd.arg(self.ticks);
+        } else {
+            cmd.arg(format!("{}/{}", self.ticks, self.per));
+        }
+        cmd.arg(self.keys);
+        let cost = requests.first().map_or(0, |r| r.cost);
+        if requests.iter().all(|r| r.cost == cost) {
+            cmd.arg(cost);
+        } else {
+            cmd.arg(joined(requests.iter().map(|r| r.cost)));
+        }
+        match deadlines.iter().flatten().min() {
+            Some(earliest) => cmd
+                .arg(*earliest)
+                .arg(joined(deadlines.iter().map(|d| d.unwrap_or(0)))),
+            None => cmd.arg(""),
+        };
+    }
+
+    /// Each check's answer from the call's reply: `Ok(None)` for a check
+    /// that came after its deadline (it took nothing), with the server time
+    /// the call ran at.
+    pub(crate) fn parse(
+        &self,
+        value: Value,
+        requests: &[RateRequest],
+    ) -> Result<(u64, Vec<Option<RateReply>>)> {
+        let Value::Array(items) = value else {
+            return Err(Error::Protocol(format!("a lean batch replied {value:?}")));
+        };
+        if items.len() != requests.len() + 1 {
+            return Err(Error::Protocol(format!(
+                "a lean batch of {} replied {} figures",
+                requests.len(),
+                items.len()
+            )));
+        }
+        let mut items = items.into_iter();
+        let now = match items.next() {
+            Some(Value::Int(now)) => now,
+            other => return Err(Error::Protocol(format!("a lean batch's time: {other:?}"))),
+        };
+        let replies = items
+            .zip(requests)
+            .map(|(item, r)| match item {
+                Value::Int(state) => Ok(Some(self.derive(now, r.cost, state))),
+                Value::Array(a) if a.is_empty() => Ok(None),
+                Value::Array(a) => match a.as_slice() {
+                    [Value::Int(left)] => Ok(Some(
+                        RateReply::blocked(1, (*left).max(1) as u64).at(now.max(0) as u64),
+                    )),
+                    _ => Err(Error::Protocol(format!("a lean check replied {a:?}"))),
+                },
+                other => Err(Error::Protocol(format!("a lean check replied {other:?}"))),
+            })
+            .collect::<Result<_>>()?;
+        Ok((now.max(0) as u64, replies))
+    }
+
+    /// The reply a single call of the algorithm's script gives for a check
+    /// of `cost` that found `state` at `now` (see the scripts for each
+    /// figure; Lua numbers are doubles, and so is this arithmetic).
+    pub(crate) fn derive(&self, now: i64, cost: u64, state: i64) -> RateReply {
+        let (now_f, cost, state) = (now as f64, cost as f64, state as f64);
+        let (a, iv, per) = (self.first as f64, self.ticks as f64, self.per as f64);
+        let ceil_us = |x: f64| (x / per).ceil();
+        let (allowed, figures) = match self.algorithm {
+            Algorithm::Gcra => {
+                let (tat, limit_at) = (state, a * iv);
+                let nt = tat + cost * iv;
+                if nt > limit_at {
+                    let room = limit_at - tat;
+                    let next = if tat > 0.0 {
+                        ceil_us(iv - lua_mod(room, iv))
+                    } else {
+                        0.0
+                    };
+                    let figures = [
+                        (room / iv).floor(),
+                        ceil_us(tat),
+                        ceil_us(nt - limit_at),
+                        next,
+                    ];
+                    (false, figures)
+                } else {
+                    let room = limit_at - nt;
+                    let next = if nt > 0.0 {
+                        ceil_us(iv - lua_mod(room, iv))
+                    } else {
+                        0.0
+                    };
+                    (true, [(room / iv).floor(), ceil_us(nt), 0.0, next])
+                }
+            }
+            Algorithm::TokenBucket => {
+                let (empty, full) = (state, a * iv);
+                let tokens = (-empty / iv).floor();
+                let after = empty + cost * iv;
+                if tokens < cost {
+                    let next = if tokens < a {
+                        ceil_us(iv - lua_mod(-empty, iv))
+                    } else {
+                        0.0
+                    };
+                    (false, [tokens, ceil_us(empty + full), ceil_us(after), next])
+                } else {
+                    let left = tokens - cost;
+                    let next = if left < a {
+                        ceil_us(iv - lua_mod(-after, iv))
+                    } else {
+                        0.0
+                    };
+                    (true, [left, ceil_us(after + full), 0.0, next])
+                }
+            }
+            _ => {
+                let (count, limit, period) = (state, a, iv);
+                let w = (now_f / period).floor();
+                let reset = (w + 1.0) * period - now_f;
+                if count + cost > limit {
+                    (false, [limit - count, reset, reset, reset])
+                } else {
+                    (true, [limit - count - cost, reset, 0.0, reset])
+                }
+            }
+        };
+        // Redis replies a Lua number as an integer (truncated); the parser
+        // reads a negative figure as 0.
+        let figure = |x: f64| (x as i64).max(0) as u64;
+        let [r, reset, retry, next] = figures.map(figure);
+        RateReply::new(allowed, [Outcome::from_reply(r, reset, retry, next)]).at(now.max(0) as u64)
+    }
+}
+
+/// Lua 5.1's `a % b`: `a - floor(a / b) * b`, in doubles.
+fn lua_mod(a: f64, b: f64) -> f64 {
+    a - (a / b).floor() * b
+}
+
+fn joined(values: impl Iterator<Item = u64>) -> String {
+    let mut s = String::new();
+    for v in values {
+        if !s.is_empty() {
+            s.push(',');
+        }
+        s.push_str(&v.to_string());
+    }
+    s
+}
