@@ -178,7 +178,9 @@ macro_rules! core_lua {
     ($file:literal) => {
         concat!(
             include_str!("../../tollgate-core/lua/rate_args.lua"),
+            include_str!("../../tollgate-core/lua/rate_deadline.lua"),
             include_str!("../../tollgate-core/lua/rate_prelude.lua"),
+            include_str!("../../tollgate-core/lua/rate_block.lua"),
             include_str!(concat!("../../tollgate-core/lua/", $file))
         )
     };

@@ -20,15 +20,17 @@ local function stored_string(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'string' then return v end
 end
--- SET key value PX px (px: whole ms, as a string). In a batch the write
--- waits for the end of the batch — the last one per key is what a sequence
--- of single calls would leave, and the checks after it read it meanwhile.
+-- SET key value PX px (px: whole ms, as a string). In a batch the checks
+-- after it read the value from batch_view; the batch script's writes wait
+-- for the end of the batch (batch_writes) — the last one per key is what a
+-- sequence of single calls would leave.
 local function store(key, value, px)
-  if batch_view then
+  if batch_writes then
     batch_view[key], batch_writes[key] = value, px
-  else
-    redis.call('SET', key, value, 'PX', px)
+    return
   end
+  if batch_view then batch_view[key] = value end
+  redis.call('SET', key, value, 'PX', px)
 end
 -- A quota's time argument: whole µs ('100000'), or an exact fraction of
 -- them, '<ticks>/<per>' (a bucket's emission interval period/limit, reduced:

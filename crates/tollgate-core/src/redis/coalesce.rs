@@ -1,19 +1,22 @@
 //! Coalescing: rate-limit checks that wait on one connection go
-//! out together, as one call of the batch script.
+//! out together.
 //!
 //! No timers: a check goes out at once while fewer than
-//! [`Coalescing::max_calls_in_flight`] turns are taken (so a lone check
-//! costs what it did), and otherwise waits in a queue. When a turn's call
-//! comes back, the queue goes out as the turn's next call — up to
-//! [`Coalescing::max_batch`] checks, in arrival order; a batch of fewer than
-//! `MIN_SCRIPT_BATCH` goes as single calls sent together. Batches therefore
-//! grow with the load and stay empty without it.
+//! [`Coalescing::max_calls_in_flight`] turns are taken (by default: when
+//! its lane has no call out, so a lone check costs what it did), and
+//! otherwise waits in a queue. When a turn's call comes back, the queue goes
+//! out as the turn's next calls — up to [`Coalescing::max_batch`] checks, in
+//! arrival order: each limiter's checks (GCRA, token bucket, fixed window;
+//! one quota, no wait) as one call of its lean script from two up, any
+//! others as one call of the batch script from `MIN_SCRIPT_BATCH` up, else
+//! as single calls; all sent together. Batches therefore grow with the load
+//! and stay empty without it.
 //!
 //! On a cluster each hash tag has its own turns and queue (a lane): a
 //! script's keys must share a slot, and a slow or frozen node then holds up
 //! only its own subjects. Elsewhere one lane serves every check; if the
 //! server refuses a call of several tags (`CROSSSLOT`: a sharded proxy, a
-//! cluster connection in a wrapper), the batch is decided again one call per
+//! cluster connection in a wrapper), the call is decided again one call per
 //! tag, and so is every batch after it.
 //!
 //! A batch is sent by a task of its own, so a caller that gives up (its
@@ -75,14 +78,15 @@ pub struct Coalescing {
 }
 
 impl Default for Coalescing {
-    /// Batches of up to 64 checks, 16 turns per backend (per hash tag on a
-    /// cluster): up to 16 checks in flight cost what they did (measured: 16
-    /// single calls pipelined on one connection cost Redis less per check
-    /// than batches of a few), and beyond that checks share calls.
+    /// Batches of up to 64 checks, 1 turn per backend (per hash tag on a
+    /// cluster): a check that finds no call out goes alone at once, and
+    /// checks that find one go together in the next call. A lean call of two
+    /// checks already costs Redis less than two single calls
+    /// (BENCHMARKS.md, item 7 and item 2c).
     fn default() -> Self {
         Coalescing {
             max_batch: 64,
-            max_calls: 16,
+            max_calls: DEFAULT_CALLS,
         }
     }
 }
@@ -95,18 +99,20 @@ impl Coalescing {
 
     /// At most `n` checks per batch (at least 1; 1 turns coalescing off).
     /// Larger batches cost Redis less per decision but hold its single
-    /// thread longer per call. A batch of fewer than 8 checks is sent as
-    /// single calls, together (below that the batch script costs Redis
-    /// more than it saves), unless `n` itself is smaller.
+    /// thread longer per call. A limiter's checks go as one call of its lean
+    /// script from two up; checks with no lean script (several quotas, the
+    /// sliding windows, a wait for a slot) go as one call of the batch
+    /// script from 8 up (below that it costs Redis more than it saves),
+    /// unless `n` itself is smaller, else as single calls, together.
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
         self
     }
 
     /// At most `n` turns at once (at least 1): a check that finds `n` turns
-    /// taken waits for the next batch. A turn has one call out (or, for a
-    /// batch of fewer than 8, its single calls). Fewer turns make larger
-    /// batches (less Redis CPU per decision); more overlap the round trips.
+    /// taken waits for the next batch. A turn has one batch's calls out.
+    /// Fewer turns make larger batches (less Redis CPU per decision); more
+    /// overlap the round trips.
     pub fn max_calls_in_flight(mut self, n: usize) -> Self {
         self.max_calls = n.max(1);
         self
@@ -134,6 +140,9 @@ impl Coalescing {
 /// than pipelined single calls save until a batch carries about this many
 /// (BENCHMARKS.md, item 2c).
 const MIN_SCRIPT_BATCH: usize = 8;
+
+/// Turns per lane by default.
+const DEFAULT_CALLS: usize = 1;
 
 /// The fewest checks of one limiter sent as one call of its lean script:
 /// a lean call of two costs Redis less than two single calls
@@ -435,6 +444,10 @@ impl<S: Sender> Drop for Driving<S> {
 async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
     loop {
         send(&turn.coalescer, batch).await;
+        // The callers this batch answered often check again at once: they
+        // run first, and queue for the next batch, rather than one of them
+        // going alone and the rest after it.
+        tokio::task::yield_now().await;
         match turn.coalescer.next_batch(&turn.lane) {
             Some(next) => batch = next,
             None => break,

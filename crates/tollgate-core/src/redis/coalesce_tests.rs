@@ -18,7 +18,7 @@ fn limits_stay_sane() {
     assert_eq!(c.batch_limit(), 1);
     // Off, then on again: the order of the calls does not matter.
     let c = Coalescing::off().max_batch(32);
-    assert_eq!((c.batch_limit(), c.calls_limit()), (32, 16));
+    assert_eq!((c.batch_limit(), c.calls_limit()), (32, DEFAULT_CALLS));
     let c = Coalescing::default().max_calls_in_flight(0);
     assert_eq!(c.calls_limit(), 1);
     assert_eq!(Coalescing::default().max_batch(4).script_threshold(), 4);

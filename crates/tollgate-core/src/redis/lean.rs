@@ -10,6 +10,10 @@ use redis::{Cmd, Value};
 use crate::error::{Error, Result};
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
 
+/// The most checks in one lean call (Lua's `unpack` returns at most about
+/// 8000 values); more go to the batch script.
+pub(crate) const MAX_CHECKS: usize = 4000;
+
 /// What checks must share to go in one lean call: the algorithm, the
 /// quota's two parameters, how many keys each has (a block key or not) and
 /// their time (`None`: the server's).
@@ -56,9 +60,10 @@ impl LeanGroup {
     /// server's clock.
     pub(crate) fn fill(&self, cmd: &mut Cmd, requests: &[RateRequest], deadlines: &[Option<u64>]) {
         cmd.arg(requests.len() * self.keys);
-        for r in requests {
-            for k in &r.keys {
-                cmd.arg(k.as_str());
+        // Every check's key, then every check's block key.
+        for at in 0..self.keys {
+            for r in requests {
+                cmd.arg(r.keys[at].as_str());
             }
         }
         match self.now {

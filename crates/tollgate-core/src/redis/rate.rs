@@ -12,7 +12,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 
 use super::coalesce::{owned_call, Sender};
 use super::conn::Conn;
-use super::lean::LeanGroup;
+use super::lean::{LeanGroup, MAX_CHECKS};
 use super::scripts::{self, RATE_BATCH};
 use super::server_clock::ServerClock;
 use super::unclaimed::Awaited;
@@ -85,7 +85,9 @@ impl RateCalls {
         let deadlines: Vec<Option<u64>> = requests.iter().map(|r| self.deadline(r)).collect();
         let group = requests.first().and_then(LeanGroup::of);
         if let (Some(group), Some(script)) = (group, scripts::lean(requests[0].algorithm)) {
-            if requests.iter().all(|r| LeanGroup::of(r) == Some(group)) {
+            if requests.len() <= MAX_CHECKS
+                && requests.iter().all(|r| LeanGroup::of(r) == Some(group))
+            {
                 let value = self
                     .conn
                     .invoke_raw(script, |cmd| group.fill(cmd, requests, &deadlines))
