@@ -9,15 +9,7 @@ local function step(key, cost)
     w = math.floor(now / period)
     reset = (w + 1) * period - now
   end
-  local count = 0
-  local v = stored_string(key)
-  if v then
-    -- Anything but "<digits>:<digits>" is not this script's: read as absent.
-    local sw, sc = string.match(v, '^(%d+):(%d+)$')
-    if sw and sw + 0 == w then count = sc + 0 end
-  end
-  if count + cost <= limit then
-    store(key, string.format('%d:%d', w, count + cost), string.format('%d', math.ceil(reset / 1000)))
-  end
+  local count = window_count(key, w)
+  if count + cost <= limit then window_store(key, w, count + cost, reset) end
   return count
 end

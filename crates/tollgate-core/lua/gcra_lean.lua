@@ -4,13 +4,8 @@
 local interval, per = interval_of(ARGV[3])
 local limit_at = ARGV[2] * interval
 local function step(key, cost)
-  local tat = stored_instant(key, per) or 0
-  if tat < 0 then tat = 0 end
+  local tat = gcra_tat(key, per)
   local nt = tat + cost * interval
-  if nt <= limit_at then
-    local px = math.ceil(ceil_us(nt, per) / 1000)
-    if px < 1 then px = 1 end
-    store(key, instant(nt, per), string.format('%d', px))
-  end
+  if nt <= limit_at then gcra_store(key, nt, per, 0) end
   return tat
 end

@@ -5,13 +5,9 @@
 local interval, per = interval_of(ARGV[3])
 local full = (ARGV[2] + 0) * interval
 local function step(key, cost)
-  local empty = stored_instant(key, per) or -full
-  if empty < -full then empty = -full end
+  local empty = bucket_empty(key, per, full)
   if math.floor(-empty / interval) >= cost then
-    local after = empty + cost * interval
-    local px = math.ceil(ceil_us(after + full, per) / 1000)
-    if px < 1 then px = 1 end
-    store(key, instant(after, per), string.format('%d', px))
+    bucket_store(key, empty + cost * interval, per, full, 0)
   end
   return empty
 end
