@@ -1,6 +1,7 @@
 -- The fixed window's step in a lean batch (rate_lean.lua): fixed_window.lua's
 -- single-quota check. ARGV[2], ARGV[3]: limit and period (µs). Returns the
--- count it decided from (this window's, before the check).
+-- count it decided from (this window's, before the check) and whether it
+-- admitted the check.
 local limit, period = ARGV[2] + 0, ARGV[3] + 0
 local w, reset
 local function step(key, cost)
@@ -10,6 +11,7 @@ local function step(key, cost)
     reset = (w + 1) * period - now
   end
   local count = window_count(key, w)
-  if count + cost <= limit then window_store(key, w, count + cost, reset) end
-  return count
+  if count + cost > limit then return count, false end
+  window_store(key, w, count + cost, reset)
+  return count, true
 end

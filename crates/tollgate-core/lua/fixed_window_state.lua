@@ -2,12 +2,15 @@
 -- fixed_window_lean.lua (the loader puts it after rate_prelude.lua): one
 -- string per key, "<window index>:<count>". The count of window `w` under
 -- `key`: anything but "<digits>:<digits>" is not this script's and reads as
--- absent, and a count from an earlier window no longer counts.
+-- absent, and so does a count of more than 15 digits (a limit is at most
+-- a period's µs, ten years': 15 digits; and a lean batch replies the count
+-- as an integer, exact only so); a count from an earlier window no longer
+-- counts.
 local function window_count(key, w)
   local v = stored_string(key)
   if v then
     local sw, sc = string.match(v, '^(%d+):(%d+)$')
-    if sw and sw + 0 == w then return sc + 0 end
+    if sw and sw + 0 == w and #sc <= 15 then return sc + 0 end
   end
   return 0
 end

@@ -6,7 +6,8 @@
 -- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
 -- quota from ARGV[2], ARGV[3] and defines `step(key, cost)`: it decides one
 -- check, stores what it admitted (via `store`) and returns the state it
--- decided from; the client derives the figures from that state.
+-- decided from (an integer below 2^52: the state files read nothing else)
+-- and whether it admitted; the client derives the figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
 -- block key in the same order.
 -- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
@@ -14,8 +15,10 @@
 -- check. ARGV[5]: every check's cost, or each one's, 'c1,c2,…'. ARGV[6]: the
 -- earliest deadline (server µs) or '': when now is past it, ARGV[7] holds
 -- each check's deadline, 'd1,d2,…' (0: none), as rate_deadline.lua reads it.
--- Returns {now, then per check: the state it decided from, {} when it came
--- after its deadline (it takes nothing), {µs left} when its subject is blocked}.
+-- Returns {now, then per check: 2 × the state it decided from, + 1 when it
+-- was admitted (the decision itself, never re-derived by the client), {}
+-- when it came after its deadline (it takes nothing), {µs left} when its
+-- subject is blocked}.
 now = ARGV[1] ~= '' and tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -49,7 +52,8 @@ for c = 1, count do
     if left > 0 then
       out[c + 1] = {left * 1000}
     else
-      out[c + 1] = step(KEYS[c], same or costs[c])
+      local state, admitted = step(KEYS[c], same or costs[c])
+      out[c + 1] = admitted and state * 2 + 1 or state * 2
     end
   end
 end

@@ -43,10 +43,11 @@ local function interval_of(s)
 end
 -- A bucket's instant (a TAT, an empty instant) under `key`, relative to
 -- `now` in units of 1/per µs; nil when absent, of another type, or not such
--- a value (not a number, NaN, ±inf, beyond 2^53 where integers stop being
--- exact: no script writes one). Stored as whole µs, plus ':<frac>' units
--- (0 < frac < per) when the instant falls between two microseconds: only
--- whole µs are ever absolute, so no figure nears 2^53.
+-- a value (not a number, NaN, ±inf, not a whole number of units, 2^52
+-- units or more from now: no script writes one, and a lean batch replies
+-- the instant as an integer, exact only so). Stored as whole µs, plus
+-- ':<frac>' units (0 < frac < per) when the instant falls between two
+-- microseconds: only whole µs are ever absolute, so no figure nears 2^53.
 local function stored_instant(key, per)
   local v = stored_string(key)
   if not v then return end
@@ -60,7 +61,8 @@ local function stored_instant(key, per)
     -- µs, later and so stricter for both buckets.
     if frac >= per or frac % 1 ~= 0 then us, frac = us + 1, 0 end
   end
-  if us > -9007199254740992 and us < 9007199254740992 then return (us - now) * per + frac end
+  local rel = (us - now) * per + frac
+  if rel < 4503599627370496 and rel > -4503599627370496 and rel % 1 == 0 then return rel end
 end
 -- The instant `rel` units of 1/per µs after now, as stored_instant reads it.
 local function instant(rel, per)

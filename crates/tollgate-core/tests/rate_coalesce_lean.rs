@@ -21,11 +21,18 @@ use rate_common::*;
 const SUBJECTS: [&str; 4] = ["s0", "s1", "s2", "s3"];
 
 /// What a step does before its batch: nothing mostly, else a foreign value
-/// under a subject's key, or a block set or lifted.
-const FOREIGN: [&[&str]; 9] = [
+/// under a subject's key, or a block set or lifted. `<now+800000>` is the
+/// step's instant plus 0.8 s and `<w>` its fixed window's index: values a
+/// script reads as its own shape but no script writes (beyond 2^63 once
+/// scaled by a large `per`, a count beyond any limit, a fraction of a µs),
+/// which a reply truncated to an integer would misreport.
+const FOREIGN: [&[&str]; 12] = [
     &["SET", "garbage"],
     &["SET", "12:abc"],
     &["SET", "99999999999999999999"],
+    &["SET", "9000000000000000"],
+    &["SET", "<w>:99999999999999999999"],
+    &["SET", "<now+800000>.5"],
     &["SET", "-5"],
     &["SET", "1:2:3"],
     &["SET", "1800000000000000:3"],
@@ -100,14 +107,21 @@ fn requests(alg: Algorithm, quota: Quota, prefix: &str) -> Vec<RateRequest> {
         .collect()
 }
 
-/// Applies a step's touch to one subject's keys.
-async fn touch(conn: &mut redis::aio::ConnectionManager, r: &RateRequest, touch: Touch) {
+/// Applies a step's touch at `at` to one subject's keys.
+async fn touch(conn: &mut redis::aio::ConnectionManager, r: &RateRequest, touch: Touch, at: u64) {
     let (key, block) = (&r.keys[0], &r.keys[1]);
     match touch {
         Touch::Foreign(f) => {
             let _: () = conn.del(key).await.unwrap();
             let mut cmd = redis::cmd(FOREIGN[f][0]);
-            cmd.arg(key).arg(&FOREIGN[f][1..]);
+            cmd.arg(key);
+            let w = at / r.quotas[0].period_micros();
+            for v in &FOREIGN[f][1..] {
+                cmd.arg(
+                    v.replace("<now+800000>", &(at + 800_000).to_string())
+                        .replace("<w>", &w.to_string()),
+                );
+            }
             let _: redis::Value = cmd.query_async(conn).await.unwrap();
         }
         Touch::Block => {
@@ -174,8 +188,8 @@ async fn run(
     let read = redis::Script::new(READ_PAIR);
     for step in steps {
         if let Some((s, t)) = step.touch {
-            touch(conn, &base_a[s], t).await;
-            touch(conn, &base_b[s], t).await;
+            touch(conn, &base_a[s], t, step.at).await;
+            touch(conn, &base_b[s], t, step.at).await;
         }
         let batch = |base: &[RateRequest]| -> Vec<RateRequest> {
             step.batch
@@ -250,13 +264,16 @@ async fn lean_batches_decide_and_report_as_single_calls() {
         Algorithm::TokenBucket,
         Algorithm::FixedWindow,
     ] {
-        // Whole and fractional emission intervals (5 and 7 a second), a
-        // burst (a window has none: a longer window instead).
+        // Whole and fractional emission intervals (5 and 7 a second, and
+        // 1283 a minute: units of 1/1283 µs, a large `per`; per minute, as
+        // per second its keys would live 1 ms on the real clock and expire
+        // between two single calls), a burst (a window has none: a longer
+        // window instead).
         let third = match alg {
             Algorithm::FixedWindow => q(40, 2),
             _ => Quota::per_minute(100).with_burst(10).unwrap(),
         };
-        let quotas = [q(5, 1), q(7, 1), third];
+        let quotas = [q(5, 1), q(7, 1), third, Quota::per_minute(1283)];
         for (i, quota) in quotas.iter().enumerate() {
             for seed in [3u64, 11] {
                 let capacity = alg.capacity(quota);

@@ -1,14 +1,21 @@
 //! Lean batches: many checks of one limiter (one algorithm, one quota, no
 //! wait) in one call of its lean script (`lua/rate_lean.lua`), which sends
-//! back one figure per check — the state the check was decided from. The
-//! figures a single call replies (remaining, reset, retry, next) are derived
-//! here from that state and the quota, with the very arithmetic of the
-//! algorithm's script (in doubles, as Lua computes), so they are the same.
+//! back one figure per check — the script's decision and the state it was
+//! decided from. The figures a single call replies (remaining, reset,
+//! retry, next) are derived here from that state and the quota, with the
+//! very arithmetic of the algorithm's script (in doubles, as Lua computes),
+//! so they are the same; the decision itself is the script's, never
+//! derived here.
 
 use redis::{Cmd, Value};
 
 use crate::error::{Error, Result};
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
+
+/// States a lean reply carries exactly: the scripts read no stored state
+/// 2^52 or more from zero, and reply twice the state (plus one for an
+/// admission), below 2^53 where a Lua number is an exact integer.
+const STATE_BOUND: i64 = 1 << 52;
 
 /// The most checks in one lean call (Lua's `unpack` returns at most about
 /// 8000 values); more go to the batch script.
@@ -117,7 +124,11 @@ impl LeanGroup {
         let replies = items
             .zip(requests)
             .map(|(item, r)| match item {
-                Value::Int(state) => Ok(Some(self.derive(now, r.cost, state))),
+                // Anything else is a reply no script gives: a state Redis
+                // cut to an integer would be re-derived wrongly.
+                Value::Int(v) if (-STATE_BOUND..STATE_BOUND).contains(&(v >> 1)) => {
+                    Ok(Some(self.derive(now, r.cost, v >> 1, v & 1 == 1)))
+                }
                 Value::Array(a) if a.is_empty() => Ok(None),
                 Value::Array(a) => match a.as_slice() {
                     [Value::Int(left)] => Ok(Some(
@@ -132,30 +143,30 @@ impl LeanGroup {
     }
 
     /// The reply a single call of the algorithm's script gives for a check
-    /// of `cost` that found `state` at `now` (see the scripts for each
-    /// figure; Lua numbers are doubles, and so is this arithmetic).
-    pub(crate) fn derive(&self, now: i64, cost: u64, state: i64) -> RateReply {
+    /// of `cost` that found `state` at `now` and was `allowed` or not (see
+    /// the scripts for each figure; Lua numbers are doubles, and so is this
+    /// arithmetic).
+    pub(crate) fn derive(&self, now: i64, cost: u64, state: i64, allowed: bool) -> RateReply {
         let (now_f, cost, state) = (now as f64, cost as f64, state as f64);
         let (a, iv, per) = (self.first as f64, self.ticks as f64, self.per as f64);
         let ceil_us = |x: f64| (x / per).ceil();
-        let (allowed, figures) = match self.algorithm {
+        let figures = match self.algorithm {
             Algorithm::Gcra => {
                 let (tat, limit_at) = (state, a * iv);
                 let nt = tat + cost * iv;
-                if nt > limit_at {
+                if !allowed {
                     let room = limit_at - tat;
                     let next = if tat > 0.0 {
                         ceil_us(iv - lua_mod(room, iv))
                     } else {
                         0.0
                     };
-                    let figures = [
+                    [
                         (room / iv).floor(),
                         ceil_us(tat),
                         ceil_us(nt - limit_at),
                         next,
-                    ];
-                    (false, figures)
+                    ]
                 } else {
                     let room = limit_at - nt;
                     let next = if nt > 0.0 {
@@ -163,20 +174,20 @@ impl LeanGroup {
                     } else {
                         0.0
                     };
-                    (true, [(room / iv).floor(), ceil_us(nt), 0.0, next])
+                    [(room / iv).floor(), ceil_us(nt), 0.0, next]
                 }
             }
             Algorithm::TokenBucket => {
                 let (empty, full) = (state, a * iv);
                 let tokens = (-empty / iv).floor();
                 let after = empty + cost * iv;
-                if tokens < cost {
+                if !allowed {
                     let next = if tokens < a {
                         ceil_us(iv - lua_mod(-empty, iv))
                     } else {
                         0.0
                     };
-                    (false, [tokens, ceil_us(empty + full), ceil_us(after), next])
+                    [tokens, ceil_us(empty + full), ceil_us(after), next]
                 } else {
                     let left = tokens - cost;
                     let next = if left < a {
@@ -184,17 +195,17 @@ impl LeanGroup {
                     } else {
                         0.0
                     };
-                    (true, [left, ceil_us(after + full), 0.0, next])
+                    [left, ceil_us(after + full), 0.0, next]
                 }
             }
             _ => {
                 let (count, limit, period) = (state, a, iv);
                 let w = (now_f / period).floor();
                 let reset = (w + 1.0) * period - now_f;
-                if count + cost > limit {
-                    (false, [limit - count, reset, reset, reset])
+                if !allowed {
+                    [limit - count, reset, reset, reset]
                 } else {
-                    (true, [limit - count - cost, reset, 0.0, reset])
+                    [limit - count - cost, reset, 0.0, reset]
                 }
             }
         };
