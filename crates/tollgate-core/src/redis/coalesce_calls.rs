@@ -44,13 +44,16 @@ fn parts<S: Sender>(sender: &S, requests: &[RateRequest]) -> Vec<(Option<LeanGro
     }
     if parts.len() > 1 {
         // Calls sent together run in the order sent, not in arrival order:
-        // a key in two parts keeps its order only in one call.
+        // a state key (any quota's) in two parts keeps its order only in
+        // one call.
         let mut part_of: HashMap<&str, usize> = HashMap::new();
         for (p, (_, members)) in parts.iter().enumerate() {
             for &i in members {
-                let key = requests[i].keys.first().map_or("", String::as_str);
-                if *part_of.entry(key).or_insert(p) != p {
-                    return vec![(None, (0..requests.len()).collect())];
+                let r = &requests[i];
+                for key in &r.keys[..r.quotas.len().min(r.keys.len())] {
+                    if *part_of.entry(key.as_str()).or_insert(p) != p {
+                        return vec![(None, (0..requests.len()).collect())];
+                    }
                 }
             }
         }

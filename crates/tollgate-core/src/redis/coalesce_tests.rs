@@ -283,6 +283,26 @@ async fn a_key_in_two_parts_keeps_the_batch_in_order() {
     assert_eq!(calls, [vec![0], vec![1], vec![2], vec![3]]);
 }
 
+/// A key in two parts keeps its order whichever of a check's state keys it
+/// is: a two-quota check (no lean batch takes it) whose second key is a
+/// lean check's key keeps the batch in order too.
+#[tokio::test]
+async fn a_check_sharing_a_later_key_keeps_the_batch_in_order() {
+    let fake = Fake {
+        lean: true,
+        ..Fake::default()
+    };
+    let mut two = request("x", 2);
+    two.keys.push(request("a", 0).keys[0].clone());
+    two.quotas = Arc::from([
+        crate::quota::Quota::per_second(1),
+        crate::quota::Quota::per_minute(10),
+    ]);
+    let rest = vec![request("a", 1), two, request("b", 3)];
+    let calls = queued_behind_one(fake, rest).await;
+    assert_eq!(calls, [vec![0], vec![1], vec![2], vec![3]]);
+}
+
 #[tokio::test]
 async fn waiting_checks_go_out_together_in_order() {
     let subjects = ["a"; 10];
