@@ -232,3 +232,65 @@ fn joined(values: impl Iterator<Item = u64>) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::quota::Quota;
+
+    fn gcra() -> (LeanGroup, RateRequest) {
+        let r = RateRequest {
+            algorithm: Algorithm::Gcra,
+            keys: vec!["tg:api:gcra:{a}".into()],
+            quotas: Arc::from([Quota::per_second(5)]),
+            cost: 1,
+            now_micros: None,
+            nonce: 0,
+            max_wait_micros: 0,
+            deadline: None,
+            unclaimed: None,
+        };
+        (LeanGroup::of(&r).expect("lean"), r)
+    }
+
+    /// The decision is the script's (the low bit), never re-derived: an
+    /// idle subject's state with the bit clear is a refusal.
+    #[test]
+    fn the_decision_is_the_scripts() {
+        let (group, r) = gcra();
+        let reply = |v| {
+            let (_, mut got) = group
+                .parse(
+                    Value::Array(vec![Value::Int(7), Value::Int(v)]),
+                    std::slice::from_ref(&r),
+                )
+                .unwrap();
+            got.pop().unwrap().unwrap()
+        };
+        assert!(reply(1).allowed);
+        assert!(!reply(0).allowed);
+    }
+
+    /// A state a Lua number cut to an integer could give (beyond ±2^52, or
+    /// i64::MIN for one beyond 2^63) is a protocol error, not a decision.
+    #[test]
+    fn a_state_beyond_exact_integers_is_a_protocol_error() {
+        let (group, r) = gcra();
+        for v in [i64::MIN, i64::MAX, 1 << 53, -(1 << 53) - 1] {
+            let got = group.parse(
+                Value::Array(vec![Value::Int(7), Value::Int(v)]),
+                std::slice::from_ref(&r),
+            );
+            assert!(matches!(got, Err(Error::Protocol(_))), "{v}: {got:?}");
+        }
+        let edge = (1 << 53) - 1;
+        assert!(group
+            .parse(
+                Value::Array(vec![Value::Int(7), Value::Int(edge)]),
+                std::slice::from_ref(&r)
+            )
+            .is_ok());
+    }
+}
