@@ -175,10 +175,13 @@ pub(crate) fn noop() -> RawScript {
 /// tollgate's script for an algorithm as tollgate sends it (a single call):
 /// the arguments, the shared prelude, then the algorithm's file.
 macro_rules! core_lua {
-    ($file:literal) => {
+    ($file:literal $(+ $state:literal)?) => {
         concat!(
             include_str!("../../tollgate-core/lua/rate_args.lua"),
+            include_str!("../../tollgate-core/lua/rate_deadline.lua"),
             include_str!("../../tollgate-core/lua/rate_prelude.lua"),
+            $(include_str!(concat!("../../tollgate-core/lua/", $state)),)?
+            include_str!("../../tollgate-core/lua/rate_block.lua"),
             include_str!(concat!("../../tollgate-core/lua/", $file))
         )
     };
@@ -189,9 +192,15 @@ macro_rules! core_lua {
 /// checks that it is still the one tollgate runs.
 pub(crate) fn core_script(algorithm: Algorithm) -> RawScript {
     match algorithm {
-        Algorithm::Gcra => RawScript::new("gcra.lua", core_lua!("gcra.lua")),
-        Algorithm::TokenBucket => RawScript::new("token_bucket.lua", core_lua!("token_bucket.lua")),
-        Algorithm::FixedWindow => RawScript::new("fixed_window.lua", core_lua!("fixed_window.lua")),
+        Algorithm::Gcra => RawScript::new("gcra.lua", core_lua!("gcra.lua" + "gcra_state.lua")),
+        Algorithm::TokenBucket => RawScript::new(
+            "token_bucket.lua",
+            core_lua!("token_bucket.lua" + "token_bucket_state.lua"),
+        ),
+        Algorithm::FixedWindow => RawScript::new(
+            "fixed_window.lua",
+            core_lua!("fixed_window.lua" + "fixed_window_state.lua"),
+        ),
         Algorithm::SlidingWindowCounter => RawScript::new(
             "sliding_window_counter.lua",
             core_lua!("sliding_window_counter.lua"),

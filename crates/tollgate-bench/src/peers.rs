@@ -10,10 +10,14 @@ use std::process::{Command, Stdio};
 use tollgate_core::Algorithm;
 
 use crate::common::interleaved;
-use crate::common::{connect, progress, subjects, BenchResult, Opts, Section, Target, SUBJECTS};
+use crate::common::{
+    connect, progress, redis_limiter_with, subjects, workload_quota, BenchResult, Opts, Section,
+    Target, SUBJECTS,
+};
 use crate::ops::{run as run_op, Op};
 use crate::redisinfo::{Accounting, Admin, Spent};
 use crate::stats::{median, per_sec, ratio_cell, ratios};
+use crate::throughput::raw_core_contenders;
 
 /// Where the peers' interpreters and packages are (set up by scripts/bench.sh).
 #[derive(Debug, Clone, clap::Args)]
@@ -157,6 +161,42 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
             )?),
         });
     }
+    // The lean batches (issue #25): GCRA coalesced with other numbers of
+    // calls in flight than the default, to choose it by; and tollgate's
+    // GCRA script by raw `EVALSHA`, one call per check, the floor of a
+    // single call.
+    let default_calls = tollgate_core::Coalescing::default().calls_limit();
+    for calls in [1, 2, 4].into_iter().filter(|&n| n != default_calls) {
+        let name = format!("peer-coal{calls}-gcra");
+        peers.push(Peer {
+            name: format!("tollgate GCRA, coalesced, {calls} calls in flight"),
+            like: Algorithm::Gcra,
+            coalesced: true,
+            concurrency: c,
+            runner: Runner::Tollgate(Op::Check {
+                limiter: redis_limiter_with(
+                    &conn,
+                    Algorithm::Gcra,
+                    workload_quota(),
+                    &name,
+                    tollgate_core::Coalescing::default().max_calls_in_flight(calls),
+                )?,
+                subjects: subj.clone(),
+            }),
+        });
+    }
+    let raw = raw_core_contenders(&conn)
+        .await?
+        .into_iter()
+        .next()
+        .expect("the GCRA script first");
+    peers.push(Peer {
+        name: format!("{} (one call per check)", raw.name),
+        like: Algorithm::Gcra,
+        coalesced: false,
+        concurrency: c,
+        runner: Runner::Tollgate(raw.op),
+    });
     let common = |script: &str| -> Vec<String> {
         vec![
             peer.peers_dir.join(script).display().to_string(),
@@ -371,6 +411,7 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
             }
         }
     }
+    lean_targets(&mut section, &peers, &rates, &cpu_us, c);
     section.table(
         &[
             "contender",
@@ -389,6 +430,51 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
     );
     admin.delete_matching("tgbench*").await?;
     Ok(section)
+}
+
+/// The goals of the lean batches (issue #25): tollgate GCRA at its default
+/// settings against its own script called once per check and against
+/// rate-limiter-flexible, per round (median).
+fn lean_targets(
+    section: &mut Section,
+    peers: &[Peer],
+    rates: &[Vec<f64>],
+    cpu_us: &[Vec<f64>],
+    c: usize,
+) {
+    let find = |f: &dyn Fn(&Peer) -> bool| peers.iter().position(f);
+    let coalesced = find(&|p| p.coalesced && p.like == Algorithm::Gcra);
+    let raw = find(&|p| p.name.starts_with("raw EVALSHA"));
+    let rlf = find(&|p| p.name == RLF);
+    let (Some(t), Some(raw), Some(rlf)) = (coalesced, raw, rlf) else {
+        return;
+    };
+    let r = median(&ratios(&cpu_us[t], &cpu_us[raw]));
+    section.targets.push(Target::check(
+        "7",
+        format!("Redis process CPU per decision, tollgate GCRA (default settings) ÷ its script called once per check, {c} in flight"),
+        "≤ 0.5×",
+        format!("{r:.2}×"),
+        r <= 0.5,
+    ));
+    let r = median(&ratios(&cpu_us[t], &cpu_us[rlf]));
+    section.targets.push(Target::check(
+        "7",
+        format!("Redis process CPU per decision, tollgate GCRA (default settings) ÷ rate-limiter-flexible, {c} in flight"),
+        "≤ 0.6×",
+        format!("{r:.2}×"),
+        r <= 0.6,
+    ));
+    let r = median(&ratios(&rates[t], &rates[rlf]));
+    section.targets.push(Target::check(
+        "7",
+        format!(
+            "decisions/s, tollgate GCRA (default settings) ÷ rate-limiter-flexible, {c} in flight"
+        ),
+        "≥ 1.5×",
+        format!("{r:.2}×"),
+        r >= 1.5,
+    ));
 }
 
 #[cfg(test)]

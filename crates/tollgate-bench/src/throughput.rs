@@ -45,7 +45,7 @@ async fn noop_contender(conn: &redis::aio::MultiplexedConnection) -> BenchResult
 /// tollgate's GCRA and token-bucket scripts by raw `EVALSHA`, with the same
 /// keys and arguments as tollgate sends: the script's share of the cost,
 /// without tollgate's client.
-async fn raw_core_contenders(
+pub(crate) async fn raw_core_contenders(
     conn: &redis::aio::MultiplexedConnection,
 ) -> BenchResult<Vec<Contender>> {
     let mut v = Vec::new();

@@ -24,7 +24,7 @@ def batch(variant):
         loop = loop.replace("local values = redis.call('MGET', unpack(reads))", "local values = {}")
     if variant == 'nopcall':
         loop = loop.replace("local ok, reply = pcall(decide[ARGV[a] + 0], keys, args)", "local ok, reply = true, decide[ARGV[a] + 0](keys, args)")
-    return ('local now, cost, n\n' + prelude + fn('fixed_window', 'return 0') + fn('sliding_window_log', 'return 0')
+    return ('local now, cost, n\n' + prelude + rd('gcra_state.lua') + fn('fixed_window', 'return 0') + fn('sliding_window_log', 'return 0')
             + fn('sliding_window_counter', 'return 0') + fn('token_bucket', 'return 0') + fn('gcra', gcra)
             + 'local decide = {fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra}\n' + loop)
 r = redis.Redis(port=int(sys.argv[1]))
@@ -42,7 +42,7 @@ for variant in ['full', 'noflush', 'nomget', 'nopcall', 'stub']:
     st = r.info('commandstats')['cmdstat_evalsha']
     print('%-8s %.2f us/decision  (%.1f us/call)' % (variant, st['usec'] / (calls * B), st['usec_per_call']))
 # single script for reference
-single = rd('rate_args.lua') + rd('rate_prelude.lua') + rd('gcra.lua')
+single = rd('rate_args.lua') + rd('rate_prelude.lua') + rd('gcra_state.lua') + rd('gcra.lua')
 sha = r.script_load(single)
 r.config_resetstat()
 for c in range(calls * 4):

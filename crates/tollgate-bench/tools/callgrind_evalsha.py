@@ -23,7 +23,10 @@ def src(name):
         return open(os.path.join(BENCH, name[6:])).read()
     if name.startswith('file:'):
         return open(name[5:]).read()
-    return open(os.path.join(LUADIR, 'rate_prelude.lua')).read() + open(os.path.join(LUADIR, name)).read()
+    # An algorithm's stored state's helpers (<alg>_state.lua) come after the prelude.
+    state = os.path.join(LUADIR, name[:-4] + '_state.lua')
+    helpers = open(state).read() if os.path.exists(state) else ''
+    return open(os.path.join(LUADIR, 'rate_prelude.lua')).read() + helpers + open(os.path.join(LUADIR, name)).read()
 
 # (label, script, quotas [(a, b)], now mode, keys per call, expect allowed)
 BIG = (1000000000, 3600000000)       # windows: limit, period

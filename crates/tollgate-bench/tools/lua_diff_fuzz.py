@@ -24,7 +24,11 @@ try:
     mons = [Conn(p) for p in ports]
     for m in mons: assert m.cmd('MONITOR') == 'OK'
     names = ['fixed_window', 'sliding_window_counter', 'sliding_window_log', 'token_bucket', 'gcra']
-    def src(d, n): return open(os.path.join(d, 'rate_prelude.lua')).read() + open(os.path.join(d, n + '.lua')).read()
+    def src(d, n):
+        # An algorithm's stored state's helpers (<alg>_state.lua) come after the prelude.
+        state = os.path.join(d, n + '_state.lua')
+        helpers = open(state).read() if os.path.exists(state) else ''
+        return open(os.path.join(d, 'rate_prelude.lua')).read() + helpers + open(os.path.join(d, n + '.lua')).read()
     shas = [{n: c.cmd('SCRIPT', 'LOAD', src(d, n)) for n in names} for c, d in zip(cs, [OLD, NEW])]
     rng = random.Random(int(os.environ.get('SEED', '1')))
     foreign = ['abc', '12', '5:x', 'x:5', '1:2:3', '3:4', '', ':', '7:', '1764812345678901', '0x10:2', ' 5:1', '5.0:2', '-3:2', '2:3:x', '2:x:3']

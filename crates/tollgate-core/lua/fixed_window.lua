@@ -12,18 +12,11 @@ if n == 1 then
   local limit, period = ARGV[4] + 0, ARGV[5] + 0
   local w = math.floor(now / period)
   local reset = (w + 1) * period - now
-  local count = 0
-  local v = stored_string(KEYS[1])
-  if v then
-    -- Anything but "<digits>:<digits>" is not this script's: read as absent.
-    local sw, sc = string.match(v, '^(%d+):(%d+)$')
-    if sw and sw + 0 == w then count = sc + 0 end
-  end
+  local count = window_count(KEYS[1], w)
   if count + cost > limit then
     return {0, now, limit - count, reset, reset, reset}
   end
-  -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  store(KEYS[1], string.format('%d:%d', w, count + cost), string.format('%d', math.ceil(reset / 1000)))
+  window_store(KEYS[1], w, count + cost, reset)
   return {1, now, limit - count - cost, reset, 0, reset}
 end
 local w, count, limit, reset, ok = {}, {}, {}, {}, true
@@ -32,13 +25,7 @@ for i = 1, n do
   limit[i] = ARGV[2 + 2 * i] + 0
   w[i] = math.floor(now / period)
   reset[i] = (w[i] + 1) * period - now
-  count[i] = 0
-  local v = stored_string(KEYS[i])
-  if v then
-    local sw, sc = string.match(v, '^(%d+):(%d+)$')
-    -- A count from an earlier window no longer counts.
-    if sw and sw + 0 == w[i] then count[i] = sc + 0 end
-  end
+  count[i] = window_count(KEYS[i], w[i])
   if count[i] + cost > limit[i] then ok = false end
 end
 local out = {ok and 1 or 0, now}
@@ -46,7 +33,7 @@ for i = 1, n do
   local j = 4 * i - 1
   out[j + 3] = reset[i]
   if ok then
-    store(KEYS[i], string.format('%d:%d', w[i], count[i] + cost), string.format('%d', math.ceil(reset[i] / 1000)))
+    window_store(KEYS[i], w[i], count[i] + cost, reset[i])
     out[j], out[j + 1], out[j + 2] = limit[i] - count[i] - cost, reset[i], 0
   else
     local retry = 0

@@ -21,8 +21,7 @@ if n == 1 then
   local interval, per = interval_of(ARGV[5])
   local limit_at = ARGV[4] * interval
   -- A value this script did not write reads as no value.
-  local tat = stored_instant(KEYS[1], per) or 0
-  if tat < 0 then tat = 0 end
+  local tat = gcra_tat(KEYS[1], per)
   local nt = tat + cost * interval
   local wait = 0
   -- One more unit is made available when limit_at - tat reaches the next
@@ -39,11 +38,7 @@ if n == 1 then
     if tat < 0 then tat = 0 end
     nt = tat + cost * interval
   end
-  -- At least 1 ms: a cost of 0 on an idle key leaves nt = now.
-  local px = math.ceil((ceil_us(nt, per) + wait) / 1000)
-  if px < 1 then px = 1 end
-  -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  store(KEYS[1], instant(nt, per), string.format('%d', px))
+  gcra_store(KEYS[1], nt, per, wait)
   local room = limit_at - nt
   return {1, now - wait, math.floor(room / interval), ceil_us(nt, per), wait,
     nt > 0 and ceil_us(interval - room % interval, per) or 0}
@@ -52,8 +47,7 @@ local tat, nt, limit_at, interval, per, ok = {}, {}, {}, {}, {}, true
 for i = 1, n do
   interval[i], per[i] = interval_of(ARGV[3 + 2 * i])
   limit_at[i] = ARGV[2 + 2 * i] * interval[i]
-  local t = stored_instant(KEYS[i], per[i]) or 0
-  if t < 0 then t = 0 end
+  local t = gcra_tat(KEYS[i], per[i])
   tat[i], nt[i] = t, t + cost * interval[i]
   if nt[i] > limit_at[i] then ok = false end
 end
@@ -82,9 +76,7 @@ for i = 1, n do
   local j = 4 * i - 1
   local iv, p = interval[i], per[i]
   if ok then
-    local px = math.ceil((ceil_us(nt[i], p) + wait) / 1000)
-    if px < 1 then px = 1 end
-    store(KEYS[i], instant(nt[i], p), string.format('%d', px))
+    gcra_store(KEYS[i], nt[i], p, wait)
     local room = limit_at[i] - nt[i]
     out[j], out[j + 1], out[j + 2] = math.floor(room / iv), ceil_us(nt[i], p), wait
     out[j + 3] = nt[i] > 0 and ceil_us(iv - room % iv, p) or 0

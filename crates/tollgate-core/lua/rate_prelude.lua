@@ -20,15 +20,17 @@ local function stored_string(key)
   local v = redis.pcall('GET', key)
   if type(v) == 'string' then return v end
 end
--- SET key value PX px (px: whole ms, as a string). In a batch the write
--- waits for the end of the batch — the last one per key is what a sequence
--- of single calls would leave, and the checks after it read it meanwhile.
+-- SET key value PX px (px: whole ms, as a string). In a batch the checks
+-- after it read the value from batch_view; the batch script's writes wait
+-- for the end of the batch (batch_writes) — the last one per key is what a
+-- sequence of single calls would leave.
 local function store(key, value, px)
-  if batch_view then
+  if batch_writes then
     batch_view[key], batch_writes[key] = value, px
-  else
-    redis.call('SET', key, value, 'PX', px)
+    return
   end
+  if batch_view then batch_view[key] = value end
+  redis.call('SET', key, value, 'PX', px)
 end
 -- A quota's time argument: whole µs ('100000'), or an exact fraction of
 -- them, '<ticks>/<per>' (a bucket's emission interval period/limit, reduced:
@@ -41,10 +43,11 @@ local function interval_of(s)
 end
 -- A bucket's instant (a TAT, an empty instant) under `key`, relative to
 -- `now` in units of 1/per µs; nil when absent, of another type, or not such
--- a value (not a number, NaN, ±inf, beyond 2^53 where integers stop being
--- exact: no script writes one). Stored as whole µs, plus ':<frac>' units
--- (0 < frac < per) when the instant falls between two microseconds: only
--- whole µs are ever absolute, so no figure nears 2^53.
+-- a value (not a number, NaN, ±inf, not a whole number of units, 2^52
+-- units or more from now: no script writes one, and a lean batch replies
+-- the instant as an integer, exact only so). Stored as whole µs, plus
+-- ':<frac>' units (0 < frac < per) when the instant falls between two
+-- microseconds: only whole µs are ever absolute, so no figure nears 2^53.
 local function stored_instant(key, per)
   local v = stored_string(key)
   if not v then return end
@@ -58,7 +61,8 @@ local function stored_instant(key, per)
     -- µs, later and so stricter for both buckets.
     if frac >= per or frac % 1 ~= 0 then us, frac = us + 1, 0 end
   end
-  if us > -9007199254740992 and us < 9007199254740992 then return (us - now) * per + frac end
+  local rel = (us - now) * per + frac
+  if rel < 4503599627370496 and rel > -4503599627370496 and rel % 1 == 0 then return rel end
 end
 -- The instant `rel` units of 1/per µs after now, as stored_instant reads it.
 local function instant(rel, per)

@@ -25,8 +25,7 @@ if n == 1 then
   local capacity = ARGV[4] + 0
   local full = capacity * interval
   -- A value this script did not write reads as no value.
-  local empty = stored_instant(KEYS[1], per) or -full
-  if empty < -full then empty = -full end
+  local empty = bucket_empty(KEYS[1], per, full)
   local tokens = math.floor(-empty / interval)
   local after = empty + cost * interval
   local wait = 0
@@ -42,10 +41,7 @@ if n == 1 then
     tokens = math.floor(-empty / interval)
     after = empty + cost * interval
   end
-  local px = math.ceil((ceil_us(after + full, per) + wait) / 1000)
-  if px < 1 then px = 1 end
-  -- '%d' for PX too: cheaper than Redis's own '%.17g' conversion of a number.
-  store(KEYS[1], instant(after, per), string.format('%d', px))
+  bucket_store(KEYS[1], after, per, full, wait)
   -- The next token comes when the elapsed time reaches a whole interval.
   return {1, now - wait, tokens - cost, ceil_us(after + full, per), wait,
     tokens - cost < capacity and ceil_us(interval - (-after) % interval, per) or 0}
@@ -54,9 +50,7 @@ local empty, tokens, full, interval, per, ok = {}, {}, {}, {}, {}, true
 for i = 1, n do
   interval[i], per[i] = interval_of(ARGV[3 + 2 * i])
   full[i] = ARGV[2 + 2 * i] * interval[i]
-  local e = stored_instant(KEYS[i], per[i]) or -full[i]
-  -- A full bucket holds no more than its capacity.
-  if e < -full[i] then e = -full[i] end
+  local e = bucket_empty(KEYS[i], per[i], full[i])
   empty[i], tokens[i] = e, math.floor(-e / interval[i])
   if tokens[i] < cost then ok = false end
 end
@@ -90,9 +84,7 @@ for i = 1, n do
   if ok then
     -- The key is worthless once the bucket is full again: expire it then.
     -- At least 1 ms: a cost of 0 on a full bucket leaves nothing to wait for.
-    local px = math.ceil((ceil_us(after + full[i], p) + wait) / 1000)
-    if px < 1 then px = 1 end
-    store(KEYS[i], instant(after, p), string.format('%d', px))
+    bucket_store(KEYS[i], after, p, full[i], wait)
     out[j], out[j + 1], out[j + 2] = tokens[i] - cost, ceil_us(after + full[i], p), wait
     out[j + 3] = tokens[i] - cost < capacity and ceil_us(iv - (-after) % iv, p) or 0
   else

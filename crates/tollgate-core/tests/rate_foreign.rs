@@ -225,9 +225,10 @@ impl Raw {
 }
 
 /// What someone else may have left under a limiter's key, with no TTL:
-/// strings no script writes (not numbers, not finite, beyond 2^53, another
-/// algorithm's shape) and other types (WRONGTYPE for GET or ZCARD).
-const FOREIGN: [&[&str]; 18] = [
+/// strings no script writes (not numbers, not finite, beyond 2^53, an
+/// instant 2^52 µs or more from now, another algorithm's shape) and other
+/// types (WRONGTYPE for GET or ZCARD).
+const FOREIGN: [&[&str]; 19] = [
     &["SET", "garbage"],
     &["SET", ""],
     &["SET", "nan"],
@@ -236,6 +237,7 @@ const FOREIGN: [&[&str]; 18] = [
     &["SET", "1e400"],
     &["SET", "0x7fffffffffffffff"],
     &["SET", "99999999999999999999"],
+    &["SET", "9000000000000000"],
     &["SET", "12:abc"],
     &["SET", ":"],
     &["SET", "::"],

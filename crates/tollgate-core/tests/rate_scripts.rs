@@ -16,12 +16,16 @@ const PRELUDE: &str = concat!(
     include_str!("../lua/rate_prelude.lua")
 );
 
-/// The algorithms' scripts, and whether their quota figures are (burst,
+/// The algorithms' scripts (after their stored state's helpers, as the
+/// loader puts them), and whether their quota figures are (burst,
 /// interval per unit) rather than (limit, period).
 const SCRIPTS: [(&str, &str, bool); 5] = [
     (
         "fixed_window",
-        include_str!("../lua/fixed_window.lua"),
+        concat!(
+            include_str!("../lua/fixed_window_state.lua"),
+            include_str!("../lua/fixed_window.lua")
+        ),
         false,
     ),
     (
@@ -36,10 +40,20 @@ const SCRIPTS: [(&str, &str, bool); 5] = [
     ),
     (
         "token_bucket",
-        include_str!("../lua/token_bucket.lua"),
+        concat!(
+            include_str!("../lua/token_bucket_state.lua"),
+            include_str!("../lua/token_bucket.lua")
+        ),
         true,
     ),
-    ("gcra", include_str!("../lua/gcra.lua"), true),
+    (
+        "gcra",
+        concat!(
+            include_str!("../lua/gcra_state.lua"),
+            include_str!("../lua/gcra.lua")
+        ),
+        true,
+    ),
 ];
 
 const SECOND: u64 = 1_000_000;

@@ -1,19 +1,22 @@
 //! Coalescing: rate-limit checks that wait on one connection go
-//! out together, as one call of the batch script.
+//! out together.
 //!
 //! No timers: a check goes out at once while fewer than
-//! [`Coalescing::max_calls_in_flight`] turns are taken (so a lone check
-//! costs what it did), and otherwise waits in a queue. When a turn's call
-//! comes back, the queue goes out as the turn's next call — up to
-//! [`Coalescing::max_batch`] checks, in arrival order; a batch of fewer than
-//! `MIN_SCRIPT_BATCH` goes as single calls sent together. Batches therefore
-//! grow with the load and stay empty without it.
+//! [`Coalescing::max_calls_in_flight`] turns are taken (by default: when
+//! its lane has no call out, so a lone check costs what it did), and
+//! otherwise waits in a queue. When a turn's call comes back, the queue goes
+//! out as the turn's next calls — up to [`Coalescing::max_batch`] checks, in
+//! arrival order: each limiter's checks (GCRA, token bucket, fixed window;
+//! one quota, no wait) as one call of its lean script from two up, any
+//! others as one call of the batch script from `MIN_SCRIPT_BATCH` up, else
+//! as single calls; all sent together. Batches therefore grow with the load
+//! and stay empty without it.
 //!
 //! On a cluster each hash tag has its own turns and queue (a lane): a
 //! script's keys must share a slot, and a slow or frozen node then holds up
 //! only its own subjects. Elsewhere one lane serves every check; if the
 //! server refuses a call of several tags (`CROSSSLOT`: a sharded proxy, a
-//! cluster connection in a wrapper), the batch is decided again one call per
+//! cluster connection in a wrapper), the call is decided again one call per
 //! tag, and so is every batch after it.
 //!
 //! A batch is sent by a task of its own, so a caller that gives up (its
@@ -30,6 +33,7 @@ use futures_util::future::{join_all, select, BoxFuture, Either};
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
+use super::lean::LeanGroup;
 use super::unclaimed::{finish_detached, Awaited, OwnedCall};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
@@ -48,6 +52,13 @@ pub(crate) trait Sender: Clone + Send + Sync + 'static {
         &'a self,
         requests: &'a [RateRequest],
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>>;
+
+    /// The lean batch a check can join (checks of one group go in one lean
+    /// call), or `None`: the batch script or a single call.
+    fn lean_group(&self, request: &RateRequest) -> Option<LeanGroup> {
+        let _ = request;
+        None
+    }
 }
 
 /// How a [`RedisBackend`](crate::RedisBackend) coalesces rate-limit checks: on by default
@@ -67,14 +78,15 @@ pub struct Coalescing {
 }
 
 impl Default for Coalescing {
-    /// Batches of up to 64 checks, 16 turns per backend (per hash tag on a
-    /// cluster): up to 16 checks in flight cost what they did (measured: 16
-    /// single calls pipelined on one connection cost Redis less per check
-    /// than batches of a few), and beyond that checks share calls.
+    /// Batches of up to 64 checks, 1 turn per backend (per hash tag on a
+    /// cluster): a check that finds no call out goes alone at once, and
+    /// checks that find one go together in the next call. A lean call of two
+    /// checks already costs Redis less than two single calls
+    /// (BENCHMARKS.md, item 7 and item 2c).
     fn default() -> Self {
         Coalescing {
             max_batch: 64,
-            max_calls: 16,
+            max_calls: DEFAULT_CALLS,
         }
     }
 }
@@ -87,18 +99,20 @@ impl Coalescing {
 
     /// At most `n` checks per batch (at least 1; 1 turns coalescing off).
     /// Larger batches cost Redis less per decision but hold its single
-    /// thread longer per call. A batch of fewer than 8 checks is sent as
-    /// single calls, together (below that the batch script costs Redis
-    /// more than it saves), unless `n` itself is smaller.
+    /// thread longer per call. A limiter's checks go as one call of its lean
+    /// script from two up; checks with no lean script (several quotas, the
+    /// sliding windows, a wait for a slot) go as one call of the batch
+    /// script from 8 up (below that it costs Redis more than it saves),
+    /// unless `n` itself is smaller, else as single calls, together.
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
         self
     }
 
     /// At most `n` turns at once (at least 1): a check that finds `n` turns
-    /// taken waits for the next batch. A turn has one call out (or, for a
-    /// batch of fewer than 8, its single calls). Fewer turns make larger
-    /// batches (less Redis CPU per decision); more overlap the round trips.
+    /// taken waits for the next batch. A turn has one batch's calls out.
+    /// Fewer turns make larger batches (less Redis CPU per decision); more
+    /// overlap the round trips.
     pub fn max_calls_in_flight(mut self, n: usize) -> Self {
         self.max_calls = n.max(1);
         self
@@ -126,6 +140,14 @@ impl Coalescing {
 /// than pipelined single calls save until a batch carries about this many
 /// (BENCHMARKS.md, item 2c).
 const MIN_SCRIPT_BATCH: usize = 8;
+
+/// Turns per lane by default.
+const DEFAULT_CALLS: usize = 1;
+
+/// The fewest checks of one limiter sent as one call of its lean script:
+/// a lean call of two costs Redis less than two single calls
+/// (BENCHMARKS.md, lean batches).
+const LEAN_BATCH: usize = 2;
 
 /// A check waiting for a batch.
 struct Waiting {
@@ -422,6 +444,10 @@ impl<S: Sender> Drop for Driving<S> {
 async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
     loop {
         send(&turn.coalescer, batch).await;
+        // The callers this batch answered often check again at once: they
+        // run first, and queue for the next batch, rather than one of them
+        // going alone and the rest after it.
+        tokio::task::yield_now().await;
         match turn.coalescer.next_batch(&turn.lane) {
             Some(next) => batch = next,
             None => break,
@@ -481,87 +507,11 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
     }
 }
 
-/// Decides `requests` in order: one call of the batch script, or single
-/// calls for a few; split by hash tag once the server has refused a call of
-/// several tags.
-async fn decide<S: Sender>(
-    coalescer: &Coalescer<S>,
-    requests: &[RateRequest],
-) -> Vec<Result<RateReply>> {
-    let split = &coalescer.shared.split;
-    if split.load(Ordering::Relaxed) && !one_tag(requests) {
-        return decide_by_tag(coalescer, requests).await;
-    }
-    match decide_together(coalescer, requests).await {
-        Err(e)
-            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
-                && !one_tag(requests) =>
-        {
-            // Refused before it ran: nothing was decided.
-            tracing::info!("a call of several hash tags was refused (CROSSSLOT): coalesced checks go one call per tag from now on");
-            split.store(true, Ordering::Relaxed);
-            decide_by_tag(coalescer, requests).await
-        }
-        Err(e) => requests
-            .iter()
-            .map(|_| Err(redis_error(e.clone())))
-            .collect(),
-        Ok(answers) => answers,
-    }
-}
-
-fn one_tag(requests: &[RateRequest]) -> bool {
-    let first = requests.first().map_or("", tag_of);
-    requests.iter().all(|r| tag_of(r) == first)
-}
-
-/// One call of the batch script, or single calls for fewer than the
-/// threshold; the call's own error is returned whole.
-async fn decide_together<S: Sender>(
-    coalescer: &Coalescer<S>,
-    requests: &[RateRequest],
-) -> redis::RedisResult<Vec<Result<RateReply>>> {
-    let sender = &coalescer.sender;
-    if requests.len() < coalescer.shared.config.script_threshold() {
-        // Few checks: single calls, sent together (pipelined by the
-        // connection).
-        return Ok(join_all(requests.iter().map(|r| sender.one(r))).await);
-    }
-    sender.batch(requests).await
-}
-
-/// One call per hash tag (each in arrival order), sent together.
-async fn decide_by_tag<S: Sender>(
-    coalescer: &Coalescer<S>,
-    requests: &[RateRequest],
-) -> Vec<Result<RateReply>> {
-    let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
-    for (i, r) in requests.iter().enumerate() {
-        let t = tag_of(r);
-        match groups.iter_mut().find(|(g, _)| *g == t) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((t, vec![i])),
-        }
-    }
-    let decided = join_all(groups.iter().map(|(_, members)| async move {
-        let group: Vec<RateRequest> = members.iter().map(|&i| requests[i].clone()).collect();
-        match decide_together(coalescer, &group).await {
-            Ok(answers) => answers,
-            Err(e) => group.iter().map(|_| Err(redis_error(e.clone()))).collect(),
-        }
-    }))
-    .await;
-    let mut answers: Vec<Option<Result<RateReply>>> = requests.iter().map(|_| None).collect();
-    for ((_, members), group) in groups.iter().zip(decided) {
-        for (&i, answer) in members.iter().zip(group) {
-            answers[i] = Some(answer);
-        }
-    }
-    answers
-        .into_iter()
-        .map(|a| a.expect("every check is in one group"))
-        .collect()
-}
+#[path = "coalesce_calls.rs"]
+mod calls;
+use calls::decide;
+#[cfg(test)]
+use calls::one_tag;
 
 #[cfg(test)]
 #[path = "coalesce_tests.rs"]

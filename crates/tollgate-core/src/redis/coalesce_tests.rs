@@ -18,7 +18,7 @@ fn limits_stay_sane() {
     assert_eq!(c.batch_limit(), 1);
     // Off, then on again: the order of the calls does not matter.
     let c = Coalescing::off().max_batch(32);
-    assert_eq!((c.batch_limit(), c.calls_limit()), (32, 16));
+    assert_eq!((c.batch_limit(), c.calls_limit()), (32, DEFAULT_CALLS));
     let c = Coalescing::default().max_calls_in_flight(0);
     assert_eq!(c.calls_limit(), 1);
     assert_eq!(Coalescing::default().max_batch(4).script_threshold(), 4);
@@ -33,6 +33,9 @@ struct Fake {
     /// When set, a batch waits for it before its answers come back.
     batch_gate: Option<Arc<tokio::sync::Notify>>,
     cross_slot: bool,
+    /// When set, checks are grouped for lean batches as the connection
+    /// groups them.
+    lean: bool,
 }
 
 /// Each check's answer carries its nonce, so a check can tell its own.
@@ -41,6 +44,10 @@ fn answer(r: &RateRequest) -> Result<RateReply> {
 }
 
 impl Sender for Fake {
+    fn lean_group(&self, r: &RateRequest) -> Option<LeanGroup> {
+        self.lean.then(|| LeanGroup::of(r)).flatten()
+    }
+
     fn one<'a>(&'a self, r: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         Box::pin(async move {
             self.calls.lock().unwrap().push(vec![r.nonce]);
@@ -209,6 +216,91 @@ async fn queued_checks_share_one_call(fake: Fake, subjects: &[&str]) -> Vec<Vec<
     }
     let calls = fake.calls.lock().unwrap().clone();
     calls
+}
+
+/// Checks `rest` queued behind a first check, as [`queued_checks_share_one_call`].
+async fn queued_behind_one(fake: Fake, rest: Vec<RateRequest>) -> Vec<Vec<u64>> {
+    let c = Coalescer::new(fake.clone(), Coalescing::default(), false, None);
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.check(&request("a", 0)).await }
+    });
+    let n = rest.len();
+    let tasks: Vec<_> = rest
+        .into_iter()
+        .map(|r| {
+            let c = c.clone();
+            tokio::spawn(async move { c.check(&r).await })
+        })
+        .collect();
+    queued(&c, n).await;
+    fake.gate.notify_one();
+    first.await.unwrap().unwrap();
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap().unwrap().now_micros, i as u64 + 1);
+    }
+    let calls = fake.calls.lock().unwrap().clone();
+    calls
+}
+
+/// A request that may wait for a slot: no lean batch takes it.
+fn waiting(subject: &str, nonce: u64) -> RateRequest {
+    let mut r = request(subject, nonce);
+    r.max_wait_micros = 1_000;
+    r
+}
+
+/// A limiter's checks go as one lean call from two up, whatever else waits
+/// with them; the others (too few for the batch script) go alone, each
+/// check with its own answer.
+#[tokio::test]
+async fn a_limiters_waiting_checks_go_in_one_lean_call() {
+    let fake = Fake {
+        lean: true,
+        ..Fake::default()
+    };
+    let rest = vec![
+        request("a", 1),
+        waiting("b", 2),
+        request("c", 3),
+        request("d", 4),
+        waiting("e", 5),
+    ];
+    let calls = queued_behind_one(fake, rest).await;
+    assert_eq!(calls, [vec![0], vec![1, 3, 4], vec![2], vec![5]]);
+}
+
+/// A key in two parts of a batch keeps its arrival order: the batch goes
+/// the way it would without lean calls.
+#[tokio::test]
+async fn a_key_in_two_parts_keeps_the_batch_in_order() {
+    let fake = Fake {
+        lean: true,
+        ..Fake::default()
+    };
+    let rest = vec![request("a", 1), waiting("a", 2), request("b", 3)];
+    let calls = queued_behind_one(fake, rest).await;
+    assert_eq!(calls, [vec![0], vec![1], vec![2], vec![3]]);
+}
+
+/// A key in two parts keeps its order whichever of a check's state keys it
+/// is: a two-quota check (no lean batch takes it) whose second key is a
+/// lean check's key keeps the batch in order too.
+#[tokio::test]
+async fn a_check_sharing_a_later_key_keeps_the_batch_in_order() {
+    let fake = Fake {
+        lean: true,
+        ..Fake::default()
+    };
+    let mut two = request("x", 2);
+    two.keys.push(request("a", 0).keys[0].clone());
+    two.quotas = Arc::from([
+        crate::quota::Quota::per_second(1),
+        crate::quota::Quota::per_minute(10),
+    ]);
+    let rest = vec![request("a", 1), two, request("b", 3)];
+    let calls = queued_behind_one(fake, rest).await;
+    assert_eq!(calls, [vec![0], vec![1], vec![2], vec![3]]);
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Rate limits on a [`RedisBackend`]: the five algorithms' scripts, their
-//! settles (and refunds), and the batch script that decides coalesced checks — sent on
-//! the connection ([`Conn`]), which is the coalescer's [`Sender`].
+//! settles (and refunds), and the batch scripts that decide coalesced
+//! checks (a lean one per limiter, see [`lean`], and one for any mix) —
+//! sent on the connection ([`Conn`]), which is the coalescer's [`Sender`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +12,7 @@ use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 
 use super::coalesce::{owned_call, Sender};
 use super::conn::Conn;
+use super::lean::{LeanGroup, MAX_CHECKS};
 use super::scripts::{self, RATE_BATCH};
 use super::server_clock::ServerClock;
 use super::unclaimed::Awaited;
@@ -73,12 +75,26 @@ impl RateCalls {
         reply
     }
 
-    /// [`RedisBackend::check_rate_batch`] with redis-rs's error.
+    /// [`RedisBackend::check_rate_batch`] with redis-rs's error: checks of
+    /// one limiter in one call of its lean script, any others in one call
+    /// of the batch script.
     async fn check_batch(
         &self,
         requests: &[RateRequest],
     ) -> redis::RedisResult<Vec<Result<RateReply>>> {
         let deadlines: Vec<Option<u64>> = requests.iter().map(|r| self.deadline(r)).collect();
+        let group = requests.first().and_then(LeanGroup::of);
+        if let (Some(group), Some(script)) = (group, scripts::lean(requests[0].algorithm)) {
+            if requests.len() <= MAX_CHECKS
+                && requests.iter().all(|r| LeanGroup::of(r) == Some(group))
+            {
+                let value = self
+                    .conn
+                    .invoke_raw(script, |cmd| group.fill(cmd, requests, &deadlines))
+                    .await?;
+                return Ok(self.lean_replies(group, value, requests));
+            }
+        }
         let value = self
             .conn
             .invoke_raw(&RATE_BATCH, |cmd| {
@@ -125,7 +141,35 @@ impl RateCalls {
     }
 }
 
+impl RateCalls {
+    /// Each check's answer from a lean call's reply, teaching the server's
+    /// clock as [`reply`](Self::reply) does.
+    fn lean_replies(
+        &self,
+        group: LeanGroup,
+        value: Value,
+        requests: &[RateRequest],
+    ) -> Vec<Result<RateReply>> {
+        match group.parse(value, requests) {
+            Ok((now, replies)) => {
+                if requests.iter().any(|r| r.now_micros.is_none()) {
+                    self.clock.observe(now);
+                }
+                replies
+                    .into_iter()
+                    .map(|r| r.ok_or(Error::Timeout(Duration::ZERO)))
+                    .collect()
+            }
+            Err(e) => protocol_errors(requests, e.to_string()),
+        }
+    }
+}
+
 impl Sender for RateCalls {
+    fn lean_group(&self, request: &RateRequest) -> Option<LeanGroup> {
+        LeanGroup::of(request)
+    }
+
     fn one<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
         self.check_one(request).boxed()
     }
@@ -139,8 +183,10 @@ impl Sender for RateCalls {
 }
 
 impl RedisBackend {
-    /// Decides `requests` in one call of the batch script, in order (a
-    /// later check of a key sees what an earlier one took), each with its
+    /// Decides `requests` in one call, in order (a later check of a key
+    /// sees what an earlier one took): checks of one limiter (GCRA, token
+    /// bucket or fixed window, one quota, no wait, one clock) in a call of
+    /// its lean script, any other mix in a call of the batch script; each with its
     /// own outcome: one check's error (a script error, a key of another
     /// type) fails that check only. The outer error is the call's own
     /// (connection, timeout, a server refusing scripts), shared by all.

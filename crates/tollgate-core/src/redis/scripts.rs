@@ -32,19 +32,21 @@ impl LuaScript {
 /// its figures come from the check's own code. Every script is sent whole,
 /// so each carries its preludes.
 macro_rules! rate_body {
-    (check $file:literal) => {
+    (check $file:literal $($state:literal)?) => {
         concat!(
             include_str!("../../lua/rate_args.lua"),
             include_str!("../../lua/rate_deadline.lua"),
             include_str!("../../lua/rate_prelude.lua"),
+            $(include_str!(concat!("../../lua/", $state, ".lua")),)?
             include_str!("../../lua/rate_block.lua"),
             include_str!(concat!("../../lua/", $file, ".lua"))
         )
     };
-    (settle $file:literal) => {
+    (settle $file:literal $($state:literal)?) => {
         concat!(
             include_str!("../../lua/rate_args.lua"),
             include_str!("../../lua/rate_prelude.lua"),
+            $(include_str!(concat!("../../lua/", $state, ".lua")),)?
             "local function check(KEYS, ARGV)\n",
             include_str!(concat!("../../lua/", $file, ".lua")),
             "\nend\n",
@@ -64,16 +66,19 @@ macro_rules! rate_body {
     };
 }
 
-/// One row per algorithm: its file, its check and settle scripts, and its
-/// place in the batch script's `decide` table (the row's order).
+/// One row per algorithm: its file (and the file of its stored state's
+/// helpers, shared with its lean script, if it has one), its check and
+/// settle scripts, and its place in the batch script's `decide` table (the
+/// row's order).
 macro_rules! rate_scripts {
-    ($($alg:ident => $file:literal),* $(,)?) => {
+    ($($alg:ident => $file:literal $(+ $state:literal)?),* $(,)?) => {
         /// The batch script (`lua/rate_batch.lua`): many checks, any
         /// algorithms, one call. Its functions are the single scripts' own
         /// bodies, so a coalesced decision runs the very code a single call does.
         pub(crate) const BATCH_BODY: &str = concat!(
             "local now, cost, n\n",
             include_str!("../../lua/rate_prelude.lua"),
+            $($(include_str!(concat!("../../lua/", $state, ".lua")),)?)*
             $(rate_body!(batched $file),)*
             "local decide = {", $($file, ", ",)* "}\n",
             include_str!("../../lua/rate_batch.lua"),
@@ -83,7 +88,7 @@ macro_rules! rate_scripts {
         pub(crate) fn check(algorithm: Algorithm) -> &'static LuaScript {
             match algorithm {
                 $(Algorithm::$alg => {
-                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(check $file)));
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(check $file $($state)?)));
                     &S
                 })*
             }
@@ -93,7 +98,7 @@ macro_rules! rate_scripts {
         pub(crate) fn settle(algorithm: Algorithm) -> &'static LuaScript {
             match algorithm {
                 $(Algorithm::$alg => {
-                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(settle $file)));
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(settle $file $($state)?)));
                     &S
                 })*
             }
@@ -107,6 +112,15 @@ macro_rules! rate_scripts {
             }
         }
 
+        /// The helpers of an algorithm's stored state its check script
+        /// carries after the prelude (`""`: none).
+        #[cfg(test)]
+        pub(crate) fn state(algorithm: Algorithm) -> &'static str {
+            match algorithm {
+                $(Algorithm::$alg => concat!("", $(include_str!(concat!("../../lua/", $state, ".lua")))?),)*
+            }
+        }
+
         /// An algorithm's place (from 1) in the batch script's `decide` table.
         pub(crate) fn batch_id(algorithm: Algorithm) -> u8 {
             let rows = [$(Algorithm::$alg),*];
@@ -117,9 +131,41 @@ macro_rules! rate_scripts {
 }
 
 rate_scripts! {
-    FixedWindow => "fixed_window",
+    FixedWindow => "fixed_window" + "fixed_window_state",
     SlidingWindowLog => "sliding_window_log",
     SlidingWindowCounter => "sliding_window_counter",
+    TokenBucket => "token_bucket" + "token_bucket_state",
+    Gcra => "gcra" + "gcra_state",
+}
+
+/// The algorithms with a lean batch script (`lua/rate_lean.lua` after the
+/// prelude, the algorithm's stored state's helpers `lua/<file>_state.lua`
+/// and its step `lua/<file>_lean.lua`): many checks of one limiter, one
+/// figure each.
+macro_rules! lean_scripts {
+    ($($alg:ident => $file:literal),* $(,)?) => {
+        /// An algorithm's lean batch script, if it has one.
+        pub(crate) fn lean(algorithm: Algorithm) -> Option<&'static LuaScript> {
+            match algorithm {
+                $(Algorithm::$alg => {
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(concat!(
+                        "local now, cost, n\n",
+                        include_str!("../../lua/rate_prelude.lua"),
+                        include_str!(concat!("../../lua/", $file, "_state.lua")),
+                        include_str!(concat!("../../lua/", $file, "_lean.lua")),
+                        include_str!("../../lua/rate_lean.lua")
+                    )));
+                    Some(&S)
+                })*
+                #[allow(unreachable_patterns)]
+                _ => None,
+            }
+        }
+    };
+}
+
+lean_scripts! {
+    FixedWindow => "fixed_window",
     TokenBucket => "token_bucket",
     Gcra => "gcra",
 }
@@ -181,12 +227,15 @@ mod tests {
                 include_str!("../../lua/rate_args.lua"),
                 include_str!("../../lua/rate_deadline.lua"),
                 include_str!("../../lua/rate_prelude.lua"),
-                include_str!("../../lua/rate_block.lua")
             );
             let own = check(alg)
                 .body
                 .strip_prefix(preludes)
+                .and_then(|rest| rest.strip_prefix(state(alg)))
+                .and_then(|rest| rest.strip_prefix(include_str!("../../lua/rate_block.lua")))
                 .expect("the preludes");
+            // The state's helpers are defined once, before every function.
+            assert!(BATCH_BODY.contains(state(alg)), "{alg:?}");
             let function = format!("local function {name}(KEYS, ARGV)\n{own}\nend\n");
             assert!(BATCH_BODY.contains(&function), "{alg:?}");
         }

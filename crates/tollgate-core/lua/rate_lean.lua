@@ -1,0 +1,60 @@
+-- Decides N checks of one limiter (one algorithm, one quota, no wait) in
+-- one call: one TIME, one MGET, one EXISTS of the block keys, one SET per
+-- admission (written at once: the checks after it read it from
+-- `batch_view`), one figure per check back. At most about 7000 checks per
+-- call (unpack's limit on the values it returns). The loader puts before it `local now, cost, n`,
+-- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
+-- quota from ARGV[2], ARGV[3] and defines `step(key, cost)`: it decides one
+-- check, stores what it admitted (via `store`) and returns the state it
+-- decided from (an integer below 2^52: the state files read nothing else)
+-- and whether it admitted; the client derives the figures from the state.
+-- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
+-- block key in the same order.
+-- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
+-- quota's two parameters, as a single call takes them. ARGV[4]: keys per
+-- check. ARGV[5]: every check's cost, or each one's, 'c1,c2,…'. ARGV[6]: the
+-- earliest deadline (server µs) or '': when now is past it, ARGV[7] holds
+-- each check's deadline, 'd1,d2,…' (0: none), as rate_deadline.lua reads it.
+-- Returns {now, then per check: 2 × the state it decided from, + 1 when it
+-- was admitted (the decision itself, never re-derived by the client), {}
+-- when it came after its deadline (it takes nothing), {µs left} when its
+-- subject is blocked}.
+now = ARGV[1] ~= '' and tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]
+end
+local count = #KEYS / (ARGV[4] + 0)
+local same, costs = tonumber(ARGV[5]), nil
+if not same then
+  costs = {}
+  for c in string.gmatch(ARGV[5], '%d+') do costs[#costs + 1] = c + 0 end
+end
+-- Past the earliest deadline only: read which checks are late.
+local late
+if ARGV[6] ~= '' and now > ARGV[6] + 0 then
+  late = {}
+  for d in string.gmatch(ARGV[7], '%d+') do late[#late + 1] = d ~= '0' and now > d + 0 end
+end
+batch_view = {}
+local got = redis.call('MGET', unpack(KEYS, 1, count))
+for i = 1, count do batch_view[KEYS[i]] = got[i] end
+-- A block key exists while its block lasts (rate_block_set.lua): one
+-- EXISTS tells whether any check here may be blocked; only then is each
+-- block key's PTTL read, the wait a single call reports (rate_block.lua).
+local blocks = #KEYS > count and redis.call('EXISTS', unpack(KEYS, count + 1, #KEYS)) > 0
+local out = {now}
+for c = 1, count do
+  if late and late[c] then
+    out[c + 1] = {}
+  else
+    local left = blocks and redis.call('PTTL', KEYS[count + c]) or 0
+    if left > 0 then
+      out[c + 1] = {left * 1000}
+    else
+      local state, admitted = step(KEYS[c], same or costs[c])
+      out[c + 1] = admitted and state * 2 + 1 or state * 2
+    end
+  end
+end
+return out
