@@ -8,6 +8,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::deny_cache::DenyCache;
+use super::lease::{Leases, QuotaLeases};
 use super::limiter::{Inner, Operated, RateLimiter, DEFAULT_TIMEOUT};
 use super::refund::unclaimed;
 use super::{Algorithm, Quota, MAX_LOG_LIMIT};
@@ -45,6 +46,7 @@ impl RateLimiter {
             deny_cache: DEFAULT_DENY_CACHE,
             max_debt: None,
             register: true,
+            leases: None,
         }
     }
 
@@ -82,6 +84,8 @@ pub struct RateLimiterBuilder {
     /// Whether it registers itself (the operator plane's own rebuilt
     /// limiters and local fallbacks do not).
     register: bool,
+    /// Quota leases of hot subjects, when opted in.
+    leases: Option<QuotaLeases>,
 }
 
 impl fmt::Debug for RateLimiterBuilder {
@@ -166,6 +170,16 @@ impl RateLimiterBuilder {
 
     /// Not written into the operator plane's registry (it still hears
     /// admin actions and honours blocks).
+    /// Leases quota for hot subjects ([`QuotaLeases`]): a subject this
+    /// instance checks often is answered from units taken on the backend
+    /// in one call, without a round trip per check. Token bucket, GCRA and
+    /// fixed window only (the sliding windows are refused at build). Off by
+    /// default.
+    pub fn quota_leases(mut self, leases: QuotaLeases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
     pub(crate) fn unregistered(mut self) -> Self {
         self.register = false;
         self
@@ -202,6 +216,9 @@ impl RateLimiterBuilder {
                     "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
                 )));
             }
+        }
+        if let Some(leases) = &self.leases {
+            leases.validate(self.algorithm)?;
         }
         let name = match self.name {
             Some(n) => n,
@@ -247,6 +264,9 @@ impl RateLimiterBuilder {
             store,
             tally: Arc::default(),
         });
+        let leases = self
+            .leases
+            .map(|l| Leases::new(l, self.algorithm, Arc::clone(&quotas)));
         let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
@@ -267,6 +287,7 @@ impl RateLimiterBuilder {
                 deny_cache,
                 unclaimed,
                 operated,
+                leases,
             }),
         };
         limiter.operate(self.register);

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::charge::{charge_of, next_id};
 use super::deny_cache::DenyCache;
+use super::lease::{Served, Taking};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -72,6 +73,8 @@ pub(super) struct Inner {
     pub(super) unclaimed: Unclaimed,
     /// The operator plane of the store, if it has one.
     pub(super) operated: Option<Operated>,
+    /// Quota leases of hot subjects, when opted in.
+    pub(super) leases: Option<super::lease::Leases>,
 }
 
 impl fmt::Debug for RateLimiter {
@@ -229,6 +232,16 @@ impl RateLimiter {
                 return Ok(Err(Error::CostExceedsCapacity { cost, capacity }));
             }
         }
+        // A subject with a live quota lease is answered from it.
+        let hot = match &inner.leases {
+            Some(leases) => {
+                match leases.serve(self, subject, cost, max_wait_micros, self.local_now()) {
+                    Served::Yes(d) => return Ok(Ok(d)),
+                    Served::No { hot } => hot,
+                }
+            }
+            None => false,
+        };
         let keys = take_keys(inner, subject);
         // Only the deny cache needs the local time (as of before the request
         // is sent); skip the clock read without one.
@@ -261,6 +274,10 @@ impl RateLimiter {
             return_keys(keys);
             return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
         }
+        let lease = match (&inner.leases, hot) {
+            (Some(leases), true) => leases.begin(subject, cost, self.local_now()),
+            _ => None,
+        };
         let mut keys = keys;
         add_block_key(inner, subject, &mut keys);
         let request = RateRequest {
@@ -275,13 +292,21 @@ impl RateLimiter {
             deadline: None,
             unclaimed: None,
         };
-        match inner.backend.check_rate_now(&request) {
+        let now = match &lease {
+            Some(taking) => taking.call_now(&*inner.backend, &request),
+            None => inner.backend.check_rate_now(&request),
+        };
+        match now {
             Some(outcome) => {
                 let decision = self.conclude(subject, sent_at, &request, outcome);
                 return_keys(request.keys);
-                Ok(decision)
+                Ok(decision.map(|d| leased(d, &lease)))
             }
-            None => Err(Prepared { request, sent_at }),
+            None => Err(Prepared {
+                request,
+                sent_at,
+                lease,
+            }),
         }
     }
 
@@ -301,8 +326,11 @@ impl RateLimiter {
                 store = inner.backend.kind(),
                 cost = prepared.request.cost,
             );
-            let mut call =
-                tracing::Instrument::instrument(inner.backend.check_rate(&prepared.request), span);
+            let call = match &prepared.lease {
+                Some(taking) => taking.call(&*inner.backend, &prepared.request),
+                None => inner.backend.check_rate(&prepared.request),
+            };
+            let mut call = tracing::Instrument::instrument(call, span);
             // A backend that answers on the first poll needs no timer (and
             // then none is required of the runtime).
             match futures_util::poll!(&mut call) {
@@ -313,6 +341,7 @@ impl RateLimiter {
             }
         };
         self.conclude(subject, prepared.sent_at, &prepared.request, outcome)
+            .map(|d| leased(d, &prepared.lease))
     }
 
     /// Turns the backend's answer (or failure) into a decision.
@@ -537,6 +566,17 @@ struct Prepared {
     request: RateRequest,
     /// Local time before sending, for the deny cache.
     sent_at: u64,
+    /// The quota lease this check takes, if it takes one.
+    lease: Option<Taking>,
+}
+
+/// A check that took a quota lease carries no charge: the lease's is
+/// settled when its slice ends.
+fn leased(mut d: Decision, lease: &Option<Taking>) -> Decision {
+    if lease.is_some() {
+        d.charge = None;
+    }
+    d
 }
 
 impl PendingCheck {

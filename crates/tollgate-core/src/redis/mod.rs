@@ -22,6 +22,7 @@ mod coalesce;
 mod conn;
 mod holders;
 mod idempotency;
+mod lease;
 mod lock;
 mod permits;
 mod pubsub;

@@ -29,7 +29,8 @@ impl LuaScript {
 /// settle to 0) wraps the algorithm's check script as a function `check`,
 /// then runs the settle prelude, the algorithm's settle part and the
 /// epilogue that calls `check` with a cost of 0 (`lua/settle_reply.lua`):
-/// its figures come from the check's own code. Every script is sent whole,
+/// its figures come from the check's own code. A quota lease wraps it the
+/// same way after a check's preludes, then runs `lua/rate_lease.lua`. Every script is sent whole,
 /// so each carries its preludes.
 macro_rules! rate_body {
     (check $file:literal) => {
@@ -51,6 +52,18 @@ macro_rules! rate_body {
             include_str!("../../lua/settle_prelude.lua"),
             include_str!(concat!("../../lua/", $file, "_settle.lua")),
             include_str!("../../lua/settle_reply.lua")
+        )
+    };
+    (lease $file:literal) => {
+        concat!(
+            include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_deadline.lua"),
+            include_str!("../../lua/rate_prelude.lua"),
+            include_str!("../../lua/rate_block.lua"),
+            "local function check(KEYS, ARGV)\n",
+            include_str!(concat!("../../lua/", $file, ".lua")),
+            "\nend\n",
+            include_str!("../../lua/rate_lease.lua")
         )
     };
     (batched $file:literal) => {
@@ -94,6 +107,16 @@ macro_rules! rate_scripts {
             match algorithm {
                 $(Algorithm::$alg => {
                     static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(settle $file)));
+                    &S
+                })*
+            }
+        }
+
+        /// An algorithm's quota lease script (`lua/rate_lease.lua` over its check).
+        pub(crate) fn lease(algorithm: Algorithm) -> &'static LuaScript {
+            match algorithm {
+                $(Algorithm::$alg => {
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(lease $file)));
                     &S
                 })*
             }
