@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use tollgate_core::{
-    Algorithm, DecisionSource, Error, MemoryBackend, Quota, QuotaLeases, RateLimiter, RedisBackend,
-    Subject,
+    Algorithm, DecisionSource, Error, ManualClock, MemoryBackend, Quota, QuotaLeases, RateLimiter,
+    RedisBackend, Subject,
 };
 use tollgate_testkit::RedisServer;
 
@@ -88,6 +88,34 @@ async fn a_hot_subject_is_served_from_its_slice_in_memory() {
         let denied = denied.expect("the quota ran out");
         assert!(denied.retry_after.unwrap() > Duration::ZERO, "{denied:?}");
     }
+}
+
+/// A fixed window's slice is never served past the end of the window its
+/// units were counted in: the next window admits no more than its limit.
+#[tokio::test]
+async fn a_fixed_windows_slice_ends_with_its_window() {
+    // 900 ms into a one-second window.
+    let clock = ManualClock::new(1_700_000_000_900_000);
+    let limiter = RateLimiter::builder(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+    )
+    .quota(Quota::per_second(100))
+    .clock(clock.clone())
+    .quota_leases(long_leases())
+    .build()
+    .unwrap();
+    let mut leased = false;
+    for _ in 0..10 {
+        leased |= limiter.check("hot").await.unwrap().source == DecisionSource::Lease;
+    }
+    assert!(leased, "a slice serves before the window ends");
+    clock.advance(Duration::from_millis(101));
+    let mut admitted = 0;
+    for _ in 0..300 {
+        admitted += u64::from(limiter.check("hot").await.unwrap().allowed);
+    }
+    assert!(admitted <= 100, "{admitted} admitted in the next window");
 }
 
 /// A served decision's `remaining` counts down the slice.
