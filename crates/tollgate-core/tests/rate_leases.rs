@@ -210,6 +210,39 @@ async fn return_leases_gives_back_what_was_not_served() {
     assert_eq!(remaining(&peer, "hot").await, 100_000 - 400);
 }
 
+/// Dropping the last clone of a limiter gives back what its slices held
+/// (in the background).
+#[tokio::test]
+async fn a_dropped_limiter_gives_its_slices_back() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_hour(100_000);
+    let limiter = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+        .quota(quota)
+        .name("dropped")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let peer = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(quota)
+        .name("dropped")
+        .build()
+        .unwrap();
+    for _ in 0..400 {
+        assert!(limiter.check("hot").await.unwrap().allowed);
+    }
+    assert!(
+        remaining(&peer, "hot").await < 100_000 - 400,
+        "a slice holds units"
+    );
+    drop(limiter);
+    // The GCRA refills meanwhile: at least what was not served comes back.
+    wait_for("the slice given back", async || {
+        remaining(&peer, "hot").await >= 100_000 - 400
+    })
+    .await;
+}
+
 /// Two limiters of one policy on two connections (two instances), both
 /// holding a slice of one subject: an operator's block on one stops both
 /// at once (no slice serves past it), and a reset drops the slices of

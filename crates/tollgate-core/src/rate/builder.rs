@@ -264,9 +264,33 @@ impl RateLimiterBuilder {
             store,
             tally: Arc::default(),
         });
-        let leases = self
-            .leases
-            .map(|l| Leases::new(l, self.algorithm, Arc::clone(&quotas)));
+        let leases = match self.leases {
+            Some(settings) => {
+                let mut b = RateLimiter::builder(Arc::clone(&self.backend), self.algorithm)
+                    .prefix(keyspace.prefix())
+                    .name(keyspace.policy())
+                    .timeout(self.timeout)
+                    .deny_cache(0)
+                    .unregistered();
+                if let Some(clock) = &self.clock {
+                    b.clock = Some(Arc::clone(clock));
+                }
+                if let Some(debt) = self.max_debt {
+                    b = b.max_debt(debt);
+                }
+                for q in quotas.iter() {
+                    b = b.quota(*q);
+                }
+                let returner = b.build()?;
+                Some(Leases::new(
+                    settings,
+                    self.algorithm,
+                    Arc::clone(&quotas),
+                    returner,
+                ))
+            }
+            None => None,
+        };
         let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,

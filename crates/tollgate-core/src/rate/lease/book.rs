@@ -24,6 +24,9 @@ const WINDOW_MICROS: u64 = 100_000;
 /// A limiter's quota leases: cheap to share with the takes in flight.
 pub(in crate::rate) struct Leases {
     book: Arc<Book>,
+    /// The same policy without leases, registration or deny cache: gives
+    /// back what the slices hold once the limiter is dropped.
+    returner: RateLimiter,
 }
 
 struct Book {
@@ -96,6 +99,7 @@ impl Leases {
         settings: QuotaLeases,
         algorithm: Algorithm,
         quotas: Arc<[Quota]>,
+        returner: RateLimiter,
     ) -> Self {
         let capacity = quotas.iter().map(|q| algorithm.capacity(q)).min();
         let most = capacity.unwrap_or(0) / u64::from(settings.max_share);
@@ -108,6 +112,7 @@ impl Leases {
                 subjects: Mutex::new(HashMap::new()),
                 revoked: AtomicU64::new(0),
             }),
+            returner,
         }
     }
 
@@ -207,6 +212,31 @@ impl Leases {
         };
         let backs = slices.into_iter().map(|s| give_back(limiter.clone(), s));
         futures_util::future::join_all(backs).await;
+    }
+}
+
+impl Drop for Leases {
+    /// Best effort: the slices' unused units go back in the background when
+    /// a runtime is at hand (else they return as the quota refills).
+    fn drop(&mut self) {
+        let slices: Vec<Slice> = {
+            let mut map = lock(&self.book.subjects);
+            map.values_mut()
+                .filter_map(|t| t.slice.take())
+                .filter(|s| s.left > 0)
+                .collect()
+        };
+        if slices.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let returner = self.returner.clone();
+            runtime.spawn(async move {
+                for s in slices {
+                    give_back(returner.clone(), s).await;
+                }
+            });
+        }
     }
 }
 

@@ -9,8 +9,10 @@
 //! units held in slices: a slice of `L` units held for up to
 //! [`max_age`](QuotaLeases::max_age) keeps those units from every other
 //! instance meanwhile, and units a slice still held when its instance lost
-//! the store (or stopped without [`RateLimiter::return_leases`]) are not
-//! given back — they come back as the quota refills or its window ends.
+//! the store, or that the process took with it (it exited without
+//! [`RateLimiter::return_leases`]; dropping the limiter gives them back in
+//! the background, best effort), are not given back — they come back as
+//! the quota refills or its window ends.
 //!
 //! A unit is used later than it was taken (up to the slice's age): a burst
 //! shifts by at most `max_age`. For the buckets, the admissions up to any
