@@ -214,4 +214,27 @@ mod tests {
             assert!(BATCH_BODY.contains(&function), "{alg:?}");
         }
     }
+
+    /// A quota lease runs the algorithm's own check script (no second copy
+    /// of its arithmetic), after a check's preludes, then rate_lease.lua.
+    #[test]
+    fn a_lease_wraps_each_algorithms_own_check() {
+        let preludes = concat!(
+            include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_deadline.lua"),
+            include_str!("../../lua/rate_prelude.lua"),
+            include_str!("../../lua/rate_block.lua")
+        );
+        for alg in Algorithm::ALL {
+            let own = check(alg)
+                .body
+                .strip_prefix(preludes)
+                .expect("the preludes");
+            let expected = format!(
+                "{preludes}local function check(KEYS, ARGV)\n{own}\nend\n{}",
+                include_str!("../../lua/rate_lease.lua")
+            );
+            assert_eq!(lease(alg).body, expected, "{alg:?}");
+        }
+    }
 }
