@@ -118,6 +118,36 @@ async fn a_fixed_windows_slice_ends_with_its_window() {
     assert!(admitted <= 100, "{admitted} admitted in the next window");
 }
 
+/// An instance tracks the rates of a bounded number of subjects: beyond
+/// it a subject is checked as a cold one, until trackers idle for a window
+/// make room.
+#[tokio::test]
+async fn rate_tracking_is_bounded() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limiter = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), Algorithm::Gcra)
+        .quota(Quota::per_hour(100_000))
+        .clock(clock.clone())
+        .quota_leases(long_leases().tracked_subjects(2))
+        .build()
+        .unwrap();
+    let leased = async |subject: &str| {
+        let mut leased = 0;
+        for _ in 0..50 {
+            let d = limiter.check(subject).await.unwrap();
+            leased += usize::from(d.source == DecisionSource::Lease);
+        }
+        leased
+    };
+    assert!(leased("a").await > 0);
+    assert!(leased("b").await > 0);
+    assert_eq!(leased("c").await, 0, "no room to track c");
+    // Given back, a's and b's trackers hold no slice; idle past a window,
+    // they make room.
+    limiter.return_leases().await;
+    clock.advance(Duration::from_millis(300));
+    assert!(leased("c").await > 0, "room once a and b idled");
+}
+
 /// A served decision's `remaining` counts down the slice.
 #[tokio::test]
 async fn a_served_decision_reports_the_units_left_in_its_slice() {

@@ -36,6 +36,9 @@ struct Book {
     /// The most units one slice takes.
     most: u64,
     subjects: Mutex<HashMap<String, Tracker>>,
+    /// The window of the last sweep of a full map (one per window: a map
+    /// full of live subjects is not scanned again for each new one).
+    swept: AtomicU64,
     /// Bumped by every revocation: a take sent before one installs nothing.
     revoked: AtomicU64,
 }
@@ -110,6 +113,7 @@ impl Leases {
                 quotas,
                 most,
                 subjects: Mutex::new(HashMap::new()),
+                swept: AtomicU64::new(u64::MAX),
                 revoked: AtomicU64::new(0),
             }),
             returner,
@@ -132,7 +136,7 @@ impl Leases {
         let mut ended = None;
         let served = {
             let mut map = lock(&book.subjects);
-            let Some(t) = tracker(&mut map, subject, now, book.settings.subjects) else {
+            let Some(t) = tracker(&mut map, subject, now, book) else {
                 return Served::No { hot: false };
             };
             t.count(now);
@@ -246,13 +250,17 @@ fn tracker<'m>(
     map: &'m mut HashMap<String, Tracker>,
     subject: &Subject,
     now: u64,
-    most: usize,
+    book: &Book,
 ) -> Option<&'m mut Tracker> {
     let key = subject.as_encoded();
     if !map.contains_key(key) {
+        let most = book.settings.subjects;
         if map.len() >= most {
             let w = now / WINDOW_MICROS;
-            map.retain(|_, t| t.slice.is_some() || t.taking || t.window + 1 >= w);
+            // Under the map's lock: no other sweep races this one.
+            if book.swept.swap(w, Ordering::Relaxed) != w {
+                map.retain(|_, t| t.slice.is_some() || t.taking || t.window + 1 >= w);
+            }
             if map.len() >= most {
                 return None;
             }
