@@ -2,8 +2,8 @@
 //! limiters, each on its own connection, 4 checks in flight each), with
 //! leases on and off (the exact limiter), side by side in each round:
 //! script calls per decision, admissions over the quota's bound, and the
-//! admissions of leases ÷ the exact limiter's. Two loads: saturated (the
-//! instances ask for far more than the quota) and under the quota.
+//! admissions of leases ÷ the exact limiter's. Two quotas: 1000/s (both
+//! saturate it) and 1M/s (only leases reach it).
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -31,7 +31,7 @@ const LOADS: [Load; 2] = [
         quota: || Quota::per_second(1000),
     },
     Load {
-        name: "under the quota (1M/s)",
+        name: "1M/s (only leases reach it)",
         quota: || Quota::per_second(1_000_000),
     },
 ];
