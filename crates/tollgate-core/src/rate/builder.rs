@@ -168,18 +168,19 @@ impl RateLimiterBuilder {
         self
     }
 
-    /// Not written into the operator plane's registry (it still hears
-    /// admin actions and honours blocks).
     /// Leases quota for hot subjects ([`QuotaLeases`]): a subject this
     /// instance checks often is answered from units taken on the backend
     /// in one call, without a round trip per check. Token bucket, GCRA and
-    /// fixed window only (the sliding windows are refused at build). Off by
-    /// default.
+    /// fixed window only (the sliding windows are refused at build). On a
+    /// backend without leases ([`RateBackend::supports_leases`](crate::RateBackend::supports_leases)),
+    /// every check is an ordinary one. Off by default.
     pub fn quota_leases(mut self, leases: QuotaLeases) -> Self {
         self.leases = Some(leases);
         self
     }
 
+    /// Not written into the operator plane's registry (it still hears
+    /// admin actions and honours blocks).
     pub(crate) fn unregistered(mut self) -> Self {
         self.register = false;
         self
@@ -265,7 +266,8 @@ impl RateLimiterBuilder {
             tally: Arc::default(),
         });
         let leases = match self.leases {
-            Some(settings) => {
+            // A backend without leases checks every subject as usual.
+            Some(settings) if self.backend.supports_leases() => {
                 let mut b = RateLimiter::builder(Arc::clone(&self.backend), self.algorithm)
                     .prefix(keyspace.prefix())
                     .name(keyspace.policy())
@@ -289,7 +291,7 @@ impl RateLimiterBuilder {
                     returner,
                 ))
             }
-            None => None,
+            _ => None,
         };
         let limiter = RateLimiter {
             inner: Arc::new(Inner {

@@ -342,6 +342,10 @@ impl RateBackend for RedisBackend {
         .boxed()
     }
 
+    fn supports_leases(&self) -> bool {
+        true
+    }
+
     fn lease_rate<'a>(
         &'a self,
         req: &'a RateRequest,

@@ -424,6 +424,13 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether this backend takes quota leases ([`lease_rate`](Self::lease_rate)):
+    /// a limiter on one that does not checks every subject as usual. The
+    /// default is `false`.
+    fn supports_leases(&self) -> bool {
+        false
+    }
+
     /// A quota lease: in one atomic step, takes what is available of the
     /// request's quotas up to `size.want` units (a check of that many), or
     /// refuses as a check of `size.least` units when fewer are available.
@@ -479,6 +486,10 @@ impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
 
     fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
         (**self).settle_rate_now(request)
+    }
+
+    fn supports_leases(&self) -> bool {
+        (**self).supports_leases()
     }
 
     fn lease_rate<'a>(

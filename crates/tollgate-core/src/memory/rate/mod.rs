@@ -215,6 +215,10 @@ impl RateBackend for MemoryBackend {
         Some(Ok(self.settle_now(req)))
     }
 
+    fn supports_leases(&self) -> bool {
+        true
+    }
+
     fn lease_rate<'a>(
         &'a self,
         req: &'a RateRequest,
