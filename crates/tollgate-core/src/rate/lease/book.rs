@@ -141,6 +141,9 @@ impl Leases {
             };
             t.count(now);
             match &mut t.slice {
+                // A reservation is the store's to order: never served from
+                // a slice, never leased.
+                _ if max_wait_micros > 0 => Served::No { hot: false },
                 Some(s) if now < s.expires_at && s.left >= cost => {
                     s.left -= cost;
                     Served::Yes(book.decision(s, now))
@@ -149,11 +152,8 @@ impl Leases {
                     ended = t.slice.take();
                     Served::No { hot: true }
                 }
-                // A reservation is the store's to order: never leased.
                 None => Served::No {
-                    hot: !t.taking
-                        && max_wait_micros == 0
-                        && t.seen() >= u64::from(book.settings.hot_checks),
+                    hot: !t.taking && t.seen() >= u64::from(book.settings.hot_checks),
                 },
             }
         };
