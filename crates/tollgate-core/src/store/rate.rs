@@ -302,10 +302,11 @@ impl SettleReply {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseReply {
-    /// Units taken on every quota (0: refused, nothing taken).
+    /// Units taken on every quota (0: none leased; the reply is then an
+    /// ordinary check's of the request's cost).
     pub granted: u64,
-    /// The take's reply, as a check of `granted` units (of the least the
-    /// lease would take, when refused) replies it.
+    /// The take's reply, as a check of `granted` units (of the request's
+    /// cost, when none were leased) replies it.
     pub reply: RateReply,
 }
 
@@ -321,8 +322,8 @@ impl LeaseReply {
 pub struct LeaseSize {
     /// The most units to take (what is available, up to this).
     pub want: u64,
-    /// The fewest worth taking, at least the request's cost: fewer
-    /// available is a refusal of this many, with its retry-after.
+    /// The fewest worth taking, at least the request's cost: with fewer
+    /// available, the call is an ordinary check of the request's cost.
     pub least: u64,
 }
 
@@ -432,10 +433,11 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// A quota lease: in one atomic step, takes what is available of the
-    /// request's quotas up to `size.want` units (a check of that many), or
-    /// refuses as a check of `size.least` units when fewer are available.
-    /// The request is a check's (its `cost` is what the caller needs now,
-    /// at most `size.least`; its wait is ignored). The default refuses.
+    /// request's quotas up to `size.want` units (a check of that many), or,
+    /// when fewer than `size.least` are available, is an ordinary check of
+    /// the request's `cost` and grants nothing (`granted == 0`). The request
+    /// is a check's (its `cost` is what the caller needs now, at most
+    /// `size.least`; its wait is ignored). The default refuses.
     fn lease_rate<'a>(
         &'a self,
         request: &'a RateRequest,
