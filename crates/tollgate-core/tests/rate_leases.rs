@@ -74,7 +74,7 @@ async fn a_hot_subject_is_served_from_its_slice_in_memory() {
                 admitted += 1;
                 if d.source == DecisionSource::Lease {
                     leased += 1;
-                    assert!(d.charge.is_none(), "a served check carries no charge");
+                    assert_eq!(d.charge.map(|c| c.cost()), Some(1), "a served charge");
                 }
             } else if denied.is_none() {
                 denied = Some(d);

@@ -1,6 +1,7 @@
-//! Quota leases and what a decision carries: a take that finds too few
-//! units (an ordinary check), `acquire` (never leased) and the `Backend`
-//! enum.
+//! Quota leases and what a decision carries: a served decision's charge
+//! (refund and settle in both directions, before and after its slice
+//! ends), a take that finds too few units (an ordinary check), `acquire`
+//! (never leased) and the `Backend` enum.
 
 use std::time::Duration;
 
@@ -61,6 +62,14 @@ async fn stores(clock: &ManualClock) -> ((RedisServer, RedisCluster), [Backend; 
 
 async fn remaining(peer: &RateLimiter, subject: &str) -> u64 {
     peer.check_n(subject, 0).await.unwrap().remaining
+}
+
+/// Lets the tasks spawned so far run (a current-thread runtime runs them
+/// when this task yields).
+async fn let_spawned_run() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// The `Backend` enum takes leases as its store does: a hot subject is
@@ -147,6 +156,7 @@ async fn too_few_units_for_a_slice_is_an_ordinary_check() {
             let d = limiter.check("few").await.unwrap();
             assert!(d.allowed, "{kind}: {d:?}");
             assert_eq!(d.source, DecisionSource::Backend, "{kind}");
+            assert_eq!(d.charge.map(|c| c.cost()), Some(1), "{kind}");
             assert_eq!(remaining(&peer, "few").await, left, "{kind}");
         }
         // The denial a plain check gets: one token's wait (45 s), cached.
@@ -156,5 +166,97 @@ async fn too_few_units_for_a_slice_is_an_ordinary_check() {
             assert!(d.is_denied(), "{kind}: {d:?}");
             assert_eq!(d.retry_after, plain.retry_after, "{kind}");
         }
+    }
+}
+
+/// A served decision carries a charge: refunds put units back into the
+/// live slice, a settle over the charge takes the difference (beyond what
+/// the slice holds: a debt on the store when it ends), and the store ends
+/// up charged exactly what was used.
+#[tokio::test]
+async fn served_charges_refund_and_settle_into_the_slice() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let cap = 100_000;
+    let (limiter, peer) = pair(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+        Quota::per_hour(cap),
+        &clock,
+        long_leases(),
+    );
+    let mut used = 0u64;
+    let mut served = 0;
+    for i in 0..200u64 {
+        let d = limiter.check("hot").await.unwrap();
+        assert!(d.allowed);
+        let charge = d.charge.expect("an admission carries a charge");
+        served += usize::from(d.source == DecisionSource::Lease);
+        match i % 4 {
+            0 => assert!(limiter.refund("hot", &charge).await.unwrap(), "{i}"),
+            1 => {
+                assert!(limiter.settle("hot", &charge, 3).await.unwrap().applied);
+                assert!(!limiter.settle("hot", &charge, 3).await.unwrap().applied);
+                used += 3;
+            }
+            _ => used += 1,
+        }
+    }
+    assert!(served > 150, "{served} served from slices");
+    // More than the slice holds: the rest is owed when it ends.
+    let d = limiter.check("hot").await.unwrap();
+    assert_eq!(d.source, DecisionSource::Lease);
+    let s = limiter
+        .settle("hot", &d.charge.unwrap(), 20_000)
+        .await
+        .unwrap();
+    assert!(s.applied);
+    used += 20_000;
+    limiter.return_leases().await;
+    // The slices that ran out were given back in the background.
+    let_spawned_run().await;
+    assert_eq!(remaining(&peer, "hot").await, cap - used);
+}
+
+/// Once its slice has ended, a settle over a served charge still reaches
+/// the store (once), and a refund is dropped.
+#[tokio::test]
+async fn served_charges_after_their_slice_ended() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(cap),
+            &clock,
+            long_leases(),
+        );
+        let mut charges = Vec::new();
+        for _ in 0..50 {
+            let d = limiter.check("ended").await.unwrap();
+            if d.source == DecisionSource::Lease {
+                charges.push(d.charge.unwrap());
+            }
+        }
+        limiter.return_leases().await;
+        let before = remaining(&peer, "ended").await;
+        assert_eq!(before, cap - 50, "{kind}");
+        let s = limiter.settle("ended", &charges[0], 5).await.unwrap();
+        assert!(s.applied, "{kind}");
+        assert!(
+            !limiter
+                .settle("ended", &charges[0], 5)
+                .await
+                .unwrap()
+                .applied
+        );
+        assert_eq!(remaining(&peer, "ended").await, before - 4, "{kind}");
+        assert!(
+            !limiter.refund("ended", &charges[1]).await.unwrap(),
+            "{kind}"
+        );
+        assert_eq!(remaining(&peer, "ended").await, before - 4, "{kind}");
     }
 }

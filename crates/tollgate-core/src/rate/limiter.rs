@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::charge::{charge_of, next_id};
 use super::deny_cache::DenyCache;
-use super::lease::{Served, Taking};
+use super::lease::{self, Taking};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -233,14 +233,9 @@ impl RateLimiter {
             }
         }
         // A subject with a live quota lease is answered from it.
-        let hot = match &inner.leases {
-            Some(leases) => {
-                match leases.serve(self, subject, cost, max_wait_micros, self.local_now()) {
-                    Served::Yes(d) => return Ok(Ok(d)),
-                    Served::No { hot } => hot,
-                }
-            }
-            None => false,
+        let hot = match self.serve_leased(subject, cost, max_wait_micros) {
+            Ok(d) => return Ok(Ok(d)),
+            Err(hot) => hot,
         };
         let keys = take_keys(inner, subject);
         // Only the deny cache needs the local time (as of before the request
@@ -274,10 +269,7 @@ impl RateLimiter {
             return_keys(keys);
             return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
         }
-        let lease = match (&inner.leases, hot) {
-            (Some(leases), true) => leases.begin(subject, cost, self.local_now()),
-            _ => None,
-        };
+        let lease = self.begin_lease(hot, subject, cost);
         let mut keys = keys;
         add_block_key(inner, subject, &mut keys);
         let request = RateRequest {
@@ -292,15 +284,11 @@ impl RateLimiter {
             deadline: None,
             unclaimed: None,
         };
-        let now = match &lease {
-            Some(taking) => taking.call_now(&*inner.backend, &request),
-            None => inner.backend.check_rate_now(&request),
-        };
-        match now {
+        match lease::check_now(&lease, &*inner.backend, &request) {
             Some(outcome) => {
                 let decision = self.conclude(subject, sent_at, &request, outcome);
                 return_keys(request.keys);
-                Ok(decision.map(|d| leased(d, &lease)))
+                Ok(decision.map(|d| Taking::charged(&lease, d)))
             }
             None => Err(Prepared {
                 request,
@@ -326,10 +314,7 @@ impl RateLimiter {
                 store = inner.backend.kind(),
                 cost = prepared.request.cost,
             );
-            let call = match &prepared.lease {
-                Some(taking) => taking.call(&*inner.backend, &prepared.request),
-                None => inner.backend.check_rate(&prepared.request),
-            };
+            let call = lease::check(&prepared.lease, &*inner.backend, &prepared.request);
             let mut call = tracing::Instrument::instrument(call, span);
             // A backend that answers on the first poll needs no timer (and
             // then none is required of the runtime).
@@ -341,7 +326,7 @@ impl RateLimiter {
             }
         };
         self.conclude(subject, prepared.sent_at, &prepared.request, outcome)
-            .map(|d| leased(d, &prepared.lease))
+            .map(|d| Taking::charged(&prepared.lease, d))
     }
 
     /// Turns the backend's answer (or failure) into a decision.
@@ -568,15 +553,6 @@ struct Prepared {
     sent_at: u64,
     /// The quota lease this check takes, if it takes one.
     lease: Option<Taking>,
-}
-
-/// A check that took a quota lease carries no charge: the lease's is
-/// settled when its slice ends.
-fn leased(mut d: Decision, lease: &Option<Taking>) -> Decision {
-    if lease.is_some() {
-        d.charge = None;
-    }
-    d
 }
 
 impl PendingCheck {

@@ -2,7 +2,7 @@
 //! serving a check from a slice ([`Leases::serve`]), taking one
 //! ([`Taking`]) and giving back what was not used.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -12,8 +12,8 @@ use super::QuotaLeases;
 use crate::error::Result;
 use crate::keyspace::Subject;
 use crate::quota::Quota;
-use crate::rate::charge::{key_digest, Charge};
-use crate::rate::{Decision, DecisionSource, RateLimiter};
+use crate::rate::charge::{key_digest, next_id, Charge};
+use crate::rate::{Decision, DecisionSource, RateLimiter, Settlement};
 use crate::store::{
     Algorithm, LeaseReply, LeaseSize, Outcome, Outcomes, RateBackend, RateReply, RateRequest,
 };
@@ -57,14 +57,38 @@ struct Tracker {
 /// Units taken on the store, served here.
 struct Slice {
     subject: Subject,
+    /// Names it in the charges it serves.
+    id: u64,
     left: u64,
+    /// Units settled over their charges beyond what the slice held: owed
+    /// to the store when the slice is given back.
+    extra: u64,
+    /// The served charges settled or refunded (each at most once).
+    settled: HashSet<u64>,
     /// Local time (the limiter's clock) before the take was sent.
     taken_at: u64,
     expires_at: u64,
     /// The store's figures as of the take.
     outcomes: Outcomes,
-    /// The take, as a charge: what was not used is settled back.
+    /// The take, as a charge: settled to what was used when it ends.
     charge: Charge,
+}
+
+impl Slice {
+    /// What the store's charge is settled to when the slice ends.
+    fn used(&self) -> u64 {
+        (self.charge.cost - self.left).saturating_add(self.extra)
+    }
+
+    /// A charge of `cost` units served from the slice.
+    fn served(&self, cost: u64) -> Charge {
+        Charge {
+            cost,
+            id: next_id(),
+            slice: self.id,
+            ..self.charge
+        }
+    }
 }
 
 /// What [`Leases::serve`] did with a check.
@@ -133,7 +157,7 @@ impl Leases {
         now: u64,
     ) -> Served {
         let book = &self.book;
-        let mut ended = None;
+        let mut ended = Vec::new();
         let served = {
             let mut map = lock(&book.subjects);
             let Some(t) = tracker(&mut map, subject, now, book) else {
@@ -146,10 +170,12 @@ impl Leases {
                 _ if max_wait_micros > 0 => Served::No { hot: false },
                 Some(s) if now < s.expires_at && s.left >= cost => {
                     s.left -= cost;
-                    Served::Yes(book.decision(s, now))
+                    let mut d = book.decision(s, now);
+                    d.charge = (cost > 0).then(|| s.served(cost));
+                    Served::Yes(d)
                 }
                 Some(_) => {
-                    ended = t.slice.take();
+                    ended.extend(t.slice.take());
                     Served::No { hot: true }
                 }
                 None => Served::No {
@@ -157,7 +183,7 @@ impl Leases {
                 },
             }
         };
-        if let Some(s) = ended {
+        for s in ended {
             give_back_later(limiter, s);
         }
         served
@@ -189,6 +215,7 @@ impl Leases {
             },
             epoch: book.revoked.load(Ordering::Acquire),
             started: now,
+            installed: AtomicU64::new(0),
         })
     }
 
@@ -206,6 +233,38 @@ impl Leases {
             }
             None => map.values_mut().for_each(|t| t.slice = None),
         }
+    }
+
+    /// Settles a charge served from `subject`'s slice to `actual` while the
+    /// slice lives (`None` once it ended): a give-back returns units to the
+    /// slice (first paying what it owes); more than the charge takes from
+    /// it, and what it does not hold is owed to the store when it ends.
+    /// At most once per charge.
+    pub(in crate::rate) fn settle_in_slice(
+        &self,
+        subject: &Subject,
+        charge: &Charge,
+        actual: u64,
+        now: u64,
+    ) -> Option<Settlement> {
+        let mut map = lock(&self.book.subjects);
+        let s = map.get_mut(subject.as_encoded())?.slice.as_mut();
+        let s = s.filter(|s| s.id == charge.slice)?;
+        let applied = actual != charge.cost && s.settled.insert(charge.id);
+        if applied && actual < charge.cost {
+            let back = charge.cost - actual;
+            let paid = back.min(s.extra);
+            s.extra -= paid;
+            s.left += back - paid;
+        } else if applied {
+            let more = actual - charge.cost;
+            let held = more.min(s.left);
+            s.left -= held;
+            s.extra = s.extra.saturating_add(more - held);
+        }
+        let mut decision = self.book.decision(s, now);
+        decision.allowed = s.extra == 0;
+        Some(Settlement { applied, decision })
     }
 
     /// Gives back every slice's unused units, and waits for it.
@@ -227,7 +286,7 @@ impl Drop for Leases {
             let mut map = lock(&self.book.subjects);
             map.values_mut()
                 .filter_map(|t| t.slice.take())
-                .filter(|s| s.left > 0)
+                .filter(|s| s.used() != s.charge.cost)
                 .collect()
         };
         if slices.is_empty() {
@@ -306,6 +365,8 @@ pub(in crate::rate) struct Taking {
     size: LeaseSize,
     epoch: u64,
     started: u64,
+    /// The id of the slice it installed (0: none).
+    installed: AtomicU64,
 }
 
 impl Taking {
@@ -361,10 +422,14 @@ impl Taking {
             span_micros: book.algorithm.refund_span(&taken),
             local: false,
             key: key_digest(&request.keys[0]),
+            slice: 0,
         };
         let slice = Slice {
             subject: self.subject.clone(),
+            id: next_id(),
             left,
+            extra: 0,
+            settled: HashSet::new(),
             taken_at: self.started,
             expires_at: self.started.saturating_add(age),
             outcomes: reply.outcomes.clone(),
@@ -377,10 +442,27 @@ impl Taking {
         // A revocation since the take was sent: its units are dropped.
         if left > 0 && book.revoked.load(Ordering::Acquire) == self.epoch {
             if let Some(t) = map.get_mut(self.subject.as_encoded()) {
+                self.installed.store(slice.id, Ordering::Relaxed);
                 t.slice = Some(slice);
             }
         }
         reply
+    }
+
+    /// The check's decision: its charge names the slice it installed (a
+    /// settle or refund then corrects the slice); with none installed, the
+    /// charge is the check's own on the store.
+    pub(in crate::rate) fn charged(lease: &Option<Taking>, mut d: Decision) -> Decision {
+        let installed = lease
+            .as_ref()
+            .map_or(0, |t| t.installed.load(Ordering::Relaxed));
+        if installed != 0 {
+            d.charge = d.charge.map(|c| Charge {
+                slice: installed,
+                ..c
+            });
+        }
+        d
     }
 }
 
@@ -396,7 +478,7 @@ impl Drop for Taking {
 /// Gives back `s`'s unused units in the background (nothing without a
 /// runtime: they return as the quota refills).
 fn give_back_later(limiter: &RateLimiter, s: Slice) {
-    if s.left == 0 {
+    if s.used() == s.charge.cost {
         return;
     }
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -404,13 +486,15 @@ fn give_back_later(limiter: &RateLimiter, s: Slice) {
     }
 }
 
-/// Settles the slice's charge to the units it served: one round trip, at
-/// most once (the bucket's give-back rules apply).
+/// Settles the slice's charge to the units it served, less the refunds,
+/// plus what settles over their charges took beyond it (a debt, bounded by
+/// the limiter's `max_debt`): one round trip, at most once (the bucket's
+/// give-back rules apply).
 async fn give_back(limiter: RateLimiter, s: Slice) {
-    if s.left == 0 {
+    let used = s.used();
+    if used == s.charge.cost {
         return;
     }
-    let used = s.charge.cost - s.left;
     let digest = s.subject.digest();
     match limiter.settle(s.subject, &s.charge, used).await {
         Ok(done) => {

@@ -27,11 +27,16 @@ mod book;
 
 use std::time::Duration;
 
-pub(super) use book::{Leases, Served, Taking};
+pub(super) use book::{Leases, Taking};
 
-use super::RateLimiter;
+use futures_util::future::BoxFuture;
+
+use book::Served;
+
+use super::{Charge, Decision, RateLimiter, Settlement};
 use crate::error::{Error, Result};
-use crate::store::Algorithm;
+use crate::keyspace::Subject;
+use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 
 /// How a limiter leases quota for its hot subjects (opt in with
 /// [`RateLimiterBuilder::quota_leases`](super::RateLimiterBuilder::quota_leases)).
@@ -41,17 +46,31 @@ use crate::store::Algorithm;
 /// a cold subject never leases. A hot subject's slice is its local rate ×
 /// [`target`](Self::target), at most 1/[`max_share`](Self::max_share) of its
 /// smallest quota's capacity; the store grants what is available up to that
-/// (at least a quarter of it, else it refuses as a check of that many would,
-/// with that check's retry-after). A slice serves for at most
+/// when it is at least a quarter of it, else the call is the check's own
+/// (its cost, its decision and retry-after; no slice). A slice serves for at most
 /// [`max_age`](Self::max_age), and a fixed window's never past the end of
 /// the window its units were counted in.
 ///
 /// A decision served from a slice reports what this instance knows:
 /// `remaining` is the units left in its slice, `reset_after` and the
 /// quotas' `next_after` are the store's figures as of the take, less the
-/// time since; its source is [`DecisionSource::Lease`](super::DecisionSource::Lease)
-/// and it carries no charge (a refund or settle has nothing to correct: the
-/// slice's unused units go back when it ends).
+/// time since; its source is [`DecisionSource::Lease`](super::DecisionSource::Lease).
+/// Its charge names the slice: while the slice lives, a
+/// [`refund`](RateLimiter::refund) or a settle under the charge puts the
+/// units back into it, a settle over the charge takes the difference from
+/// it, and what the slice does not hold is owed to the store (a debt, at
+/// most [`max_debt`](super::RateLimiterBuilder::max_debt)) when it ends.
+/// Once the slice has ended, a settle over the charge is a debt on the
+/// store at once, and a give-back is dropped (`applied == false`: an
+/// under-admission, never an over-admission). Each served charge is
+/// settled at most once while its slice lives, and a debt on the store at
+/// most once afterwards.
+///
+/// A check whose take installs no slice (too few units were available: it
+/// was an ordinary check of its cost) carries its own charge on the store,
+/// as without leases; so does any check decided by the failure policy.
+/// [`acquire`](RateLimiter::acquire) never leases nor is served from a
+/// slice: its wait and order are the store's.
 ///
 /// An operator's reset or block (and a missed admin message) drops the
 /// subject's slices on every instance, without giving them back.
@@ -144,6 +163,85 @@ impl QuotaLeases {
             ));
         }
         Ok(())
+    }
+}
+
+impl RateLimiter {
+    /// [`settle`](RateLimiter::settle) of a charge served from a slice: in
+    /// the slice while it lives; after, a settle over the charge owes the
+    /// difference on the store (a fresh charge of 0 units under the served
+    /// charge's id, so a replay is refused there), and a give-back is a
+    /// settle that changes nothing (the subject's figures only).
+    pub(super) async fn settle_served(
+        &self,
+        subject: Subject,
+        charge: &Charge,
+        actual: u64,
+    ) -> Result<Settlement> {
+        let Some(leases) = &self.inner.leases else {
+            return Err(Error::InvalidConfig(
+                "this charge was served from another limiter's quota lease".into(),
+            ));
+        };
+        if let Some(done) = leases.settle_in_slice(&subject, charge, actual, self.local_now()) {
+            return Ok(done);
+        }
+        let owed = Charge {
+            cost: 0,
+            slice: 0,
+            ..*charge
+        };
+        let more = actual.saturating_sub(charge.cost);
+        Box::pin(self.settle_charge(subject, &owed, more)).await
+    }
+
+    /// Answers a check from `subject`'s live slice (`Ok`), or tells whether
+    /// the subject is hot enough to lease (`Err`).
+    pub(super) fn serve_leased(
+        &self,
+        subject: &Subject,
+        cost: u64,
+        max_wait_micros: u64,
+    ) -> std::result::Result<Decision, bool> {
+        match &self.inner.leases {
+            Some(leases) => {
+                match leases.serve(self, subject, cost, max_wait_micros, self.local_now()) {
+                    Served::Yes(d) => Ok(d),
+                    Served::No { hot } => Err(hot),
+                }
+            }
+            None => Err(false),
+        }
+    }
+
+    /// The take a hot subject's check makes, if any (see [`Leases::begin`]).
+    pub(super) fn begin_lease(&self, hot: bool, subject: &Subject, cost: u64) -> Option<Taking> {
+        let leases = self.inner.leases.as_ref().filter(|_| hot)?;
+        leases.begin(subject, cost, self.local_now())
+    }
+}
+
+/// A check's call at once on a store in process: the take when it leases.
+pub(super) fn check_now(
+    lease: &Option<Taking>,
+    backend: &dyn RateBackend,
+    request: &RateRequest,
+) -> Option<Result<RateReply>> {
+    match lease {
+        Some(taking) => taking.call_now(backend, request),
+        None => backend.check_rate_now(request),
+    }
+}
+
+/// A check's round trip: the take when it leases.
+pub(super) fn check<'a>(
+    lease: &'a Option<Taking>,
+    backend: &'a dyn RateBackend,
+    request: &'a RateRequest,
+) -> BoxFuture<'a, Result<RateReply>> {
+    match lease {
+        Some(taking) => taking.call(backend, request),
+        None => backend.check_rate(request),
     }
 }
 
