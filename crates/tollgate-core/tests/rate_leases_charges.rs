@@ -1,13 +1,13 @@
 //! Quota leases and what a decision carries: a served decision's charge
 //! (refund and settle in both directions, before and after its slice
 //! ends), a take that finds too few units (an ordinary check), `acquire`
-//! (never leased) and the `Backend` enum.
+//! (never leased), the `Backend` enum and a give-back after a reset.
 
 use std::time::Duration;
 
 use tollgate_core::{
     Algorithm, Backend, DecisionSource, ManualClock, MemoryBackend, Quota, QuotaLeases,
-    RateBackend, RateLimiter, RedisBackend,
+    RateBackend, RateLimiter, RedisBackend, Subject,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -259,4 +259,31 @@ async fn served_charges_after_their_slice_ended() {
         );
         assert_eq!(remaining(&peer, "ended").await, before - 4, "{kind}");
     }
+}
+
+/// A give-back still on its way when a reset is heard is skipped: the
+/// units it would return were counted before the reset.
+#[tokio::test]
+async fn a_give_back_after_a_reset_is_skipped() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (limiter, peer) = pair(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+        Quota::per_hour(1_000),
+        &clock,
+        long_leases().max_age(Duration::from_millis(50)),
+    );
+    let subject = Subject::new("reset");
+    for _ in 0..20 {
+        limiter.check(subject.clone()).await.unwrap();
+    }
+    clock.advance(Duration::from_millis(60));
+    // Ends the aged slice (its give-back spawned, not yet run).
+    limiter.check_n(subject.clone(), 0).await.unwrap();
+    limiter.reset(&subject).await.unwrap();
+    for _ in 0..30 {
+        assert!(peer.check(subject.clone()).await.unwrap().allowed);
+    }
+    let_spawned_run().await;
+    assert_eq!(remaining(&peer, "reset").await, 1_000 - 30);
 }

@@ -39,8 +39,9 @@ struct Book {
     /// The window of the last sweep of a full map (one per window: a map
     /// full of live subjects is not scanned again for each new one).
     swept: AtomicU64,
-    /// Bumped by every revocation: a take sent before one installs nothing.
-    revoked: AtomicU64,
+    /// Bumped by every revocation: a take sent before one installs nothing,
+    /// a give-back sent after one is skipped.
+    revoked: Arc<AtomicU64>,
 }
 
 /// One subject on this instance: its recent checks and its slice.
@@ -65,6 +66,9 @@ struct Slice {
     extra: u64,
     /// The served charges settled or refunded (each at most once).
     settled: HashSet<u64>,
+    /// The revocation count when it was taken (see [`Book::revoked`]).
+    epoch: u64,
+    revoked: Arc<AtomicU64>,
     /// Local time (the limiter's clock) before the take was sent.
     taken_at: u64,
     expires_at: u64,
@@ -138,7 +142,7 @@ impl Leases {
                 most,
                 subjects: Mutex::new(HashMap::new()),
                 swept: AtomicU64::new(u64::MAX),
-                revoked: AtomicU64::new(0),
+                revoked: Arc::new(AtomicU64::new(0)),
             }),
             returner,
         }
@@ -430,6 +434,8 @@ impl Taking {
             left,
             extra: 0,
             settled: HashSet::new(),
+            epoch: self.epoch,
+            revoked: Arc::clone(&book.revoked),
             taken_at: self.started,
             expires_at: self.started.saturating_add(age),
             outcomes: reply.outcomes.clone(),
@@ -489,10 +495,11 @@ fn give_back_later(limiter: &RateLimiter, s: Slice) {
 /// Settles the slice's charge to the units it served, less the refunds,
 /// plus what settles over their charges took beyond it (a debt, bounded by
 /// the limiter's `max_debt`): one round trip, at most once (the bucket's
-/// give-back rules apply).
+/// give-back rules apply). Skipped after a revocation: the store was reset
+/// since the take (the units were not counted there any more).
 async fn give_back(limiter: RateLimiter, s: Slice) {
     let used = s.used();
-    if used == s.charge.cost {
+    if used == s.charge.cost || s.revoked.load(Ordering::Acquire) != s.epoch {
         return;
     }
     let digest = s.subject.digest();

@@ -72,6 +72,9 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// [`acquire`](RateLimiter::acquire) never leases nor is served from a
 /// slice: its wait and order are the store's.
 ///
+/// A give-back not yet sent when any revocation is heard is skipped (the
+/// store may have been reset since the take: an under-admission at most).
+///
 /// An operator's reset or block (and a missed admin message) drops the
 /// subject's slices on every instance, without giving them back.
 ///
