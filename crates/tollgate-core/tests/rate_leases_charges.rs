@@ -1,7 +1,8 @@
 //! Quota leases and what a decision carries: a served decision's charge
 //! (refund and settle in both directions, before and after its slice
 //! ends), a take that finds too few units (an ordinary check), `acquire`
-//! (never leased), the `Backend` enum and a give-back after a reset.
+//! (never leased), the `Backend` enum, slices that age out unchecked, and
+//! a give-back after a reset.
 
 use std::time::Duration;
 
@@ -259,6 +260,41 @@ async fn served_charges_after_their_slice_ended() {
         );
         assert_eq!(remaining(&peer, "ended").await, before - 4, "{kind}");
     }
+}
+
+/// A slice that aged out is given back without waiting for its subject's
+/// next check (another subject's check sweeps it), and its tracker then
+/// makes room for another subject.
+#[tokio::test]
+async fn aged_out_slices_are_given_back_and_evicted() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let cap = 100_000;
+    let (limiter, peer) = pair(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+        Quota::per_hour(cap),
+        &clock,
+        long_leases()
+            .max_age(Duration::from_millis(50))
+            .tracked_subjects(1),
+    );
+    for _ in 0..40 {
+        limiter.check("a").await.unwrap();
+    }
+    assert!(remaining(&peer, "a").await < cap - 40, "a holds a slice");
+    clock.advance(Duration::from_millis(300));
+    let mut served_b = 0;
+    for _ in 0..40 {
+        let d = limiter.check("b").await.unwrap();
+        served_b += usize::from(d.source == DecisionSource::Lease);
+    }
+    let_spawned_run().await;
+    assert_eq!(
+        remaining(&peer, "a").await,
+        cap - 40,
+        "a's slice given back"
+    );
+    assert!(served_b > 0, "b found room to lease");
 }
 
 /// A give-back still on its way when a reset is heard is skipped: the

@@ -36,8 +36,7 @@ struct Book {
     /// The most units one slice takes.
     most: u64,
     subjects: Mutex<HashMap<String, Tracker>>,
-    /// The window of the last sweep of a full map (one per window: a map
-    /// full of live subjects is not scanned again for each new one).
+    /// The window of the last sweep (one per window: bounded work).
     swept: AtomicU64,
     /// Bumped by every revocation: a take sent before one installs nothing,
     /// a give-back sent after one is skipped.
@@ -164,7 +163,11 @@ impl Leases {
         let mut ended = Vec::new();
         let served = {
             let mut map = lock(&book.subjects);
-            let Some(t) = tracker(&mut map, subject, now, book) else {
+            let w = now / WINDOW_MICROS;
+            if book.swept.swap(w, Ordering::Relaxed) != w {
+                ended = sweep(&mut map, now, book.settings.subjects);
+            }
+            let Some(t) = tracker(&mut map, subject, book) else {
                 return Served::No { hot: false };
             };
             t.count(now);
@@ -307,30 +310,37 @@ impl Drop for Leases {
     }
 }
 
-/// `subject`'s tracker, made if there is room: when the map is full, the
-/// trackers with no slice, no take and no check in the last window go first.
+/// `subject`'s tracker, made if there is room (see [`sweep`]).
 fn tracker<'m>(
     map: &'m mut HashMap<String, Tracker>,
     subject: &Subject,
-    now: u64,
     book: &Book,
 ) -> Option<&'m mut Tracker> {
     let key = subject.as_encoded();
     if !map.contains_key(key) {
-        let most = book.settings.subjects;
-        if map.len() >= most {
-            let w = now / WINDOW_MICROS;
-            // Under the map's lock: no other sweep races this one.
-            if book.swept.swap(w, Ordering::Relaxed) != w {
-                map.retain(|_, t| t.slice.is_some() || t.taking || t.window + 1 >= w);
-            }
-            if map.len() >= most {
-                return None;
-            }
+        if map.len() >= book.settings.subjects {
+            return None;
         }
         map.insert(key.to_owned(), Tracker::default());
     }
     map.get_mut(key)
+}
+
+/// Once per window: takes out the slices that aged out (to be given back
+/// without waiting for their subject's next check) and, when the map is
+/// full, drops the trackers with no slice, no take and no check in the
+/// last window.
+fn sweep(map: &mut HashMap<String, Tracker>, now: u64, most: usize) -> Vec<Slice> {
+    let aged = map
+        .values_mut()
+        .filter(|t| t.slice.as_ref().is_some_and(|s| now >= s.expires_at))
+        .filter_map(|t| t.slice.take())
+        .collect();
+    if map.len() >= most {
+        let w = now / WINDOW_MICROS;
+        map.retain(|_, t| t.slice.is_some() || t.taking || t.window + 1 >= w);
+    }
+    aged
 }
 
 impl Book {

@@ -72,8 +72,12 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// [`acquire`](RateLimiter::acquire) never leases nor is served from a
 /// slice: its wait and order are the store's.
 ///
-/// A give-back not yet sent when any revocation is heard is skipped (the
-/// store may have been reset since the take: an under-admission at most).
+/// Slices that aged out are given back once per 100 ms window by whichever
+/// check comes next (any subject's), without waiting for their own
+/// subject's, and their trackers are then evictable. A give-back not yet
+/// sent when any revocation is heard is skipped (the store may have been
+/// reset since the take; one already sent may still land after it: an
+/// under-admission at most either way).
 ///
 /// An operator's reset or block (and a missed admin message) drops the
 /// subject's slices on every instance, without giving them back.
