@@ -76,8 +76,9 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// check comes next (any subject's), without waiting for their own
 /// subject's, and their trackers are then evictable. A give-back not yet
 /// sent when any revocation is heard is skipped (the store may have been
-/// reset since the take; one already sent may still land after it: an
-/// under-admission at most either way).
+/// reset since the take); one already sent when a reset lands may still
+/// be applied after it, and a fixed window may then admit up to that
+/// slice's unused units more in the window of the reset.
 ///
 /// An operator's reset or block (and a missed admin message) drops the
 /// subject's slices on every instance, without giving them back.
