@@ -323,3 +323,33 @@ async fn a_give_back_after_a_reset_is_skipped() {
     let_spawned_run().await;
     assert_eq!(remaining(&peer, "reset").await, 1_000 - 30);
 }
+
+/// A take on its way when a revocation is heard installs no slice: the
+/// check it carries is answered, and the subject's next check is not
+/// served from the take's units.
+#[tokio::test]
+async fn a_take_in_flight_during_a_revocation_installs_nothing() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(Quota::per_hour(100_000))
+        .name("in-flight")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let subject = Subject::new("hot");
+    for _ in 0..4 {
+        let d = limiter.check(subject.clone()).await.unwrap();
+        assert_eq!(d.source, DecisionSource::Backend);
+    }
+    // The fifth makes the subject hot: its call is the take.
+    let Err(take) = limiter.try_check_now(&subject, 1) else {
+        panic!("a check on Redis needs a round trip");
+    };
+    limiter.reset(&subject).await.unwrap();
+    let d = take.send().await.unwrap();
+    assert!(d.allowed, "{d:?}");
+    assert!(d.charge.is_some(), "its own charge: {d:?}");
+    let next = limiter.check(subject.clone()).await.unwrap();
+    assert_ne!(next.source, DecisionSource::Lease, "{next:?}");
+}
