@@ -9,7 +9,7 @@
 //! machines this runs on are shared and absolute numbers drift.
 //!
 //! Subcommands run one item each (`latency`, `throughput`, `cpu`, `coalesce`, `memory`,
-//! `http`, `micro`, `flood`, `locks`, `peers`, `idempotency`) or all of them (`all`); `serve` is the
+//! `http`, `micro`, `flood`, `locks`, `peers`, `idempotency`, `leases`) or all of them (`all`); `serve` is the
 //! HTTP server that `http` starts once per variant. `soak` (issue #16) is not a benchmark: a bounded
 //! chaos run against Redis servers it starts itself, which exits non-zero on a violation.
 #![forbid(unsafe_code)]
@@ -20,6 +20,7 @@ mod flood;
 mod http;
 mod idempotency;
 mod latency;
+mod leases;
 mod locks;
 mod memory;
 mod micro;
@@ -55,7 +56,7 @@ enum Cmd {
         peers: peers::PeerOpts,
         #[command(flatten)]
         http: http::HttpOpts,
-        /// Items to skip (comma-separated: latency,throughput,cpu,coalesce,memory,http,micro,flood,locks,peers,idempotency,settle).
+        /// Items to skip (comma-separated: latency,throughput,cpu,coalesce,memory,http,micro,flood,locks,peers,idempotency,settle,leases).
         #[arg(long, value_delimiter = ',')]
         skip: Vec<String>,
         /// Also write the Markdown report to this file.
@@ -90,6 +91,8 @@ enum Cmd {
     Idempotency(Opts),
     /// Settles (issue #26): Redis CPU and round trips of a settle beside a check and a refund.
     Settle(Opts),
+    /// Quota leases (issue #25): one hot subject, 4 instances, leases on vs the exact limiter.
+    Leases(Opts),
     /// 7. Peers: rate-limiter-flexible (node) and limits (Python).
     Peers {
         #[command(flatten)]
@@ -215,6 +218,9 @@ fn all(
     if !skipped("settle") {
         push("settle", rt.block_on(settle::run(opts)));
     }
+    if !skipped("leases") {
+        push("leases", rt.block_on(leases::run(opts)));
+    }
     if !skipped("peers") {
         push("peers", rt.block_on(peers::run(opts, peer)));
     }
@@ -238,6 +244,7 @@ fn main() {
         Cmd::Memory(o) => one(runtime().block_on(memory::run(o))),
         Cmd::Http { opts, http } => one(http::run(opts, http)),
         Cmd::Micro(o) => one(runtime().block_on(micro::run(o))),
+        Cmd::Leases(o) => one(runtime().block_on(leases::run(o))),
         Cmd::Flood(o) => one(runtime().block_on(flood::run(o))),
         Cmd::Locks(o) => one(runtime().block_on(locks::run(o))),
         Cmd::Idempotency(o) => one(runtime().block_on(idempotency::run(o))),

@@ -11,8 +11,9 @@ use crate::memory::MemoryBackend;
 use crate::redis::RedisBackend;
 use crate::store::{
     AcquireReply, AcquireRequest, AdminBackend, ClaimReply, ClaimRequest, FencingToken,
-    IdempotencyBackend, InFlightRecord, LockBackend, LockHolder, LockKeys, RateBackend, RateReply,
-    RateRequest, RecordKeys, ReleaseEvents, SettleReply, SettleRequest, StoredResponse,
+    IdempotencyBackend, InFlightRecord, LeaseReply, LeaseSize, LockBackend, LockHolder, LockKeys,
+    RateBackend, RateReply, RateRequest, RecordKeys, ReleaseEvents, SettleReply, SettleRequest,
+    StoredResponse,
 };
 
 /// The store an application picked: this process's memory, or Redis
@@ -183,6 +184,22 @@ impl RateBackend for Backend {
 
     fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
         self.rate().settle_rate_now(request)
+    }
+
+    fn supports_leases(&self) -> bool {
+        self.rate().supports_leases()
+    }
+
+    fn lease_rate<'a>(
+        &'a self,
+        request: &'a RateRequest,
+        size: LeaseSize,
+    ) -> BoxFuture<'a, Result<LeaseReply>> {
+        self.rate().lease_rate(request, size)
+    }
+
+    fn lease_rate_now(&self, request: &RateRequest, size: LeaseSize) -> Option<Result<LeaseReply>> {
+        self.rate().lease_rate_now(request, size)
     }
 
     fn local_rate(&self) -> Arc<dyn RateBackend> {

@@ -50,7 +50,7 @@ pub use lock::{
 pub use memory::MemoryBackend;
 pub use rate::{
     Algorithm, Charge, Decision, DecisionSource, PendingCheck, Quota, QuotaDecision,
-    QuotaDecisions, RateLimiter, RateLimiterBuilder, Settlement,
+    QuotaDecisions, QuotaLeases, RateLimiter, RateLimiterBuilder, Settlement,
 };
 pub use rate::{Plan, PlanTable, PlanTableBuilder, Plans};
 #[cfg(feature = "sentinel")]

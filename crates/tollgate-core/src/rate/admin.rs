@@ -77,6 +77,10 @@ impl RateLimiter {
             if let Some(cache) = &inner.deny_cache {
                 cache.clear();
             }
+            // Whatever was missed may have been a reset or a block.
+            if let Some(leases) = &inner.leases {
+                leases.revoke(None);
+            }
             return;
         }
         let Some(notice) = Notice::parse(message) else {
@@ -90,6 +94,11 @@ impl RateLimiter {
         };
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&self.keys_for(&subject)[0]);
+        }
+        // A reset or block ends the subject's quota leases (their units were
+        // taken before it: not given back); an unblock leaves none to end.
+        if let (Some(leases), Action::Reset | Action::Block) = (&inner.leases, notice.action) {
+            leases.revoke(Some(&subject));
         }
         // The local fallback decides while the store is down: it gets the
         // same reset or block (its store is in process: done at once).
@@ -106,6 +115,14 @@ impl RateLimiter {
             }
         }
         tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), action = ?notice.action, "heard an admin action");
+    }
+
+    /// Ends this instance's quota leases of `subject` at once (the others
+    /// hear the action's message).
+    fn revoke_leases(&self, subject: &Subject) {
+        if let Some(leases) = &self.inner.leases {
+            leases.revoke(Some(subject));
+        }
     }
 
     fn operated(&self) -> Result<&Operated> {
@@ -218,6 +235,7 @@ impl RateLimiter {
         self.traced(Action::Reset, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store.delete(&self.keys_for(subject)).await?;
+            self.revoke_leases(subject);
             self.announce(Action::Reset, subject, None).await
         })
         .await
@@ -238,6 +256,7 @@ impl RateLimiter {
             store
                 .set_block(&self.block_key_for(subject), duration)
                 .await?;
+            self.revoke_leases(subject);
             self.announce(Action::Block, subject, Some(duration)).await
         })
         .await

@@ -8,6 +8,7 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 
 use super::deny_cache::DenyCache;
+use super::lease::{Leases, QuotaLeases};
 use super::limiter::{Inner, Operated, RateLimiter, DEFAULT_TIMEOUT};
 use super::refund::unclaimed;
 use super::{Algorithm, Quota, MAX_LOG_LIMIT};
@@ -45,6 +46,7 @@ impl RateLimiter {
             deny_cache: DEFAULT_DENY_CACHE,
             max_debt: None,
             register: true,
+            leases: None,
         }
     }
 
@@ -82,6 +84,8 @@ pub struct RateLimiterBuilder {
     /// Whether it registers itself (the operator plane's own rebuilt
     /// limiters and local fallbacks do not).
     register: bool,
+    /// Quota leases of hot subjects, when opted in.
+    leases: Option<QuotaLeases>,
 }
 
 impl fmt::Debug for RateLimiterBuilder {
@@ -164,6 +168,17 @@ impl RateLimiterBuilder {
         self
     }
 
+    /// Leases quota for hot subjects ([`QuotaLeases`]): a subject this
+    /// instance checks often is answered from units taken on the backend
+    /// in one call, without a round trip per check. Token bucket, GCRA and
+    /// fixed window only (the sliding windows are refused at build). On a
+    /// backend without leases ([`RateBackend::supports_leases`](crate::RateBackend::supports_leases)),
+    /// every check is an ordinary one. Off by default.
+    pub fn quota_leases(mut self, leases: QuotaLeases) -> Self {
+        self.leases = Some(leases);
+        self
+    }
+
     /// Not written into the operator plane's registry (it still hears
     /// admin actions and honours blocks).
     pub(crate) fn unregistered(mut self) -> Self {
@@ -202,6 +217,9 @@ impl RateLimiterBuilder {
                     "{q:?}: limit × period in µs must stay below 2^53 for exact arithmetic"
                 )));
             }
+        }
+        if let Some(leases) = &self.leases {
+            leases.validate(self.algorithm)?;
         }
         let name = match self.name {
             Some(n) => n,
@@ -247,6 +265,34 @@ impl RateLimiterBuilder {
             store,
             tally: Arc::default(),
         });
+        let leases = match self.leases {
+            // A backend without leases checks every subject as usual.
+            Some(settings) if self.backend.supports_leases() => {
+                let mut b = RateLimiter::builder(Arc::clone(&self.backend), self.algorithm)
+                    .prefix(keyspace.prefix())
+                    .name(keyspace.policy())
+                    .timeout(self.timeout)
+                    .deny_cache(0)
+                    .unregistered();
+                if let Some(clock) = &self.clock {
+                    b.clock = Some(Arc::clone(clock));
+                }
+                if let Some(debt) = self.max_debt {
+                    b = b.max_debt(debt);
+                }
+                for q in quotas.iter() {
+                    b = b.quota(*q);
+                }
+                let returner = b.build()?;
+                Some(Leases::new(
+                    settings,
+                    self.algorithm,
+                    Arc::clone(&quotas),
+                    returner,
+                ))
+            }
+            _ => None,
+        };
         let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
@@ -267,6 +313,7 @@ impl RateLimiterBuilder {
                 deny_cache,
                 unclaimed,
                 operated,
+                leases,
             }),
         };
         limiter.operate(self.register);

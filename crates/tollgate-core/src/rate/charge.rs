@@ -29,6 +29,9 @@ pub struct Charge {
     /// The digest of the key it was taken under ([`key_digest`]): a charge
     /// refunds only its own subject on its own limiter.
     pub(crate) key: u64,
+    /// The quota lease slice it was served from (0: none), whose units a
+    /// settle or refund corrects while the slice lives.
+    pub(crate) slice: u64,
 }
 
 impl Charge {
@@ -93,5 +96,6 @@ pub(super) fn charge_of(
         span_micros: algorithm.refund_span(d),
         local: false,
         key: key_digest(&request.keys[0]),
+        slice: 0,
     })
 }

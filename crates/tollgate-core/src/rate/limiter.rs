@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::charge::{charge_of, next_id};
 use super::deny_cache::DenyCache;
+use super::lease::{self, Taking};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -72,6 +73,8 @@ pub(super) struct Inner {
     pub(super) unclaimed: Unclaimed,
     /// The operator plane of the store, if it has one.
     pub(super) operated: Option<Operated>,
+    /// Quota leases of hot subjects, when opted in.
+    pub(super) leases: Option<super::lease::Leases>,
 }
 
 impl fmt::Debug for RateLimiter {
@@ -230,6 +233,11 @@ impl RateLimiter {
                 return Ok(Err(Error::CostExceedsCapacity { cost, capacity }));
             }
         }
+        // A subject with a live quota lease is answered from it.
+        let hot = match self.serve_leased(subject, cost, max_wait_micros) {
+            Ok(d) => return Ok(Ok(d)),
+            Err(hot) => hot,
+        };
         let keys = take_keys(inner, subject);
         // A limiter's own clock times the decision and is its local time
         // too: read once.
@@ -265,6 +273,7 @@ impl RateLimiter {
             return_keys(keys);
             return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
         }
+        let lease = self.begin_lease(hot, subject, cost);
         let mut keys = keys;
         add_block_key(inner, subject, &mut keys);
         let request = RateRequest {
@@ -279,13 +288,17 @@ impl RateLimiter {
             deadline: None,
             unclaimed: None,
         };
-        match inner.backend.check_rate_now(&request) {
+        match lease::check_now(&lease, &*inner.backend, &request) {
             Some(outcome) => {
                 let decision = self.conclude(subject, sent_at, &request, outcome);
                 return_keys(request.keys);
-                Ok(decision)
+                Ok(decision.map(|d| Taking::charged(&lease, d)))
             }
-            None => Err(Prepared { request, sent_at }),
+            None => Err(Prepared {
+                request,
+                sent_at,
+                lease,
+            }),
         }
     }
 
@@ -305,8 +318,8 @@ impl RateLimiter {
                 store = inner.backend.kind(),
                 cost = prepared.request.cost,
             );
-            let mut call =
-                tracing::Instrument::instrument(inner.backend.check_rate(&prepared.request), span);
+            let call = lease::check(&prepared.lease, &*inner.backend, &prepared.request);
+            let mut call = tracing::Instrument::instrument(call, span);
             // A backend that answers on the first poll needs no timer (and
             // then none is required of the runtime).
             match futures_util::poll!(&mut call) {
@@ -317,6 +330,7 @@ impl RateLimiter {
             }
         };
         self.conclude(subject, prepared.sent_at, &prepared.request, outcome)
+            .map(|d| Taking::charged(&prepared.lease, d))
     }
 
     /// Turns the backend's answer (or failure) into a decision.
@@ -543,6 +557,8 @@ struct Prepared {
     request: RateRequest,
     /// Local time before sending, for the deny cache.
     sent_at: u64,
+    /// The quota lease this check takes, if it takes one.
+    lease: Option<Taking>,
 }
 
 impl PendingCheck {

@@ -45,6 +45,7 @@ mod admin;
 pub(crate) mod builder;
 mod charge;
 mod deny_cache;
+mod lease;
 mod limiter;
 pub mod plans;
 mod quota_decisions;
@@ -61,6 +62,7 @@ pub use crate::failure::FailurePolicy;
 pub use crate::quota::Quota;
 pub use crate::store::{Algorithm, Outcome};
 pub use charge::Charge;
+pub use lease::QuotaLeases;
 pub use limiter::{PendingCheck, RateLimiter, DEFAULT_TIMEOUT};
 pub use plans::{Plan, PlanTable, PlanTableBuilder, Plans};
 pub use quota_decisions::QuotaDecisions;
@@ -147,6 +149,9 @@ pub enum DecisionSource {
     FailOpen,
     /// The backend failed and the local fallback limiter decided.
     Fallback,
+    /// Served from this instance's quota lease of the subject (units taken
+    /// on the backend before; see [`QuotaLeases`]).
+    Lease,
 }
 
 /// The answer to one check: admitted or not, and the figures to report.

@@ -178,6 +178,9 @@ impl RateLimiter {
                 "this charge was taken for another subject or by another limiter".into(),
             ));
         }
+        if charge.slice != 0 {
+            return self.settle_served(subject, charge, actual).await;
+        }
         let gives = actual < charge.cost;
         if let (true, Some(cache)) = (gives, &inner.deny_cache) {
             cache.remove(&keys[0]);

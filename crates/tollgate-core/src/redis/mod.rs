@@ -23,6 +23,7 @@ mod conn;
 mod holders;
 mod idempotency;
 mod lean;
+mod lease;
 mod lock;
 mod permits;
 mod pubsub;

@@ -20,7 +20,8 @@ use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
 use crate::quota::Quota;
 use crate::store::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
+    Algorithm, LeaseReply, LeaseSize, Outcome, Outcomes, RateBackend, RateReply, RateRequest,
+    SettleReply, SettleRequest,
 };
 
 /// How rate checks are sent: on the connection, each with its deadline on
@@ -50,7 +51,7 @@ impl RateCalls {
     }
 
     /// The request's deadline on the server's clock, if both are known.
-    fn deadline(&self, req: &RateRequest) -> Option<u64> {
+    pub(super) fn deadline(&self, req: &RateRequest) -> Option<u64> {
         // A check on the client's clock is decided at the time it carries:
         // the script reads no server time to compare a deadline with.
         if req.now_micros.is_some() {
@@ -61,7 +62,7 @@ impl RateCalls {
 
     /// A check's reply, teaching the server's clock (a late one too: its
     /// `now` is a reading of that clock like any other).
-    fn reply(&self, value: Value, req: &RateRequest) -> Result<RateReply> {
+    pub(super) fn reply(&self, value: Value, req: &RateRequest) -> Result<RateReply> {
         let (reply, now) = match parse_rate_reply(value, req.quotas.len())? {
             Parsed::Decided(reply) => {
                 let now = reply.now_micros;
@@ -231,7 +232,7 @@ fn fill_check(cmd: &mut Cmd, req: &RateRequest, deadline: Option<u64>) {
 /// Each quota's two arguments, as the scripts' `interval_of` reads them:
 /// the limit or burst, then the period or the exact emission interval
 /// (`<ticks>` or `<ticks>/<per_micro>`).
-fn quota_args(cmd: &mut Cmd, algorithm: Algorithm, quotas: &[Quota]) {
+pub(super) fn quota_args(cmd: &mut Cmd, algorithm: Algorithm, quotas: &[Quota]) {
     for q in quotas {
         let (a, b) = algorithm.params(q);
         cmd.arg(a);
@@ -385,6 +386,18 @@ impl RateBackend for RedisBackend {
             parse_settle_reply(value, req.quotas.len())
         }
         .boxed()
+    }
+
+    fn supports_leases(&self) -> bool {
+        true
+    }
+
+    fn lease_rate<'a>(
+        &'a self,
+        req: &'a RateRequest,
+        size: LeaseSize,
+    ) -> BoxFuture<'a, Result<LeaseReply>> {
+        self.lease(req, size).boxed()
     }
 
     fn local_rate(&self) -> std::sync::Arc<dyn RateBackend> {

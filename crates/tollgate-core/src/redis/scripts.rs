@@ -29,8 +29,9 @@ impl LuaScript {
 /// settle to 0) wraps the algorithm's check script as a function `check`,
 /// then runs the settle prelude, the algorithm's settle part and the
 /// epilogue that calls `check` with a cost of 0 (`lua/settle_reply.lua`):
-/// its figures come from the check's own code. Every script is sent whole,
-/// so each carries its preludes.
+/// its figures come from the check's own code. A quota lease wraps it the
+/// same way after a check's preludes, then runs `lua/rate_lease.lua`.
+/// Every script is sent whole, so each carries its preludes.
 macro_rules! rate_body {
     (check $file:literal $($state:literal)?) => {
         concat!(
@@ -53,6 +54,19 @@ macro_rules! rate_body {
             include_str!("../../lua/settle_prelude.lua"),
             include_str!(concat!("../../lua/", $file, "_settle.lua")),
             include_str!("../../lua/settle_reply.lua")
+        )
+    };
+    (lease $file:literal $($state:literal)?) => {
+        concat!(
+            include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_deadline.lua"),
+            include_str!("../../lua/rate_prelude.lua"),
+            $(include_str!(concat!("../../lua/", $state, ".lua")),)?
+            include_str!("../../lua/rate_block.lua"),
+            "local function check(KEYS, ARGV)\n",
+            include_str!(concat!("../../lua/", $file, ".lua")),
+            "\nend\n",
+            include_str!("../../lua/rate_lease.lua")
         )
     };
     (batched $file:literal) => {
@@ -99,6 +113,16 @@ macro_rules! rate_scripts {
             match algorithm {
                 $(Algorithm::$alg => {
                     static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(settle $file $($state)?)));
+                    &S
+                })*
+            }
+        }
+
+        /// An algorithm's quota lease script (`lua/rate_lease.lua` over its check).
+        pub(crate) fn lease(algorithm: Algorithm) -> &'static LuaScript {
+            match algorithm {
+                $(Algorithm::$alg => {
+                    static S: LazyLock<LuaScript> = LazyLock::new(|| LuaScript::new(rate_body!(lease $file $($state)?)));
                     &S
                 })*
             }
@@ -238,6 +262,32 @@ mod tests {
             assert!(BATCH_BODY.contains(state(alg)), "{alg:?}");
             let function = format!("local function {name}(KEYS, ARGV)\n{own}\nend\n");
             assert!(BATCH_BODY.contains(&function), "{alg:?}");
+        }
+    }
+
+    /// A quota lease runs the algorithm's own check script (no second copy
+    /// of its arithmetic), after a check's preludes, then rate_lease.lua.
+    #[test]
+    fn a_lease_wraps_each_algorithms_own_check() {
+        let preludes = concat!(
+            include_str!("../../lua/rate_args.lua"),
+            include_str!("../../lua/rate_deadline.lua"),
+            include_str!("../../lua/rate_prelude.lua"),
+        );
+        let block = include_str!("../../lua/rate_block.lua");
+        for alg in Algorithm::ALL {
+            let state = state(alg);
+            let own = check(alg)
+                .body
+                .strip_prefix(preludes)
+                .and_then(|rest| rest.strip_prefix(state))
+                .and_then(|rest| rest.strip_prefix(block))
+                .expect("the preludes");
+            let expected = format!(
+                "{preludes}{state}{block}local function check(KEYS, ARGV)\n{own}\nend\n{}",
+                include_str!("../../lua/rate_lease.lua")
+            );
+            assert_eq!(lease(alg).body, expected, "{alg:?}");
         }
     }
 }

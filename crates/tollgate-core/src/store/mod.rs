@@ -28,6 +28,6 @@ pub use self::lock::{
     ReleaseEvents,
 };
 pub use self::rate::{
-    Algorithm, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
-    Unclaimed,
+    Algorithm, LeaseReply, LeaseSize, Outcome, Outcomes, RateBackend, RateReply, RateRequest,
+    SettleReply, SettleRequest, Unclaimed,
 };

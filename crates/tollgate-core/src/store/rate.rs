@@ -298,6 +298,35 @@ impl SettleReply {
     }
 }
 
+/// A backend's answer to a quota lease ([`RateBackend::lease_rate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseReply {
+    /// Units taken on every quota (0: none leased; the reply is then an
+    /// ordinary check's of the request's cost).
+    pub granted: u64,
+    /// The take's reply, as a check of `granted` units (of the request's
+    /// cost, when none were leased) replies it.
+    pub reply: RateReply,
+}
+
+impl LeaseReply {
+    /// A reply from its parts.
+    pub fn new(granted: u64, reply: RateReply) -> Self {
+        Self { granted, reply }
+    }
+}
+
+/// How many units a quota lease asks for ([`RateBackend::lease_rate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSize {
+    /// The most units to take (what is available, up to this).
+    pub want: u64,
+    /// The fewest worth taking, at least the request's cost: with fewer
+    /// available, the call is an ordinary check of the request's cost.
+    pub least: u64,
+}
+
 /// One [`Outcome`] per quota, the first held inline: a single-quota reply
 /// allocates nothing.
 pub type Outcomes = SmallVec<[Outcome; 1]>;
@@ -396,6 +425,39 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether this backend takes quota leases ([`lease_rate`](Self::lease_rate)):
+    /// a limiter on one that does not checks every subject as usual. The
+    /// default is `false`.
+    fn supports_leases(&self) -> bool {
+        false
+    }
+
+    /// A quota lease: in one atomic step, takes what is available of the
+    /// request's quotas up to `size.want` units (a check of that many), or,
+    /// when fewer than `size.least` are available, is an ordinary check of
+    /// the request's `cost` and grants nothing (`granted == 0`). The request
+    /// is a check's (its `cost` is what the caller needs now, at most
+    /// `size.least`; its wait is ignored). The default refuses.
+    fn lease_rate<'a>(
+        &'a self,
+        request: &'a RateRequest,
+        size: LeaseSize,
+    ) -> BoxFuture<'a, Result<LeaseReply>> {
+        let _ = (request, size);
+        Box::pin(async {
+            Err(crate::error::Error::InvalidConfig(
+                "this rate-limit backend does not support quota leases".into(),
+            ))
+        })
+    }
+
+    /// The lease at once when no I/O is needed, like
+    /// [`check_rate_now`](Self::check_rate_now). The default is `None`.
+    fn lease_rate_now(&self, request: &RateRequest, size: LeaseSize) -> Option<Result<LeaseReply>> {
+        let _ = (request, size);
+        None
+    }
+
     /// A store in this process to decide on while this one is down: the
     /// local limiter of [`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback).
     fn local_rate(&self) -> Arc<dyn RateBackend>;
@@ -426,6 +488,22 @@ impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
 
     fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
         (**self).settle_rate_now(request)
+    }
+
+    fn supports_leases(&self) -> bool {
+        (**self).supports_leases()
+    }
+
+    fn lease_rate<'a>(
+        &'a self,
+        request: &'a RateRequest,
+        size: LeaseSize,
+    ) -> BoxFuture<'a, Result<LeaseReply>> {
+        (**self).lease_rate(request, size)
+    }
+
+    fn lease_rate_now(&self, request: &RateRequest, size: LeaseSize) -> Option<Result<LeaseReply>> {
+        (**self).lease_rate_now(request, size)
     }
 
     fn local_rate(&self) -> Arc<dyn RateBackend> {

@@ -9,11 +9,13 @@ use super::{lock, Entry, MemoryBackend, Shard};
 use crate::error::Result;
 use crate::quota::Quota;
 use crate::store::{
-    Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply, SettleRequest,
+    LeaseReply, LeaseSize, Outcome, Outcomes, RateBackend, RateReply, RateRequest, SettleReply,
+    SettleRequest,
 };
 
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+mod lease;
 mod settle;
 pub(crate) mod sliding_window_counter;
 pub(crate) mod sliding_window_log;
@@ -211,6 +213,23 @@ impl RateBackend for MemoryBackend {
 
     fn settle_rate_now(&self, req: &SettleRequest) -> Option<Result<SettleReply>> {
         Some(Ok(self.settle_now(req)))
+    }
+
+    fn supports_leases(&self) -> bool {
+        true
+    }
+
+    fn lease_rate<'a>(
+        &'a self,
+        req: &'a RateRequest,
+        size: LeaseSize,
+    ) -> BoxFuture<'a, Result<LeaseReply>> {
+        let done = self.lease_now(req, size);
+        async move { Ok(done) }.boxed()
+    }
+
+    fn lease_rate_now(&self, req: &RateRequest, size: LeaseSize) -> Option<Result<LeaseReply>> {
+        Some(Ok(self.lease_now(req, size)))
     }
 
     fn local_rate(&self) -> std::sync::Arc<dyn RateBackend> {

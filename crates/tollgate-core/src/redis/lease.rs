@@ -1,0 +1,56 @@
+//! Quota leases on a [`RedisBackend`]: one call of `lua/rate_lease.lua`
+//! over the algorithm's own check script (see [`scripts::lease`]).
+
+use redis::Value;
+
+use super::rate::quota_args;
+use super::scripts;
+use super::RedisBackend;
+use crate::error::{Error, Result};
+use crate::store::{LeaseReply, LeaseSize, RateRequest};
+
+impl RedisBackend {
+    /// Takes up to `size.want` units of the request's quotas (see
+    /// [`RateBackend::lease_rate`](crate::store::RateBackend::lease_rate)).
+    pub(super) async fn lease(&self, req: &RateRequest, size: LeaseSize) -> Result<LeaseReply> {
+        let deadline = self.rate.deadline(req);
+        let value = self
+            .invoke(scripts::lease(req.algorithm), |cmd| {
+                cmd.arg(req.keys.len());
+                for k in &req.keys {
+                    cmd.arg(k.as_str());
+                }
+                match req.now_micros {
+                    Some(now) => cmd.arg(now),
+                    None => cmd.arg(""),
+                };
+                cmd.arg(req.cost)
+                    .arg(format!("{}:{}", size.want, size.least));
+                quota_args(cmd, req.algorithm, &req.quotas);
+                if let Some(deadline) = deadline {
+                    cmd.arg(deadline);
+                }
+            })
+            .await?;
+        let Value::Array(mut items) = value else {
+            return Err(Error::Protocol(format!("a lease replied {value:?}")));
+        };
+        // {granted, then a check's reply}; a refusal before any take (late,
+        // blocked) is a check's reply alone, and starts below zero.
+        match items.first() {
+            Some(Value::Int(n)) if *n < 0 => {
+                let reply = self.rate.reply(Value::Array(items), req)?;
+                Ok(LeaseReply::new(0, reply))
+            }
+            Some(Value::Int(n)) => {
+                let granted = *n as u64;
+                items.remove(0);
+                let reply = self.rate.reply(Value::Array(items), req)?;
+                Ok(LeaseReply::new(granted, reply))
+            }
+            other => Err(Error::Protocol(format!(
+                "a lease replied {other:?} for granted"
+            ))),
+        }
+    }
+}

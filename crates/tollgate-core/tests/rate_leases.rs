@@ -1,0 +1,330 @@
+//! Quota leases on one process: what a hot subject is served from, what a
+//! cold one never does, the give-back, revocation by an operator's reset or
+//! block on every instance, and the algorithms that cannot lease.
+
+use std::time::{Duration, Instant};
+
+use tollgate_core::{
+    Algorithm, DecisionSource, Error, ManualClock, MemoryBackend, Quota, QuotaLeases, RateLimiter,
+    RedisBackend, Subject,
+};
+use tollgate_testkit::RedisServer;
+
+/// Polls `f` until it holds, for at most 10 s.
+async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Leases that stay for the whole test: hot after 5 checks, a slice of up
+/// to a minute of the subject's rate, living a minute.
+fn long_leases() -> QuotaLeases {
+    QuotaLeases::default()
+        .hot_checks(5)
+        .target(Duration::from_secs(60))
+        .max_age(Duration::from_secs(60))
+}
+
+/// The units a limiter without leases sees left (a check of cost 0).
+async fn remaining(peer: &RateLimiter, subject: &str) -> u64 {
+    peer.check_n(subject, 0).await.unwrap().remaining
+}
+
+#[test]
+fn the_sliding_windows_and_a_zero_age_cannot_lease() {
+    for alg in [Algorithm::SlidingWindowLog, Algorithm::SlidingWindowCounter] {
+        let built = RateLimiter::builder(MemoryBackend::new(), alg)
+            .quota(Quota::per_second(100))
+            .quota_leases(QuotaLeases::default())
+            .build();
+        assert!(
+            matches!(&built, Err(Error::InvalidConfig(m)) if m.contains("sliding window")),
+            "{alg:?}: {built:?}"
+        );
+    }
+    let built = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+        .quota(Quota::per_second(100))
+        .quota_leases(QuotaLeases::default().max_age(Duration::ZERO))
+        .build();
+    assert!(matches!(built, Err(Error::InvalidConfig(_))), "{built:?}");
+}
+
+/// On the memory store: a hot subject is served from its slice (no more
+/// than the quota holds), reports the units left in it, and once the quota
+/// is spent is refused with a retry-after.
+#[tokio::test]
+async fn a_hot_subject_is_served_from_its_slice_in_memory() {
+    for alg in [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let limiter = RateLimiter::builder(MemoryBackend::new(), alg)
+            .quota(Quota::per_hour(800))
+            .quota_leases(long_leases())
+            .build()
+            .unwrap();
+        let (mut admitted, mut leased, mut denied) = (0u64, 0u64, None);
+        for _ in 0..1000 {
+            let d = limiter.check("hot").await.unwrap();
+            if d.allowed {
+                admitted += 1;
+                if d.source == DecisionSource::Lease {
+                    leased += 1;
+                    assert_eq!(d.charge.map(|c| c.cost()), Some(1), "a served charge");
+                }
+            } else if denied.is_none() {
+                denied = Some(d);
+            }
+        }
+        // A slice is at most 1/8 of 800 = 100 units; fewer than a quarter
+        // of a slice (25) are left to nobody.
+        assert!(admitted <= 800, "{alg:?}: {admitted} admitted");
+        assert!(admitted > 800 - 25, "{alg:?}: {admitted} admitted");
+        assert!(leased > 700, "{alg:?}: only {leased} served from slices");
+        let denied = denied.expect("the quota ran out");
+        assert!(denied.retry_after.unwrap() > Duration::ZERO, "{denied:?}");
+    }
+}
+
+/// A fixed window's slice is never served past the end of the window its
+/// units were counted in: the next window admits no more than its limit.
+#[tokio::test]
+async fn a_fixed_windows_slice_ends_with_its_window() {
+    // 900 ms into a one-second window.
+    let clock = ManualClock::new(1_700_000_000_900_000);
+    let limiter = RateLimiter::builder(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+    )
+    .quota(Quota::per_second(100))
+    .clock(clock.clone())
+    .quota_leases(long_leases())
+    .build()
+    .unwrap();
+    let mut leased = false;
+    for _ in 0..10 {
+        leased |= limiter.check("hot").await.unwrap().source == DecisionSource::Lease;
+    }
+    assert!(leased, "a slice serves before the window ends");
+    clock.advance(Duration::from_millis(101));
+    let mut admitted = 0;
+    for _ in 0..300 {
+        admitted += u64::from(limiter.check("hot").await.unwrap().allowed);
+    }
+    assert!(admitted <= 100, "{admitted} admitted in the next window");
+}
+
+/// An instance tracks the rates of a bounded number of subjects: beyond
+/// it a subject is checked as a cold one, until trackers idle for a window
+/// make room.
+#[tokio::test]
+async fn rate_tracking_is_bounded() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let limiter = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), Algorithm::Gcra)
+        .quota(Quota::per_hour(100_000))
+        .clock(clock.clone())
+        .quota_leases(long_leases().tracked_subjects(2))
+        .build()
+        .unwrap();
+    let leased = async |subject: &str| {
+        let mut leased = 0;
+        for _ in 0..50 {
+            let d = limiter.check(subject).await.unwrap();
+            leased += usize::from(d.source == DecisionSource::Lease);
+        }
+        leased
+    };
+    assert!(leased("a").await > 0);
+    assert!(leased("b").await > 0);
+    assert_eq!(leased("c").await, 0, "no room to track c");
+    // Given back, a's and b's trackers hold no slice; idle past a window,
+    // they make room.
+    limiter.return_leases().await;
+    clock.advance(Duration::from_millis(300));
+    assert!(leased("c").await > 0, "room once a and b idled");
+}
+
+/// A served decision's `remaining` counts down the slice.
+#[tokio::test]
+async fn a_served_decision_reports_the_units_left_in_its_slice() {
+    let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::FixedWindow)
+        .quota(Quota::per_hour(800))
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let mut last = None;
+    for _ in 0..30 {
+        let d = limiter.check("hot").await.unwrap();
+        if d.source == DecisionSource::Lease {
+            if let Some(prev) = last {
+                assert_eq!(d.remaining + 1, prev, "one unit of the slice per check");
+            }
+            last = Some(d.remaining);
+        } else {
+            last = Some(d.remaining);
+        }
+    }
+    assert!(last.is_some_and(|r| r < 100), "{last:?}");
+}
+
+/// A subject checked less often than `hot_checks` per 100 ms never leases:
+/// one script call per check, and the store took exactly what was admitted.
+#[tokio::test]
+async fn a_cold_subject_never_leases() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let limiter = RateLimiter::builder(backend.clone(), Algorithm::FixedWindow)
+        .quota(Quota::per_hour(10_000))
+        .name("cold")
+        .quota_leases(QuotaLeases::default().hot_checks(20))
+        .build()
+        .unwrap();
+    let peer = RateLimiter::builder(backend, Algorithm::FixedWindow)
+        .quota(Quota::per_hour(10_000))
+        .name("cold")
+        .build()
+        .unwrap();
+    limiter.check("warm-up").await.unwrap();
+    let before = server.command_calls("evalsha");
+    for _ in 0..15 {
+        let d = limiter.check("cold").await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.source, DecisionSource::Backend);
+    }
+    assert_eq!(
+        server.command_calls("evalsha") - before,
+        15,
+        "a call per check"
+    );
+    assert_eq!(
+        remaining(&peer, "cold").await,
+        10_000 - 15,
+        "nothing leased"
+    );
+}
+
+/// A hot subject on Redis: a few script calls serve many checks, and
+/// `return_leases` gives back what the slice did not serve.
+#[tokio::test]
+async fn return_leases_gives_back_what_was_not_served() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_hour(100_000);
+    let limiter = RateLimiter::builder(backend.clone(), Algorithm::FixedWindow)
+        .quota(quota)
+        .name("back")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let peer = RateLimiter::builder(backend, Algorithm::FixedWindow)
+        .quota(quota)
+        .name("back")
+        .build()
+        .unwrap();
+    limiter.check("warm-up").await.unwrap();
+    let before = server.command_calls("evalsha");
+    for _ in 0..400 {
+        assert!(limiter.check("hot").await.unwrap().allowed);
+    }
+    let calls = server.command_calls("evalsha") - before;
+    assert!(calls < 40, "{calls} script calls for 400 checks");
+    assert!(
+        remaining(&peer, "hot").await < 100_000 - 400,
+        "the slice holds units not yet served"
+    );
+    limiter.return_leases().await;
+    assert_eq!(remaining(&peer, "hot").await, 100_000 - 400);
+}
+
+/// Dropping the last clone of a limiter gives back what its slices held
+/// (in the background).
+#[tokio::test]
+async fn a_dropped_limiter_gives_its_slices_back() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let quota = Quota::per_hour(100_000);
+    let limiter = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+        .quota(quota)
+        .name("dropped")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let peer = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(quota)
+        .name("dropped")
+        .build()
+        .unwrap();
+    for _ in 0..400 {
+        assert!(limiter.check("hot").await.unwrap().allowed);
+    }
+    assert!(
+        remaining(&peer, "hot").await < 100_000 - 400,
+        "a slice holds units"
+    );
+    drop(limiter);
+    // The GCRA refills meanwhile: at least what was not served comes back.
+    wait_for("the slice given back", async || {
+        remaining(&peer, "hot").await >= 100_000 - 400
+    })
+    .await;
+}
+
+/// Two limiters of one policy on two connections (two instances), both
+/// holding a slice of one subject: an operator's block on one stops both
+/// at once (no slice serves past it), and a reset drops the slices of
+/// every instance.
+#[tokio::test]
+async fn reset_and_block_revoke_leases_on_every_instance() {
+    let server = RedisServer::start().unwrap();
+    let instance = || async {
+        let backend = RedisBackend::connect(&server.url()).await.unwrap();
+        RateLimiter::builder(backend, Algorithm::Gcra)
+            .quota(Quota::per_hour(1_000_000))
+            .name("revoked")
+            .quota_leases(long_leases())
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (instance().await, instance().await);
+    let subject = Subject::new("hot");
+    // Both hold a slice.
+    for limiter in [&a, &b] {
+        wait_for("a slice", async || {
+            limiter.check(subject.clone()).await.unwrap().source == DecisionSource::Lease
+        })
+        .await;
+    }
+    a.reset(&subject).await.unwrap();
+    for limiter in [&a, &b] {
+        wait_for("the reset dropped the slice", async || {
+            limiter.check(subject.clone()).await.unwrap().source != DecisionSource::Lease
+        })
+        .await;
+    }
+    // Both lease again, then a block stops both.
+    for limiter in [&a, &b] {
+        wait_for("a slice again", async || {
+            limiter.check(subject.clone()).await.unwrap().source == DecisionSource::Lease
+        })
+        .await;
+    }
+    a.block(&subject, Duration::from_secs(60)).await.unwrap();
+    assert!(
+        a.check(subject.clone()).await.unwrap().is_denied(),
+        "at once here"
+    );
+    wait_for("the other instance refuses", async || {
+        b.check(subject.clone()).await.unwrap().is_denied()
+    })
+    .await;
+    for limiter in [&a, &b] {
+        for _ in 0..50 {
+            let d = limiter.check(subject.clone()).await.unwrap();
+            assert!(d.is_denied(), "{d:?}");
+        }
+    }
+}
