@@ -11,7 +11,8 @@ use std::sync::Arc;
 use axum::routing::get;
 use axum::Router;
 use tollgate_core::{
-    Algorithm, Coalescing, FailurePolicy, MemoryBackend, Quota, RateLimiter, RedisBackend,
+    Algorithm, Coalescing, FailurePolicy, MemoryBackend, Quota, QuotaLeases, RateLimiter,
+    RedisBackend,
 };
 use tollgate_tower::key::PeerIp;
 use tollgate_tower::RateLimitLayer;
@@ -38,6 +39,9 @@ pub(crate) enum Variant {
     TollgateMemoryNoHeaders,
     /// tower_governor's `GovernorLayer` (GCRA, peer IP).
     Governor,
+    /// As `tollgate-redis` with quota leases on (`QuotaLeases::default()`):
+    /// the one hot key is served from slices taken in one call.
+    TollgateRedisLeased,
 }
 
 impl Variant {
@@ -55,12 +59,18 @@ impl Variant {
                 "(diagnostic) tollgate `RateLimitLayer`, memory backend, `.headers(false)`"
             }
             Variant::Governor => "tower_governor `GovernorLayer`",
+            Variant::TollgateRedisLeased => {
+                "tollgate `RateLimitLayer`, Redis backend, quota leases on"
+            }
         }
     }
 
     /// Whether the variant needs Redis (`stack` does not offer those).
     pub(crate) fn on_redis(self) -> bool {
-        matches!(self, Variant::TollgateRedis | Variant::TollgateRedisSingle)
+        matches!(
+            self,
+            Variant::TollgateRedis | Variant::TollgateRedisSingle | Variant::TollgateRedisLeased
+        )
     }
 
     fn arg(self) -> &'static str {
@@ -71,6 +81,7 @@ impl Variant {
             Variant::TollgateRedisSingle => "tollgate-redis-single",
             Variant::TollgateMemoryNoHeaders => "tollgate-memory-no-headers",
             Variant::Governor => "governor",
+            Variant::TollgateRedisLeased => "tollgate-redis-leased",
         }
     }
 }
@@ -116,7 +127,7 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
                 .build()?;
             router.layer(tollgate_layer(limiter).headers(opts.variant == Variant::TollgateMemory))
         }
-        Variant::TollgateRedis | Variant::TollgateRedisSingle => {
+        Variant::TollgateRedis | Variant::TollgateRedisSingle | Variant::TollgateRedisLeased => {
             let conn = redis::Client::open(opts.redis_url.as_str())?
                 .get_multiplexed_async_connection()
                 .await?;
@@ -128,13 +139,16 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
             // look fast by failing open; a 5 s bound instead of the default
             // 100 ms, so that CPU starvation on a shared machine is measured
             // as slowness, not as failures.
-            let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+            let mut builder = RateLimiter::builder(backend, Algorithm::Gcra)
                 .quota(quota)
                 .prefix("tgbench")
                 .name("http")
                 .failure_policy(FailurePolicy::Deny)
-                .timeout(std::time::Duration::from_secs(5))
-                .build()?;
+                .timeout(std::time::Duration::from_secs(5));
+            if opts.variant == Variant::TollgateRedisLeased {
+                builder = builder.quota_leases(QuotaLeases::default());
+            }
+            let limiter = builder.build()?;
             router.layer(tollgate_layer(limiter))
         }
         Variant::Governor => {
@@ -267,6 +281,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         Variant::Governor,
         Variant::TollgateMemoryNoHeaders,
         Variant::TollgateRedisSingle,
+        Variant::TollgateRedisLeased,
     ];
     let servers: Vec<Server> = variants
         .iter()
@@ -317,11 +332,12 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
             .position(|&x| x == v)
             .expect("every variant is run")
     };
-    let (none, memory, redis, governor) = (
+    let (none, memory, redis, governor, leased) = (
         at(Variant::None),
         at(Variant::TollgateMemory),
         at(Variant::TollgateRedis),
         at(Variant::Governor),
+        at(Variant::TollgateRedisLeased),
     );
     let ratio = |a: usize, b: usize| ratios(&rps[a], &rps[b]);
     let mut rows = Vec::new();
@@ -359,6 +375,14 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         "≥ 0.6×",
         format!("{r:.2}×"),
         r >= 0.6,
+    ));
+    let r = median(&ratio(leased, none));
+    section.targets.push(Target::check(
+        "4",
+        "HTTP requests/s, tollgate Redis with quota leases, one hot key ÷ no limiter (issue #25)",
+        "≥ 0.8×",
+        format!("{r:.2}×"),
+        r >= 0.8,
     ));
     let r = median(&ratio(memory, governor));
     section.targets.push(Target::check(
