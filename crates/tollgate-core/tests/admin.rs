@@ -288,6 +288,16 @@ async fn fleet_wide(a: Backend, b: Backend, raw: impl Fn(&[&str]) -> String) {
     raw(&["PEXPIRE", &format!("{prefix}:admin:version"), "60000"]);
     let took = admitted_again(&lb, "erin").await;
     eprintln!("a lost message cost {took:?}");
+
+    // The acting instance's own limiters forget before the action returns:
+    // the next request is admitted, not refused from the cache.
+    for round in 0..20 {
+        let subject = format!("frank{round}");
+        cached_denial(&la, &subject).await;
+        admin.reset("login", &Subject::new(&subject)).await.unwrap();
+        let d = la.check(&subject).await.unwrap();
+        assert!(d.allowed, "round {round}: refused after the reset: {d:?}");
+    }
     drop(la);
 }
 

@@ -8,7 +8,8 @@
 //! application's code (the CLI, the dashboard) finds the limiters in the
 //! registry and interprets their keys. Every change is announced on the
 //! admin channel, which each instance watches: its deny cache and local
-//! fallback forget the subject within a round trip; an instance that
+//! fallback forget the subject within a round trip (limiters built on the
+//! acting backend or its clones, before the action returns); an instance that
 //! missed the message sees the version stamp move within
 //! [`VERSION_POLL`] and forgets everything it cached.
 //!

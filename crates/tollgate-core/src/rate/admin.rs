@@ -229,7 +229,8 @@ impl RateLimiter {
     }
 
     /// Gives `subject` its whole quota back (every instance forgets its
-    /// cached denials within a round trip, or [`VERSION_POLL`](crate::store::VERSION_POLL)
+    /// cached denials within a round trip — limiters on this backend or
+    /// its clones before this returns — or [`VERSION_POLL`](crate::store::VERSION_POLL)
     /// if it missed the message). A block stays.
     pub async fn reset(&self, subject: &Subject) -> Result<()> {
         self.traced(Action::Reset, subject, async {

@@ -187,6 +187,9 @@ impl AdminBackend for RedisBackend {
                     .arg(VERSION_TTL_MS);
             })
             .await?;
+            // This process's limiters on this backend hear it now, not a
+            // pub/sub round trip later (the echo is heard again: harmless).
+            self.watchers.tell(channel, message);
             Ok(())
         }
         .boxed()
