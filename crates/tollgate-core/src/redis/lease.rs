@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use super::rate::quota_args;
+use super::rate::{fill_args, fill_keys};
 use super::scripts;
 use super::RedisBackend;
 use crate::error::{Error, Result};
@@ -16,20 +16,11 @@ impl RedisBackend {
         let deadline = self.rate.deadline(req);
         let value = self
             .invoke(scripts::lease(req.algorithm), |cmd| {
-                cmd.arg(req.keys.len());
-                for k in &req.keys {
-                    cmd.arg(k.as_str());
-                }
-                match req.now_micros {
-                    Some(now) => cmd.arg(now),
-                    None => cmd.arg(""),
-                };
-                cmd.arg(req.cost)
-                    .arg(format!("{}:{}", size.want, size.least));
-                quota_args(cmd, req.algorithm, &req.quotas);
-                if let Some(deadline) = deadline {
-                    cmd.arg(deadline);
-                }
+                fill_keys(cmd, req);
+                // ARGV[3]: the units wanted and the least worth a lease.
+                fill_args(cmd, req, deadline, |cmd| {
+                    cmd.arg(format!("{}:{}", size.want, size.least));
+                });
             })
             .await?;
         let Value::Array(mut items) = value else {

@@ -40,10 +40,7 @@ impl RateCalls {
         let value = self
             .conn
             .invoke(scripts::check(req.algorithm), |cmd| {
-                cmd.arg(req.keys.len());
-                for k in &req.keys {
-                    cmd.arg(k.as_str());
-                }
+                fill_keys(cmd, req);
                 fill_check(cmd, req, deadline);
             })
             .await?;
@@ -206,23 +203,45 @@ impl RedisBackend {
     }
 }
 
+/// A call's key count and keys, as a single call of a script takes them.
+pub(super) fn fill_keys(cmd: &mut Cmd, req: &RateRequest) {
+    cmd.arg(req.keys.len());
+    for k in &req.keys {
+        cmd.arg(k.as_str());
+    }
+}
+
 /// A check's arguments after its keys (its `ARGV`), for a single call and
 /// for its place in a batch alike.
 fn fill_check(cmd: &mut Cmd, req: &RateRequest, deadline: Option<u64>) {
+    // ARGV[3]: the sliding log's nonce; the buckets' wait for a slot ('' for
+    // none, the plain check); the other windows read nothing there.
+    fill_args(cmd, req, deadline, |cmd| {
+        if req.algorithm == Algorithm::SlidingWindowLog {
+            cmd.arg(format!("{:016x}", req.nonce));
+        } else if req.max_wait_micros > 0 && req.algorithm.uses_burst() {
+            cmd.arg(req.max_wait_micros);
+        } else {
+            cmd.arg("");
+        }
+    });
+}
+
+/// The arguments every rate script reads in one order: now (or '' for the
+/// server's), the cost, ARGV[3] (`third` writes it: it differs by script),
+/// each quota's two, then the deadline if any.
+pub(super) fn fill_args(
+    cmd: &mut Cmd,
+    req: &RateRequest,
+    deadline: Option<u64>,
+    third: impl FnOnce(&mut Cmd),
+) {
     match req.now_micros {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
     cmd.arg(req.cost);
-    // ARGV[3]: the sliding log's nonce; the buckets' wait for a slot ('' for
-    // none, the plain check); the other windows read nothing there.
-    if req.algorithm == Algorithm::SlidingWindowLog {
-        cmd.arg(format!("{:016x}", req.nonce));
-    } else if req.max_wait_micros > 0 && req.algorithm.uses_burst() {
-        cmd.arg(req.max_wait_micros);
-    } else {
-        cmd.arg("");
-    }
+    third(cmd);
     quota_args(cmd, req.algorithm, &req.quotas);
     if let Some(deadline) = deadline {
         cmd.arg(deadline);
