@@ -13,50 +13,29 @@
 //! 11 + spread / 50 ms. Every refusal's retry-after lies past the max wait
 //! and is honest: for a burst of 1 it is the schedule's end (its reset).
 
-use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod children;
 
-use tollgate_core::{Algorithm, Quota, RateLimiter, RedisBackend};
+use std::time::Duration;
+
+use children::{child_setup, epoch_micros, reports, run_children, Target};
+use tollgate_core::{Algorithm, Quota, RateLimiter};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 const PROCESSES: usize = 4;
 const PER_CHILD: usize = 10;
 const INTERVAL_US: u64 = 50_000;
 const MAX_WAIT_US: u64 = 500_000;
-/// Set in a child: the Redis url, or the cluster's seeds (comma-separated).
-const CHILD_URL: &str = "TOLLGATE_ACQ_URL";
-const CHILD_SEEDS: &str = "TOLLGATE_ACQ_SEEDS";
-/// The agreed start (µs since the epoch) and the key prefix.
-const CHILD_START: &str = "TOLLGATE_ACQ_START";
-const CHILD_PREFIX: &str = "TOLLGATE_ACQ_PREFIX";
-
-fn epoch_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
 
 /// The child's work; run by the parent only (ignored otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a child process of acquire_across_processes_*"]
 async fn acquire_child() {
-    let start: u64 = std::env::var(CHILD_START)
-        .expect("run by acquire_across_processes_*")
-        .parse()
-        .unwrap();
-    let backend = match std::env::var(CHILD_URL) {
-        Ok(url) => RedisBackend::connect(&url).await.unwrap(),
-        Err(_) => {
-            let seeds = std::env::var(CHILD_SEEDS).unwrap();
-            RedisBackend::connect_cluster(seeds.split(',').map(str::to_owned))
-                .await
-                .unwrap()
-        }
-    };
+    let (start, prefix, backend) = child_setup()
+        .await
+        .expect("run by acquire_across_processes_*");
     let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
         .quota(Quota::per_second(20).with_burst(1).unwrap())
-        .prefix(std::env::var(CHILD_PREFIX).unwrap())
+        .prefix(prefix)
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -100,45 +79,18 @@ struct Report {
     reset: u64,
 }
 
-/// Runs the children with `env` and gathers their reports.
-fn run(env: (&str, String)) -> Vec<Report> {
-    let exe = std::env::current_exe().unwrap();
-    // Far enough ahead for every child to be up and connected.
-    let start = epoch_micros() + 3_000_000;
-    let prefix = format!("acq{}x{}", std::process::id(), start);
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            std::process::Command::new(&exe)
-                .args(["--ignored", "--exact", "acquire_child", "--nocapture"])
-                .args(["--test-threads", "1"])
-                .env(env.0, &env.1)
-                .env(CHILD_START, start.to_string())
-                .env(CHILD_PREFIX, &prefix)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap()
+/// Runs the children against `target` and gathers their reports.
+fn run(target: Target) -> Vec<Report> {
+    let lines = run_children("acquire_child", PROCESSES, &target, &[]);
+    let reports: Vec<Report> = reports(&lines, "ACQ ")
+        .map(|f| Report {
+            arrival: f[0],
+            allowed: f[1] == 1,
+            slot: f[2],
+            retry: f[3],
+            reset: f[4],
         })
         .collect();
-    let mut reports = Vec::new();
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "child failed: {}", out.status);
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            // The harness's own "test … " may precede the first line.
-            let Some(rest) = line.split_once("ACQ ").map(|(_, r)| r) else {
-                continue;
-            };
-            let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap()).collect();
-            reports.push(Report {
-                arrival: f[0],
-                allowed: f[1] == 1,
-                slot: f[2],
-                retry: f[3],
-                reset: f[4],
-            });
-        }
-    }
     assert_eq!(reports.len(), PROCESSES * PER_CHILD, "every child reported");
     reports
 }
@@ -202,11 +154,11 @@ fn check(reports: &[Report]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_across_processes_standalone() {
     let server = RedisServer::start().unwrap();
-    check(&run((CHILD_URL, server.url())));
+    check(&run(Target::Url(server.url())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_across_processes_cluster() {
     let cluster = RedisCluster::start().unwrap();
-    check(&run((CHILD_SEEDS, cluster.seeds().join(","))));
+    check(&run(Target::Seeds(cluster.seeds())));
 }

@@ -8,12 +8,12 @@
 //! - token bucket and GCRA: the admissions up to any instant are at most the
 //!   burst plus what refilled since the first take.
 
-use std::process::Stdio;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod children;
 
-use tollgate_core::{
-    Algorithm, DecisionSource, FailurePolicy, Quota, QuotaLeases, RateLimiter, RedisBackend,
-};
+use std::time::Duration;
+
+use children::{child_setup, epoch_micros, reports, run_children, Target};
+use tollgate_core::{Algorithm, DecisionSource, FailurePolicy, Quota, QuotaLeases, RateLimiter};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
 const PROCESSES: usize = 4;
@@ -21,18 +21,7 @@ const TASKS: usize = 4;
 const RUN_MS: u64 = 2_500;
 /// 400 a second: a window of 1 s, or a unit every 2.5 ms.
 const LIMIT: u64 = 400;
-const CHILD_URL: &str = "TOLLGATE_LEASE_URL";
-const CHILD_SEEDS: &str = "TOLLGATE_LEASE_SEEDS";
-const CHILD_START: &str = "TOLLGATE_LEASE_START";
-const CHILD_PREFIX: &str = "TOLLGATE_LEASE_PREFIX";
 const CHILD_ALG: &str = "TOLLGATE_LEASE_ALG";
-
-fn epoch_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64
-}
 
 fn algorithm(name: &str) -> Algorithm {
     Algorithm::ALL
@@ -45,22 +34,12 @@ fn algorithm(name: &str) -> Algorithm {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a child process of leases_across_processes_*"]
 async fn lease_child() {
-    let start: u64 = std::env::var(CHILD_START)
-        .expect("run by leases_across_processes_*")
-        .parse()
-        .unwrap();
-    let backend = match std::env::var(CHILD_URL) {
-        Ok(url) => RedisBackend::connect(&url).await.unwrap(),
-        Err(_) => {
-            let seeds = std::env::var(CHILD_SEEDS).unwrap();
-            RedisBackend::connect_cluster(seeds.split(',').map(str::to_owned))
-                .await
-                .unwrap()
-        }
-    };
+    let (start, prefix, backend) = child_setup()
+        .await
+        .expect("run by leases_across_processes_*");
     let limiter = RateLimiter::builder(backend, algorithm(&std::env::var(CHILD_ALG).unwrap()))
         .quota(Quota::per_second(LIMIT))
-        .prefix(std::env::var(CHILD_PREFIX).unwrap())
+        .prefix(prefix)
         .timeout(Duration::from_secs(2))
         // An outage must not admit here: the bound is the quota's.
         .failure_policy(FailurePolicy::Deny)
@@ -115,45 +94,18 @@ struct Admission {
     leased: bool,
 }
 
-fn run(alg: Algorithm, env: (&str, String)) -> (Vec<Admission>, u64) {
-    let exe = std::env::current_exe().unwrap();
-    let start = epoch_micros() + 3_000_000;
-    let prefix = format!("lease{}x{}", std::process::id(), start);
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            std::process::Command::new(&exe)
-                .args(["--ignored", "--exact", "lease_child", "--nocapture"])
-                .args(["--test-threads", "1"])
-                .env(env.0, &env.1)
-                .env(CHILD_START, start.to_string())
-                .env(CHILD_PREFIX, &prefix)
-                .env(CHILD_ALG, alg.short_name())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap()
+fn run(alg: Algorithm, target: Target) -> (Vec<Admission>, u64) {
+    let env = [(CHILD_ALG, alg.short_name().to_owned())];
+    let lines = run_children("lease_child", PROCESSES, &target, &env);
+    let checks = reports(&lines, "CHECKS ").map(|f| f[0]).sum();
+    let admissions = reports(&lines, "ADM ")
+        .map(|f| Admission {
+            before: f[0],
+            after: f[1],
+            reset: f[2],
+            leased: f[3] == 1,
         })
         .collect();
-    let (mut admissions, mut checks) = (Vec::new(), 0);
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "child failed: {}", out.status);
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some((_, n)) = line.split_once("CHECKS ") {
-                checks += n.parse::<u64>().unwrap();
-            }
-            let Some((_, rest)) = line.split_once("ADM ") else {
-                continue;
-            };
-            let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap()).collect();
-            admissions.push(Admission {
-                before: f[0],
-                after: f[1],
-                reset: f[2],
-                leased: f[3] == 1,
-            });
-        }
-    }
     (admissions, checks)
 }
 
@@ -221,26 +173,26 @@ fn check(alg: Algorithm, (admissions, checks): (Vec<Admission>, u64)) {
 async fn leases_across_processes_standalone_fixed_window() {
     let server = RedisServer::start().unwrap();
     let alg = Algorithm::FixedWindow;
-    check(alg, run(alg, (CHILD_URL, server.url())));
+    check(alg, run(alg, Target::Url(server.url())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_across_processes_standalone_token_bucket() {
     let server = RedisServer::start().unwrap();
     let alg = Algorithm::TokenBucket;
-    check(alg, run(alg, (CHILD_URL, server.url())));
+    check(alg, run(alg, Target::Url(server.url())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_across_processes_cluster_fixed_window() {
     let cluster = RedisCluster::start().unwrap();
     let alg = Algorithm::FixedWindow;
-    check(alg, run(alg, (CHILD_SEEDS, cluster.seeds().join(","))));
+    check(alg, run(alg, Target::Seeds(cluster.seeds())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_across_processes_cluster_gcra() {
     let cluster = RedisCluster::start().unwrap();
     let alg = Algorithm::Gcra;
-    check(alg, run(alg, (CHILD_SEEDS, cluster.seeds().join(","))));
+    check(alg, run(alg, Target::Seeds(cluster.seeds())));
 }
