@@ -28,6 +28,7 @@ mod ops;
 mod peers;
 mod redisinfo;
 mod settle;
+mod sketch;
 mod soak;
 mod stats;
 mod throughput;

@@ -16,6 +16,7 @@ use crate::common::{
 };
 use crate::ops::{run as run_op, Op};
 use crate::redisinfo::{Accounting, Admin, Spent};
+use crate::sketch::Sketch;
 use crate::stats::{median, per_sec, ratio_cell, ratios};
 use crate::throughput::raw_core_contenders;
 
@@ -48,6 +49,8 @@ const RLF: &str = "rate-limiter-flexible `RateLimiterRedis.consume` (node, iored
 enum Runner {
     Tollgate(Op),
     Process(Vec<String>, Vec<(String, PathBuf)>),
+    /// The least-work bound ([`Sketch`]).
+    Sketch(Sketch),
 }
 
 struct Peer {
@@ -197,6 +200,21 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
         concurrency: c,
         runner: Runner::Tollgate(raw.op),
     });
+    // The bound: the least work a GCRA decision can cost, the same checks
+    // in flight split over 1, 2, 4 or 16 calls.
+    for calls in [1, 2, 4, c] {
+        let sketch = Sketch::new(&conn, "tgbench-sketch", SUBJECTS, LIMIT, calls, c).await?;
+        peers.push(Peer {
+            name: format!(
+                "bound: least-work GCRA sketch, {} checks × {calls} calls in flight",
+                (c / calls).max(1)
+            ),
+            like: Algorithm::Gcra,
+            coalesced: false,
+            concurrency: c,
+            runner: Runner::Sketch(sketch),
+        });
+    }
     let common = |script: &str| -> Vec<String> {
         vec![
             peer.peers_dir.join(script).display().to_string(),
@@ -263,8 +281,14 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
     let mut denied = vec![0u64; k];
     let mut offset = 0;
     for p in &peers {
-        if let Runner::Tollgate(op) = &p.runner {
-            run_op(op, 0, opts.scale(2_000), c).await?;
+        match &p.runner {
+            Runner::Tollgate(op) => {
+                run_op(op, 0, opts.scale(2_000), c).await?;
+            }
+            Runner::Sketch(sketch) => {
+                sketch.run(0, opts.scale(2_000)).await?;
+            }
+            Runner::Process(..) => {}
         }
     }
     interleaved(
@@ -294,6 +318,19 @@ pub(crate) async fn run(opts: &Opts, peer: &PeerOpts) -> BenchResult<Section> {
                     )
                 }
                 Runner::Process(argv, env) => run_process(&admin, argv, env).await?,
+                Runner::Sketch(sketch) => {
+                    let acct = Accounting::start(&admin).await?;
+                    let s = sketch.run(offset, n).await?;
+                    offset += n;
+                    let spent = acct.finish(&admin).await?;
+                    (
+                        s.calls,
+                        s.elapsed.as_secs_f64(),
+                        s.denied,
+                        s.client_cpu.map_or(f64::NAN, |c| c.as_secs_f64()),
+                        spent,
+                    )
+                }
             };
             rates[i].push(decisions as f64 / seconds);
             let scripts = spent.stats.scripts();
@@ -475,6 +512,28 @@ fn lean_targets(
         format!("{r:.2}×"),
         r >= 1.5,
     ));
+    // The bound: the least-work sketch's best setting against the peer.
+    let sketches: Vec<usize> = (0..peers.len())
+        .filter(|&i| matches!(peers[i].runner, Runner::Sketch(_)))
+        .collect();
+    let best = |of: &dyn Fn(usize) -> f64, lower: bool| {
+        sketches
+            .iter()
+            .map(|&i| (of(i), i))
+            .reduce(|a, b| if (b.0 < a.0) == lower { b } else { a })
+    };
+    let cpu = best(&|i| median(&ratios(&cpu_us[i], &cpu_us[rlf])), true);
+    let rate = best(&|i| median(&ratios(&rates[i], &rates[rlf])), false);
+    if let (Some((cpu, ci)), Some((rate, ri))) = (cpu, rate) {
+        section.line(format!(
+            "\n**Bound** (the least-work sketch, best of its settings, per-round ratios): Redis \
+             process CPU per decision ÷ rate-limiter-flexible **{cpu:.2}×** ({}); decisions/s ÷ \
+             rate-limiter-flexible **{rate:.2}×** ({}). No design deciding GCRA on this Redis, \
+             with {c} checks in flight from one client thread, does less per decision than the \
+             sketch.\n",
+            peers[ci].name, peers[ri].name
+        ));
+    }
 }
 
 #[cfg(test)]

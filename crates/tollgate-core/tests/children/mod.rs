@@ -92,7 +92,10 @@ pub(crate) fn run_children(
 
 /// The numbers of each line tagged `tag` (`"<tag>1 2 3"`; the harness's own
 /// "test … " may precede a report on its line).
-pub(crate) fn reports<'a>(lines: &'a [String], tag: &'a str) -> impl Iterator<Item = Vec<u64>> + 'a {
+pub(crate) fn reports<'a>(
+    lines: &'a [String],
+    tag: &'a str,
+) -> impl Iterator<Item = Vec<u64>> + 'a {
     lines.iter().filter_map(move |line| {
         let (_, rest) = line.split_once(tag)?;
         Some(rest.split(' ').map(|x| x.parse().unwrap()).collect())
