@@ -23,13 +23,16 @@ use http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_core::idempotency::IdempotencyStore;
 use tollgate_core::{Algorithm, Quota, RateLimiter, RedisBackend, Subject};
-use tollgate_tower::key::{ClientIp, ForwardedHeader, GlobalKey, HeaderKey};
+#[cfg(feature = "axum")]
+use tollgate_tower::key::{ClientIp, ForwardedHeader};
+use tollgate_tower::key::{GlobalKey, HeaderKey};
 use tollgate_tower::{IdempotencyLayer, RateLimitLayer};
 
 use common::{shared_redis, unique};
 
 const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 1));
 /// The trusted proxy: connections bound to this loopback address.
+#[cfg(feature = "axum")]
 const PROXY: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
 const MIB: usize = 1 << 20;
 
@@ -239,6 +242,7 @@ async fn header_key_bad_bytes_write_only_the_right_keys() {
 /// `ClientIp` behind the trusted proxy 127.0.0.2 on Redis: spoofed
 /// `X-Forwarded-For` and `Forwarded` from an untrusted peer, garbage and
 /// smuggled hops through the proxy.
+#[cfg(feature = "axum")] // the peer comes from axum's `ConnectInfo`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spoofed_forwarding_headers_never_become_the_key() {
     let (xff_prefix, fwd_prefix) = (unique("bad-xff"), unique("bad-fwd"));

@@ -3,6 +3,7 @@
 
 mod common;
 
+#[cfg(feature = "axum")]
 use std::net::SocketAddr;
 
 use axum::routing::get;
@@ -12,12 +13,17 @@ use http::StatusCode;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+#[cfg(feature = "axum")]
 use tollgate_core::{Algorithm, Quota, RateBackend, RateLimiter, RedisBackend};
+#[cfg(feature = "axum")]
 use tollgate_tower::key::PeerIp;
+#[cfg(feature = "axum")]
 use tollgate_tower::RateLimitLayer;
 
+#[cfg(feature = "axum")]
 use common::{suite::clock, unique};
 
+#[cfg(feature = "axum")] // the peer comes from axum's `ConnectInfo`
 async fn serve(backend: impl RateBackend, name: &str) -> SocketAddr {
     let app = Router::new().route("/", get(|| async { "hello" })).layer(
         RateLimitLayer::new(
@@ -46,6 +52,7 @@ async fn serve(backend: impl RateBackend, name: &str) -> SocketAddr {
 /// axum#2634 over the network: 30 concurrent requests from one client
 /// against a limit of 5 admit exactly 5; the others are 429 with the
 /// headers.
+#[cfg(feature = "axum")] // the peer comes from axum's `ConnectInfo`
 async fn limit_holds_over_the_network(backend: impl RateBackend) {
     let name = unique("e2e");
     let addr = serve(backend, &name).await;
@@ -96,11 +103,13 @@ async fn limit_holds_over_the_network(backend: impl RateBackend) {
     assert_eq!((ok, limited), (5, 25));
 }
 
+#[cfg(feature = "axum")] // the peer comes from axum's `ConnectInfo`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_holds_over_the_network_on_memory() {
     limit_holds_over_the_network(tollgate_core::MemoryBackend::new()).await;
 }
 
+#[cfg(feature = "axum")] // the peer comes from axum's `ConnectInfo`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limit_holds_over_the_network_on_redis() {
     let server = common::shared_redis();

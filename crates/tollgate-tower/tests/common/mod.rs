@@ -34,7 +34,9 @@ use futures::FutureExt;
 use tollgate_core::{Locker, MemoryBackend, RateBackend, RedisBackend};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
-pub use tollgate_testkit::http::in_process::{get, get_from, send};
+#[cfg(feature = "axum")]
+pub use tollgate_testkit::http::in_process::get_from;
+pub use tollgate_testkit::http::in_process::{get, send};
 pub use tollgate_testkit::http::Reply;
 pub use tollgate_testkit::unique;
 

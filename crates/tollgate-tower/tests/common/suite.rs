@@ -11,12 +11,16 @@ use axum::{Extension, Router};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use tollgate_core::{Algorithm, Decision, ManualClock, Quota, RateBackend, RateLimiter};
-use tollgate_tower::key::{ClientIp, GlobalKey, HeaderKey, RouteKey};
+#[cfg(feature = "axum")]
+use tollgate_tower::key::{ClientIp, RouteKey};
+use tollgate_tower::key::{GlobalKey, HeaderKey};
 use tollgate_tower::rejection::Rejection;
 use tollgate_tower::RateLimitLayer;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
 
-use super::{get, get_from, problem_detail, send, unique};
+#[cfg(feature = "axum")]
+use super::get_from;
+use super::{get, problem_detail, send, unique};
 
 pub type Backend = Arc<dyn RateBackend>;
 
@@ -335,6 +339,8 @@ pub async fn shadow_mode(backend: Backend) {
 }
 
 /// `route_layer`: only matched routes are limited, per route with RouteKey.
+// Keys by axum's `MatchedPath` / `ConnectInfo`: the crate's `axum` feature.
+#[cfg(feature = "axum")]
 pub async fn route_layer_per_route(backend: Backend) {
     let name = unique("route");
     let app = Router::new()
@@ -488,6 +494,8 @@ pub async fn custom_responder(backend: Backend) {
 
 /// A client that is not behind a trusted proxy cannot choose its key by
 /// sending X-Forwarded-For.
+// Keys by axum's `MatchedPath` / `ConnectInfo`: the crate's `axum` feature.
+#[cfg(feature = "axum")]
 pub async fn trusted_proxy_spoofing(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
         RateLimitLayer::new(
@@ -545,6 +553,8 @@ pub async fn trusted_proxy_spoofing(backend: Backend) {
 }
 
 /// IPv6 clients are grouped by /64: rotating through a /64 does not help.
+// Keys by axum's `MatchedPath` / `ConnectInfo`: the crate's `axum` feature.
+#[cfg(feature = "axum")]
 pub async fn ipv6_grouping(backend: Backend) {
     let app = Router::new().route("/", route_get(ok)).layer(
         RateLimitLayer::new(
@@ -595,8 +605,14 @@ macro_rules! backend_suite {
     ($backend:path) => {
         $crate::backend_suite!(@tests $backend;
             headers_exact, legacy_headers_and_headers_off, multi_quota, cost_closure,
-            shadow_mode, route_layer_per_route, service_builder, key_outcomes,
-            custom_responder, trusted_proxy_spoofing, ipv6_grouping, decision_in_extensions);
+            shadow_mode, service_builder, key_outcomes, custom_responder,
+            decision_in_extensions);
+        #[cfg(feature = "axum")]
+        mod by_peer {
+            use super::*;
+            $crate::backend_suite!(@tests $backend;
+                route_layer_per_route, trusted_proxy_spoofing, ipv6_grouping);
+        }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn shared_across_clones() {
