@@ -42,6 +42,9 @@ pub(crate) enum Variant {
     /// As `tollgate-redis` with quota leases on (`QuotaLeases::default()`):
     /// the one hot key is served from slices taken in one call.
     TollgateRedisLeased,
+    /// The bound: the least work a Redis-backed limiter can add
+    /// ([`crate::http_sketch`]).
+    Sketch,
 }
 
 impl Variant {
@@ -62,6 +65,9 @@ impl Variant {
             Variant::TollgateRedisLeased => {
                 "tollgate `RateLimitLayer`, Redis backend, quota leases on"
             }
+            Variant::Sketch => {
+                "(bound) the least-work Redis limiter: one fixed key, a batch per call"
+            }
         }
     }
 
@@ -69,7 +75,10 @@ impl Variant {
     pub(crate) fn on_redis(self) -> bool {
         matches!(
             self,
-            Variant::TollgateRedis | Variant::TollgateRedisSingle | Variant::TollgateRedisLeased
+            Variant::TollgateRedis
+                | Variant::TollgateRedisSingle
+                | Variant::TollgateRedisLeased
+                | Variant::Sketch
         )
     }
 
@@ -82,6 +91,7 @@ impl Variant {
             Variant::TollgateMemoryNoHeaders => "tollgate-memory-no-headers",
             Variant::Governor => "governor",
             Variant::TollgateRedisLeased => "tollgate-redis-leased",
+            Variant::Sketch => "sketch",
         }
     }
 }
@@ -150,6 +160,16 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
             }
             let limiter = builder.build()?;
             router.layer(tollgate_layer(limiter))
+        }
+        Variant::Sketch => {
+            let conn = redis::Client::open(opts.redis_url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            let queue = crate::http_sketch::start(conn, "tgbench:sketch:http".into(), RATE).await?;
+            router.layer(axum::middleware::from_fn_with_state(
+                queue,
+                crate::http_sketch::limit,
+            ))
         }
         Variant::Governor => {
             let config = GovernorConfigBuilder::default()
@@ -282,6 +302,7 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         Variant::TollgateMemoryNoHeaders,
         Variant::TollgateRedisSingle,
         Variant::TollgateRedisLeased,
+        Variant::Sketch,
     ];
     let servers: Vec<Server> = variants
         .iter()
@@ -375,6 +396,13 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
         "≥ 0.6×",
         format!("{r:.2}×"),
         r >= 0.6,
+    ));
+    let r = median(&ratio(at(Variant::Sketch), none));
+    section.line(format!(
+        "\n**Bound**: the least-work Redis limiter (one fixed key, every queued request in one \
+         call of a minimal GCRA script, one call in flight, no headers) serves **{r:.2}×** the \
+         requests of no limiter here: no limiter deciding each request on this Redis does better \
+         on this machine.\n"
     ));
     let r = median(&ratio(leased, none));
     section.targets.push(Target::check(

@@ -18,6 +18,7 @@ mod coalesce;
 mod common;
 mod flood;
 mod http;
+mod http_sketch;
 mod idempotency;
 mod latency;
 mod leases;
