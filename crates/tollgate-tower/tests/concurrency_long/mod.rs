@@ -17,12 +17,13 @@ use super::{
 };
 
 /// A short TTL and cap, so that a permit the cap let lapse would be free
-/// again well within the test.
-const TTL: Duration = Duration::from_millis(150);
-const CAP: Duration = Duration::from_millis(400);
+/// again well within the test — but not so short that a renewal delayed by
+/// a loaded machine's scheduler (seen: over 100 ms) lets it lapse.
+const TTL: Duration = Duration::from_millis(300);
+const CAP: Duration = Duration::from_millis(800);
 
 /// How long each holder is kept in flight: several caps and many TTLs.
-const PAST_THE_CAP: Duration = Duration::from_millis(1600);
+const PAST_THE_CAP: Duration = Duration::from_millis(2400);
 
 /// One permit per key under a layer, and the key the test holds.
 struct Limited {
@@ -58,7 +59,7 @@ impl Limited {
         }
     }
 
-    /// TTL 150 ms, cap 400 ms.
+    /// TTL 300 ms, cap 800 ms.
     async fn capped(env: &Env) -> Self {
         Self::new(env, LockOptions::new().ttl(TTL).max_hold(CAP)).await
     }
@@ -103,7 +104,7 @@ impl Limited {
     }
 }
 
-/// A handler held 1.6 s: another request of the key is refused all along,
+/// A handler held 2.4 s: another request of the key is refused all along,
 /// and admitted once the holder ends.
 pub(super) async fn a_handler_keeps_its_permit_past_the_cap(env: Env) {
     held_past(Limited::capped(&env).await).await;
@@ -130,7 +131,7 @@ async fn held_past(mut l: Limited) {
     l.free_again().await;
 }
 
-/// A body that streams for 1.6 s (an SSE or LLM stream, held until the
+/// A body that streams for 2.4 s (an SSE or LLM stream, held until the
 /// body ends): the same, and the stream ends whole.
 pub(super) async fn a_streamed_body_keeps_its_permit_past_the_cap(env: Env) {
     let l = Limited::capped(&env).await;
