@@ -379,7 +379,25 @@ impl Keyspace {
         self.write(Some(kind), subject, None, key);
     }
 
-    fn write(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>, key: &mut String) {
+    /// What every key of `kind` starts with, up to its subject:
+    /// `<prefix>:<policy>:<kind>:{`. Made once, it writes a key per check
+    /// in one copy ([`write_key_after`](Self::write_key_after)).
+    pub(crate) fn head_of(&self, kind: &str) -> String {
+        let mut head = String::new();
+        self.write_head(Some(kind), &mut head);
+        head
+    }
+
+    /// The key of `subject` after `head` (from [`head_of`](Self::head_of)),
+    /// appended to `key`: what [`write_key_of`](Self::write_key_of) writes.
+    pub(crate) fn write_key_after(head: &str, subject: &Subject, key: &mut String) {
+        key.reserve(head.len() + subject.encoded.len() + 1);
+        key.push_str(head);
+        key.push_str(&subject.encoded);
+        key.push('}');
+    }
+
+    fn write_head(&self, kind: Option<&str>, key: &mut String) {
         key.push_str(&self.prefix);
         key.push(':');
         key.push_str(&self.policy);
@@ -388,6 +406,10 @@ impl Keyspace {
             key.push_str(k);
         }
         key.push_str(":{");
+    }
+
+    fn write(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>, key: &mut String) {
+        self.write_head(kind, key);
         key.push_str(&subject.encoded);
         key.push('}');
         if let Some(s) = suffix {
