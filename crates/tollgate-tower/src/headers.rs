@@ -308,52 +308,52 @@ impl RateLimitHeaders {
     }
 
     /// The `RateLimit` value, or `None` for a fail-open decision. Written
-    /// into one buffer that becomes the header's bytes without a copy (this
-    /// runs on every request).
+    /// into one buffer of exactly its length, which becomes the header's
+    /// bytes without a copy: one allocation per request (this runs on
+    /// every request; a buffer with room to spare costs a second one).
     pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Option<HeaderValue> {
         if decision.source == DecisionSource::FailOpen {
             return None;
         }
-        // Written into this thread's buffer, then copied once into a buffer
-        // of exactly its length: one allocation per request (a `Vec` made
-        // into `Bytes` with room to spare costs a second one).
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        let members = || {
+            decision.quotas.iter().zip(&self.items).map(|(q, item)| {
+                let r = sf_integer(q.remaining);
+                let t = sf_integer(ceil_secs(q.next_after));
+                (item, r, t)
+            })
+        };
+        let len: usize = members()
+            .enumerate()
+            .map(|(i, (item, r, t))| {
+                let separator = if i > 0 { 2 } else { 0 };
+                separator + item.len() + 6 + decimal_len(r) + decimal_len(t)
+            })
+            .sum();
+        let mut value = Vec::with_capacity(len);
+        let mut digits = itoa::Buffer::new();
+        for (i, (item, r, t)) in members().enumerate() {
+            if i > 0 {
+                value.extend_from_slice(b", ");
+            }
+            value.extend_from_slice(item.as_bytes());
+            value.extend_from_slice(b";r=");
+            value.extend_from_slice(digits.format(r).as_bytes());
+            value.extend_from_slice(b";t=");
+            value.extend_from_slice(digits.format(t).as_bytes());
         }
-        let write = |value: &mut Vec<u8>| {
-            let mut digits = itoa::Buffer::new();
-            for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
-                if i > 0 {
-                    value.extend_from_slice(b", ");
-                }
-                value.extend_from_slice(item.as_bytes());
-                value.extend_from_slice(b";r=");
-                value.extend_from_slice(digits.format(sf_integer(q.remaining)).as_bytes());
-                value.extend_from_slice(b";t=");
-                value.extend_from_slice(
-                    digits
-                        .format(sf_integer(ceil_secs(q.next_after)))
-                        .as_bytes(),
-                );
-            }
-        };
-        let reused = BUF.try_with(|cell| {
-            let mut buf = cell.try_borrow_mut().ok()?;
-            buf.clear();
-            write(&mut buf);
-            Some(Bytes::copy_from_slice(&buf))
-        });
-        let value = match reused {
-            Ok(Some(bytes)) => bytes,
-            // The thread is exiting, or a nested call holds the buffer.
-            _ => {
-                let mut value = Vec::new();
-                write(&mut value);
-                Bytes::from(value)
-            }
-        };
-        HeaderValue::from_maybe_shared(value).ok()
+        debug_assert_eq!(value.len(), len);
+        HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
     }
+}
+
+/// The number of decimal digits of `n`.
+fn decimal_len(mut n: u64) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
 }
 
 /// The draft-10 headers for one `decision` of `limiter` (see
