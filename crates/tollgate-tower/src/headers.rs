@@ -322,38 +322,28 @@ impl RateLimitHeaders {
                 (item, r, t)
             })
         };
+        let (mut r_digits, mut t_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
         let len: usize = members()
             .enumerate()
             .map(|(i, (item, r, t))| {
                 let separator = if i > 0 { 2 } else { 0 };
-                separator + item.len() + 6 + decimal_len(r) + decimal_len(t)
+                separator + item.len() + 6 + r_digits.format(r).len() + t_digits.format(t).len()
             })
             .sum();
         let mut value = Vec::with_capacity(len);
-        let mut digits = itoa::Buffer::new();
         for (i, (item, r, t)) in members().enumerate() {
             if i > 0 {
                 value.extend_from_slice(b", ");
             }
             value.extend_from_slice(item.as_bytes());
             value.extend_from_slice(b";r=");
-            value.extend_from_slice(digits.format(r).as_bytes());
+            value.extend_from_slice(r_digits.format(r).as_bytes());
             value.extend_from_slice(b";t=");
-            value.extend_from_slice(digits.format(t).as_bytes());
+            value.extend_from_slice(t_digits.format(t).as_bytes());
         }
         debug_assert_eq!(value.len(), len);
         HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
     }
-}
-
-/// The number of decimal digits of `n`.
-fn decimal_len(mut n: u64) -> usize {
-    let mut len = 1;
-    while n >= 10 {
-        n /= 10;
-        len += 1;
-    }
-    len
 }
 
 /// The draft-10 headers for one `decision` of `limiter` (see

@@ -9,6 +9,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tollgate_core::{Decision, Error, Subject};
@@ -211,15 +212,15 @@ where
                             },
                         },
                     };
-                    let req = req.take().expect("polled after completion");
-                    match decided(shared, selected, subject, *cost, result, req) {
+                    let (mut parts, body) =
+                        req.take().expect("polled after completion").into_parts();
+                    match decided(shared, selected, subject, *cost, result, &mut parts) {
                         Decided::Admit {
-                            req,
                             headers,
                             reservation,
                         } => {
                             let mut inner = inner.take().expect("polled after completion");
-                            let fut = inner.call(req);
+                            let fut = inner.call(Request::from_parts(parts, body));
                             this.state.set(State::Calling {
                                 fut,
                                 headers,
@@ -286,28 +287,27 @@ pub(crate) struct Check {
     pub(crate) selected: Option<Arc<Entry>>,
 }
 
-/// A decided check: the request to call the inner service with, or the
-/// answer instead.
-pub(crate) enum Decided<ReqB> {
+/// A decided check: what an admitted request's response gets, or the
+/// answer instead of calling the inner service.
+pub(crate) enum Decided {
     Admit {
-        req: Request<ReqB>,
         headers: Option<DecisionHeaders>,
         reservation: Option<Reservation>,
     },
     Reply(Response<Bytes>),
 }
 
-/// Reports `result` (the check of `cost` for `subject`) and turns it into
-/// the request to pass on, with the [`Decision`] in its extensions, or
-/// the rejection; whether the check was decided in `call` or when polled.
-pub(crate) fn decided<ReqB>(
+/// Reports `result` (the check of `cost` for `subject`) of the request with
+/// head `req`: admitted, the [`Decision`] joins its extensions; refused,
+/// the rejection. Whether the check was decided in `call` or when polled.
+pub(crate) fn decided(
     shared: &Arc<Shared>,
     selected: &Option<Arc<Entry>>,
     subject: &Subject,
     cost: u64,
     result: Result<Decision, Error>,
-    mut req: Request<ReqB>,
-) -> Decided<ReqB> {
+    req: &mut Parts,
+) -> Decided {
     let entry = shared.entry(selected);
     shared.observe(entry, subject, cost, &result);
     let shadow = shared.options.shadow;
@@ -323,24 +323,22 @@ pub(crate) fn decided<ReqB>(
                 };
                 reservation = Some(counting.reserve(&entry.limiter, subject, charge, report));
             }
-            req.extensions_mut().insert(d);
+            req.extensions.insert(d);
             if let Some(plan) = &entry.plan {
-                req.extensions_mut().insert(plan.clone());
+                req.extensions.insert(plan.clone());
             }
             Some(headers)
         }
         Err(_) if shadow => None,
         outcome => {
-            let (parts, _body) = req.into_parts();
             let response = shared
                 .options
                 .answer
-                .reject(&parts, shared.rejection(entry, outcome));
+                .reject(req, shared.rejection(entry, outcome));
             return Decided::Reply(response);
         }
     };
     Decided::Admit {
-        req,
         headers,
         reservation,
     }

@@ -328,7 +328,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let subject = match self.key.extract(&parts) {
             Ok(Some(subject)) => subject,
             Ok(None) => {
@@ -351,7 +351,6 @@ where
         // Over plans, the plan is chosen now, from the head; over one
         // limiter, nothing is looked up.
         let selected = self.shared.select(&parts);
-        let req = Request::from_parts(parts, body);
         let check = |subject| Check {
             subject,
             cost,
@@ -361,6 +360,7 @@ where
         if self.shared.wait().is_some() {
             // A wait for a slot starts when the future is polled.
             let inner = take_readied(&mut self.inner);
+            let req = Request::from_parts(parts, body);
             return ResponseFuture::checking(check(subject), None, inner, req);
         }
         // An answer ready at once (an in-process store, the deny cache, a
@@ -369,17 +369,22 @@ where
         // round trip is sent when the future is first polled.
         let entry = self.shared.entry(&selected);
         match entry.limiter.try_check_now(&subject, cost) {
-            Ok(result) => match decided(&self.shared, &selected, &subject, cost, result, req) {
-                Decided::Admit {
-                    req,
-                    headers,
-                    reservation,
-                } => ResponseFuture::admitted(self.inner.call(req), headers, reservation),
-                Decided::Reply(response) => ResponseFuture::reply(response),
-            },
+            Ok(result) => {
+                match decided(&self.shared, &selected, &subject, cost, result, &mut parts) {
+                    Decided::Admit {
+                        headers,
+                        reservation,
+                    } => {
+                        let req = Request::from_parts(parts, body);
+                        ResponseFuture::admitted(self.inner.call(req), headers, reservation)
+                    }
+                    Decided::Reply(response) => ResponseFuture::reply(response),
+                }
+            }
             Err(round_trip) => {
                 let pending = Box::pin(round_trip.send());
                 let inner = take_readied(&mut self.inner);
+                let req = Request::from_parts(parts, body);
                 ResponseFuture::checking(check(subject), Some(pending), inner, req)
             }
         }
