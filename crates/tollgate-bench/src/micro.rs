@@ -42,8 +42,9 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         "`Subject::from(IpAddr)` + key string (per check)",
         "tollgate `try_check_now`, memory backend, GCRA (deny cache on; what the middleware \
          calls: the subject borrowed, no future)",
-        "`SystemTime::now` + `Instant::now` (the two clock reads of a memory check with the deny \
-         cache on)",
+        "`SystemTime::now` + `Instant::now` (the clocks a check reads: a memory check reads its \
+         store's clock once, which times its deny cache too; a Redis check with the deny cache \
+         reads the monotonic one)",
     ];
     let k = names.len();
     let mut ns = vec![Vec::new(); k];

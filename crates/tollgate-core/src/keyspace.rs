@@ -52,7 +52,9 @@ pub const DEFAULT_PREFIX: &str = "tollgate";
 /// ```
 #[derive(Clone)]
 pub struct Subject {
-    encoded: String,
+    /// Shared: a clone (a check of `&Subject`, a round trip) copies no
+    /// bytes.
+    encoded: Arc<str>,
     /// A non-secret label the application gives (the throttled list shows
     /// it); not part of the identity.
     label: Option<Arc<str>>,
@@ -75,9 +77,7 @@ impl std::hash::Hash for Subject {
 impl Subject {
     /// A subject made of one part.
     pub fn new(part: impl AsRef<[u8]>) -> Self {
-        let mut out = String::with_capacity(part.as_ref().len() + 4);
-        escape_into(part.as_ref(), &mut out);
-        Self::finish(out)
+        escaped(|out| escape_into(part.as_ref(), out))
     }
 
     /// A subject made of several parts (user id and route, say); each part is
@@ -87,19 +87,19 @@ impl Subject {
         I: IntoIterator<Item = P>,
         P: AsRef<[u8]>,
     {
-        let mut out = String::new();
-        for (i, part) in parts.into_iter().enumerate() {
-            if i > 0 {
-                out.push(':');
+        escaped(|out| {
+            for (i, part) in parts.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(':');
+                }
+                escape_into(part.as_ref(), out);
             }
-            escape_into(part.as_ref(), &mut out);
-        }
-        Self::finish(out)
+        })
     }
 
-    fn plain(encoded: String) -> Self {
+    fn plain(encoded: &str) -> Self {
         Subject {
-            encoded,
+            encoded: Arc::from(encoded),
             label: None,
         }
     }
@@ -139,7 +139,7 @@ impl Subject {
             }
         }
         if valid || id == "%e" || digest {
-            Ok(Subject::plain(id.to_owned()))
+            Ok(Subject::plain(id))
         } else {
             Err(Error::InvalidConfig(format!(
                 "{id:?} is not a subject id (the escaped form keys and the throttled list show)"
@@ -160,13 +160,13 @@ impl Subject {
         self.label.as_deref()
     }
 
-    fn finish(encoded: String) -> Self {
+    fn finish(encoded: &str) -> Self {
         if encoded.is_empty() {
             // `%e` cannot come out of escaping (escapes are `%` + two upper-case hex digits).
-            Subject::plain("%e".to_owned())
+            Subject::plain("%e")
         } else if encoded.len() > MAX_SUBJECT_LEN {
             let digest = Sha256::digest(encoded.as_bytes());
-            Subject::plain(format!("%h{}", hex(&digest[..16])))
+            Subject::plain(&format!("%h{}", hex(&digest[..16])))
         } else {
             Subject::plain(encoded)
         }
@@ -221,17 +221,15 @@ impl From<IpAddr> for Subject {
     /// written without an intermediate `String` (this runs per request).
     fn from(ip: IpAddr) -> Self {
         match ip {
-            IpAddr::V4(v4) => {
-                // Digits and dots need no escaping.
-                let mut out = String::with_capacity(15);
+            // Digits and dots need no escaping.
+            IpAddr::V4(v4) => escaped(|out| {
                 for (i, octet) in v4.octets().into_iter().enumerate() {
                     if i > 0 {
                         out.push('.');
                     }
-                    push_decimal(&mut out, octet);
+                    push_decimal(out, octet);
                 }
-                Subject::plain(out)
-            }
+            }),
             IpAddr::V6(v6) => {
                 use std::io::Write;
                 // At most 45 bytes of text ("ffff:…:255.255.255.255").
@@ -255,9 +253,38 @@ fn push_decimal(out: &mut String, n: u8) {
     out.push(char::from(b'0' + n % 10));
 }
 
+/// The subject `write` escapes into this thread's buffer (one allocation:
+/// the subject's own).
+fn escaped(write: impl FnOnce(&mut String)) -> Subject {
+    thread_local! {
+        static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    let mut write = Some(write);
+    let made = BUF.try_with(|cell| {
+        let mut buf = cell.try_borrow_mut().ok()?;
+        buf.clear();
+        (write.take()?)(&mut buf);
+        Some(Subject::finish(&buf))
+    });
+    match (made, write) {
+        (Ok(Some(subject)), _) => subject,
+        // The thread is exiting, or a subject is being made while one is.
+        (_, Some(write)) => {
+            let mut out = String::new();
+            write(&mut out);
+            Subject::finish(&out)
+        }
+        (_, None) => unreachable!("the buffer was borrowed, so the subject was made"),
+    }
+}
+
 impl From<u64> for Subject {
     fn from(n: u64) -> Self {
-        Subject::new(n.to_string())
+        // Digits need no escaping (and 20 of them no digest).
+        escaped(|out| {
+            use std::fmt::Write;
+            let _ = write!(out, "{n}");
+        })
     }
 }
 
@@ -379,7 +406,25 @@ impl Keyspace {
         self.write(Some(kind), subject, None, key);
     }
 
-    fn write(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>, key: &mut String) {
+    /// What every key of `kind` starts with, up to its subject:
+    /// `<prefix>:<policy>:<kind>:{`. Made once, it writes a key per check
+    /// in one copy ([`write_key_after`](Self::write_key_after)).
+    pub(crate) fn head_of(&self, kind: &str) -> String {
+        let mut head = String::new();
+        self.write_head(Some(kind), &mut head);
+        head
+    }
+
+    /// The key of `subject` after `head` (from [`head_of`](Self::head_of)),
+    /// appended to `key`: what [`write_key_of`](Self::write_key_of) writes.
+    pub(crate) fn write_key_after(head: &str, subject: &Subject, key: &mut String) {
+        key.reserve(head.len() + subject.encoded.len() + 1);
+        key.push_str(head);
+        key.push_str(&subject.encoded);
+        key.push('}');
+    }
+
+    fn write_head(&self, kind: Option<&str>, key: &mut String) {
         key.push_str(&self.prefix);
         key.push(':');
         key.push_str(&self.policy);
@@ -388,6 +433,10 @@ impl Keyspace {
             key.push_str(k);
         }
         key.push_str(":{");
+    }
+
+    fn write(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>, key: &mut String) {
+        self.write_head(kind, key);
         key.push_str(&subject.encoded);
         key.push('}');
         if let Some(s) = suffix {

@@ -308,51 +308,41 @@ impl RateLimitHeaders {
     }
 
     /// The `RateLimit` value, or `None` for a fail-open decision. Written
-    /// into one buffer that becomes the header's bytes without a copy (this
-    /// runs on every request).
+    /// into one buffer of exactly its length, which becomes the header's
+    /// bytes without a copy: one allocation per request (this runs on
+    /// every request; a buffer with room to spare costs a second one).
     pub(crate) fn ratelimit_value(&self, decision: &Decision) -> Option<HeaderValue> {
         if decision.source == DecisionSource::FailOpen {
             return None;
         }
-        // Written into this thread's buffer, then copied once into a buffer
-        // of exactly its length: one allocation per request (a `Vec` made
-        // into `Bytes` with room to spare costs a second one).
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        let members = || {
+            decision.quotas.iter().zip(&self.items).map(|(q, item)| {
+                let r = sf_integer(q.remaining);
+                let t = sf_integer(ceil_secs(q.next_after));
+                (item, r, t)
+            })
+        };
+        let (mut r_digits, mut t_digits) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let len: usize = members()
+            .enumerate()
+            .map(|(i, (item, r, t))| {
+                let separator = if i > 0 { 2 } else { 0 };
+                separator + item.len() + 6 + r_digits.format(r).len() + t_digits.format(t).len()
+            })
+            .sum();
+        let mut value = Vec::with_capacity(len);
+        for (i, (item, r, t)) in members().enumerate() {
+            if i > 0 {
+                value.extend_from_slice(b", ");
+            }
+            value.extend_from_slice(item.as_bytes());
+            value.extend_from_slice(b";r=");
+            value.extend_from_slice(r_digits.format(r).as_bytes());
+            value.extend_from_slice(b";t=");
+            value.extend_from_slice(t_digits.format(t).as_bytes());
         }
-        let write = |value: &mut Vec<u8>| {
-            let mut digits = itoa::Buffer::new();
-            for (i, (q, item)) in decision.quotas.iter().zip(&self.items).enumerate() {
-                if i > 0 {
-                    value.extend_from_slice(b", ");
-                }
-                value.extend_from_slice(item.as_bytes());
-                value.extend_from_slice(b";r=");
-                value.extend_from_slice(digits.format(sf_integer(q.remaining)).as_bytes());
-                value.extend_from_slice(b";t=");
-                value.extend_from_slice(
-                    digits
-                        .format(sf_integer(ceil_secs(q.next_after)))
-                        .as_bytes(),
-                );
-            }
-        };
-        let reused = BUF.try_with(|cell| {
-            let mut buf = cell.try_borrow_mut().ok()?;
-            buf.clear();
-            write(&mut buf);
-            Some(Bytes::copy_from_slice(&buf))
-        });
-        let value = match reused {
-            Ok(Some(bytes)) => bytes,
-            // The thread is exiting, or a nested call holds the buffer.
-            _ => {
-                let mut value = Vec::new();
-                write(&mut value);
-                Bytes::from(value)
-            }
-        };
-        HeaderValue::from_maybe_shared(value).ok()
+        debug_assert_eq!(value.len(), len);
+        HeaderValue::from_maybe_shared(Bytes::from(value)).ok()
     }
 }
 

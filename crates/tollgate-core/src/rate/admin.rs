@@ -71,7 +71,7 @@ impl RateLimiter {
     fn hear(&self, message: &str) {
         let inner = &self.inner;
         if let Some(cache) = &inner.deny_cache {
-            cache.forget_before(self.local_now());
+            cache.forget();
         }
         if message == EVERYTHING {
             if let Some(cache) = &inner.deny_cache {

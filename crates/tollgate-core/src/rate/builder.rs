@@ -293,12 +293,15 @@ impl RateLimiterBuilder {
             }
             _ => None,
         };
+        let timing = self.clock.clone().or_else(|| self.backend.decision_clock());
         let limiter = RateLimiter {
             inner: Arc::new(Inner {
                 backend: self.backend,
                 algorithm: self.algorithm,
                 quotas,
+                key_head: keyspace.head_of(self.algorithm.short_name()),
                 keyspace,
+                timing,
                 clock: self.clock,
                 timeout: self.timeout,
                 policy: self.policy,

@@ -13,6 +13,11 @@
 //! limiter's own checks. Other instances' admissions (or a check of this
 //! one decided while the denial was on its way back) only make the store
 //! stricter than the entry says.
+//!
+//! Its time is the clock that times the limiter's decisions when there is
+//! one (the limiter's own, or that of a store deciding in process, which
+//! then counts down exactly as the store does), else this process's
+//! monotonic clock.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,10 +37,18 @@ pub(crate) struct DenyCache {
     /// has run out (nobody is denied), and a lookup costs one atomic load
     /// instead of a hash and a lock.
     latest_until: AtomicU64,
-    /// When an operator's action last made it forget (local clock): a
-    /// denial of a request sent before then may predate the action, so it
-    /// is not cached.
-    forgotten_at: AtomicU64,
+    /// How many times it was told to forget (a give-back, an operator's
+    /// action): a denial of a request sent before the latest may predate
+    /// it, so it is not cached.
+    forgets: AtomicU64,
+}
+
+/// When a check was sent, as its denial is cached: the local time, and the
+/// forget count then.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sent {
+    pub(crate) at: u64,
+    pub(crate) forgets: u64,
 }
 
 #[derive(Default)]
@@ -65,7 +78,7 @@ impl DenyCache {
             shards: (0..DENY_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: std::hash::RandomState::new(),
             latest_until: AtomicU64::new(0),
-            forgotten_at: AtomicU64::new(0),
+            forgets: AtomicU64::new(0),
         }
     }
 
@@ -110,11 +123,16 @@ impl DenyCache {
         self.shard(key).map.remove(key);
     }
 
-    /// From now on (`now`, local clock), denials of requests sent before
-    /// are not cached: an operator's action may have made them stale
-    /// while they were on their way.
-    pub(crate) fn forget_before(&self, now: u64) {
-        self.forgotten_at.fetch_max(now, Ordering::Relaxed);
+    /// From now on, denials of requests sent before are not cached: a
+    /// give-back or an operator's action may have made them stale while
+    /// they were on their way.
+    pub(crate) fn forget(&self) {
+        self.forgets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The forget count, read as a request is sent ([`Sent::forgets`]).
+    pub(crate) fn forgets(&self) -> u64 {
+        self.forgets.load(Ordering::Relaxed)
     }
 
     /// Forgets every denial (an operator changed something this instance
@@ -125,12 +143,13 @@ impl DenyCache {
         }
     }
 
-    /// Remembers a denial of `cost`: the request was sent at `sent_at` and
-    /// answered at `replied_at` (local clock).
-    pub(crate) fn insert(&self, key: &str, cost: u64, sent_at: u64, replied_at: u64, d: &Decision) {
-        if sent_at <= self.forgotten_at.load(Ordering::Relaxed) {
+    /// Remembers a denial of `cost`: the request was `sent` and answered
+    /// at `replied_at` (local clock).
+    pub(crate) fn insert(&self, key: &str, cost: u64, sent: Sent, replied_at: u64, d: &Decision) {
+        if sent.forgets != self.forgets.load(Ordering::Relaxed) {
             return;
         }
+        let sent_at = sent.at;
         let Some(retry) = d.retry_after else { return };
         // The first change the countdown cannot follow: a unit made
         // available (a quota with nothing used has no next unit to wait for).
@@ -187,6 +206,10 @@ mod tests {
         )
     }
 
+    fn sent(at: u64) -> Sent {
+        Sent { at, forgets: 0 }
+    }
+
     fn d_again() -> Decision {
         let mut d = denial(500_000);
         d.quotas[0].next_after = Duration::from_millis(300);
@@ -200,7 +223,7 @@ mod tests {
         // Sent at 1 ms, answered at 2 ms: retry 500 ms, next unit in 300 ms.
         let mut d = denial(500_000);
         d.quotas[0].next_after = Duration::from_millis(300);
-        c.insert("a", 2, 1_000, 2_000, &d);
+        c.insert("a", 2, sent(1_000), 2_000, &d);
         let d = c.get("a", 2, 102_000).expect("cached");
         assert_eq!(d.source, DecisionSource::DenyCache);
         // Counted down from the reply: never shorter than the store's wait.
@@ -212,7 +235,7 @@ mod tests {
         assert!(c.get("a", 2, 300_999).is_some());
         assert!(c.get("a", 2, 301_000).is_none(), "a unit came back");
         // Another cost asks the store, and the entry goes with it.
-        c.insert("a", 2, 1_000, 2_000, &d_again());
+        c.insert("a", 2, sent(1_000), 2_000, &d_again());
         assert!(c.get("a", 1, 102_000).is_none(), "another cost asks again");
         assert!(
             c.get("a", 2, 102_000).is_none(),
@@ -220,16 +243,36 @@ mod tests {
         );
     }
 
+    /// A denial of a request sent before a forget is not cached; one sent
+    /// after is.
+    #[test]
+    fn a_forget_drops_denials_already_on_their_way() {
+        let c = DenyCache::new(100);
+        let before = Sent {
+            at: 1_000,
+            forgets: c.forgets(),
+        };
+        c.forget();
+        c.insert("a", 1, before, 2_000, &denial(500_000));
+        assert!(c.get("a", 1, 3_000).is_none(), "sent before the forget");
+        let after = Sent {
+            at: 1_000,
+            forgets: c.forgets(),
+        };
+        c.insert("a", 1, after, 2_000, &denial(500_000));
+        assert!(c.get("a", 1, 3_000).is_some());
+    }
+
     #[test]
     fn allowed_decisions_are_not_cached_and_capacity_is_bounded() {
         let c = DenyCache::new(1);
         let mut allowed = denial(1_000);
         allowed.retry_after = None;
-        c.insert("x", 1, 0, 0, &allowed);
+        c.insert("x", 1, sent(0), 0, &allowed);
         assert!(c.get("x", 1, 1).is_none());
         // One entry per shard: many keys never grow it past the shards.
         for i in 0..1_000 {
-            c.insert(&format!("k{i}"), 1, 0, 0, &denial(1_000_000));
+            c.insert(&format!("k{i}"), 1, sent(0), 0, &denial(1_000_000));
         }
         let held: usize = c.shards.iter().map(|s| s.lock().unwrap().map.len()).sum();
         assert!(held <= DENY_SHARDS, "{held}");

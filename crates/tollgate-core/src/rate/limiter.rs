@@ -5,11 +5,12 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::charge::{charge_of, next_id};
-use super::deny_cache::DenyCache;
+use super::deny_cache::{DenyCache, Sent};
 use super::lease::{self, Taking};
+use super::pending::{PendingCheck, Prepared};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -61,6 +62,13 @@ pub(super) struct Inner {
     pub(super) quotas: Arc<[Quota]>,
     pub(super) keyspace: Keyspace,
     pub(super) clock: Option<Arc<dyn Clock>>,
+    /// What times a decision: `clock`, else the clock of a store that
+    /// decides in process ([`RateBackend::decision_clock`]); `None`: the
+    /// store's own time (Redis `TIME`).
+    pub(super) timing: Option<Arc<dyn Clock>>,
+    /// `<prefix>:<name>:<algorithm>:{`: a one-quota key is this, the
+    /// subject and `}`.
+    pub(super) key_head: String,
     pub(super) timeout: Duration,
     pub(super) policy: FailurePolicy,
     pub(super) fallback: Option<RateLimiter>,
@@ -220,7 +228,7 @@ impl RateLimiter {
     // Moved, not boxed: a box would cost an allocation per round trip.
     #[allow(clippy::result_large_err)]
     #[inline]
-    fn start(
+    pub(super) fn start(
         &self,
         subject: &Subject,
         cost: u64,
@@ -234,22 +242,22 @@ impl RateLimiter {
             }
         }
         // A subject with a live quota lease is answered from it.
-        let hot = match self.serve_leased(subject, cost, max_wait_micros) {
+        let (hot, leased_at) = match self.serve_leased(subject, cost, max_wait_micros) {
             Ok(d) => return Ok(Ok(d)),
             Err(hot) => hot,
         };
         let keys = take_keys(inner, subject);
-        // A limiter's own clock times the decision and is its local time
-        // too: read once.
-        let now_micros = inner.clock.as_ref().map(|c| c.now_micros());
-        // Only the deny cache needs the local time (as of before the request
-        // is sent); skip the clock read without one.
-        let sent_at = match (&inner.deny_cache, now_micros) {
-            (None, _) => 0,
-            (Some(_), Some(now)) => now,
-            (Some(_), None) => monotonic_micros(),
-        };
+        // The clock that times the decision (the limiter's, else an
+        // in-process store's) is the deny cache's too: read once.
+        let now_micros = inner.timing.as_ref().map(|c| c.now_micros());
+        let mut sent = Sent::default();
         if let Some(cache) = &inner.deny_cache {
+            // The local time as of before the request is sent: what a
+            // denial it brings back is cached from.
+            sent = Sent {
+                at: now_micros.unwrap_or_else(monotonic_micros),
+                forgets: cache.forgets(),
+            };
             // A bucket reserves a wait that fits on the store: a cached
             // denial answers only a wait longer than the caller's.
             let reserves = max_wait_micros > 0 && inner.algorithm.uses_burst();
@@ -258,7 +266,7 @@ impl RateLimiter {
                     .is_some_and(|r| r.as_micros() <= u128::from(max_wait_micros))
             };
             if let Some(d) = cache
-                .get(&keys[0], cost, sent_at)
+                .get(&keys[0], cost, sent.at)
                 .filter(|d| !(reserves && fits(d)))
             {
                 tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), "denied from the local deny cache");
@@ -273,7 +281,7 @@ impl RateLimiter {
             return_keys(keys);
             return Ok(self.on_failure(subject, cost, Error::CircuitOpen));
         }
-        let lease = self.begin_lease(hot, subject, cost);
+        let lease = self.begin_lease(hot, subject, cost, leased_at);
         let mut keys = keys;
         add_block_key(inner, subject, &mut keys);
         let request = RateRequest {
@@ -290,55 +298,27 @@ impl RateLimiter {
         };
         match lease::check_now(&lease, &*inner.backend, &request) {
             Some(outcome) => {
-                let decision = self.conclude(subject, sent_at, &request, outcome);
+                let decision = self.conclude(subject, sent, &request, outcome);
                 return_keys(request.keys);
-                Ok(decision.map(|d| Taking::charged(&lease, d)))
+                match lease {
+                    None => Ok(decision),
+                    Some(_) => Ok(decision.map(|d| Taking::charged(&lease, d))),
+                }
             }
             None => Err(Prepared {
                 request,
-                sent_at,
+                sent,
                 lease,
             }),
         }
     }
 
-    /// The round trip, bounded by the timeout.
-    async fn send(&self, mut prepared: Prepared, subject: &Subject) -> Result<Decision> {
-        let inner = &self.inner;
-        prepared.request.deadline = Instant::now().checked_add(inner.timeout);
-        // Only a round trip can come back after its caller left: a check
-        // decided in process carries no hook (no reference count per check).
-        prepared.request.unclaimed = Some(inner.unclaimed.clone());
-        let outcome = {
-            // A span per round trip (none in process): what a trace of a
-            // slow request shows.
-            let span = tracing::debug_span!(
-                "tollgate.rate.check",
-                policy = inner.keyspace.policy(),
-                store = inner.backend.kind(),
-                cost = prepared.request.cost,
-            );
-            let call = lease::check(&prepared.lease, &*inner.backend, &prepared.request);
-            let mut call = tracing::Instrument::instrument(call, span);
-            // A backend that answers on the first poll needs no timer (and
-            // then none is required of the runtime).
-            match futures_util::poll!(&mut call) {
-                std::task::Poll::Ready(r) => r,
-                std::task::Poll::Pending => tokio::time::timeout(inner.timeout, call)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(inner.timeout))),
-            }
-        };
-        self.conclude(subject, prepared.sent_at, &prepared.request, outcome)
-            .map(|d| Taking::charged(&prepared.lease, d))
-    }
-
     /// Turns the backend's answer (or failure) into a decision.
     #[inline]
-    fn conclude(
+    pub(super) fn conclude(
         &self,
         subject: &Subject,
-        sent_at: u64,
+        sent: Sent,
         request: &RateRequest,
         outcome: Result<RateReply>,
     ) -> Result<Decision> {
@@ -358,7 +338,7 @@ impl RateLimiter {
             }
             Err(e) => return self.on_error(subject, request.cost, e),
         };
-        Ok(self.decided(subject, sent_at, request, &reply))
+        Ok(self.decided(subject, sent, request, &reply))
     }
 
     /// The decision from the store's reply to `request`, one outcome per
@@ -368,7 +348,7 @@ impl RateLimiter {
     fn decided(
         &self,
         subject: &Subject,
-        sent_at: u64,
+        sent: Sent,
         request: &RateRequest,
         reply: &RateReply,
     ) -> Decision {
@@ -399,8 +379,8 @@ impl RateLimiter {
                 op.tally.denied(subject);
             }
             if let Some(cache) = &inner.deny_cache {
-                let replied_at = self.local_now();
-                cache.insert(&request.keys[0], request.cost, sent_at, replied_at, &d);
+                let replied_at = self.cache_now();
+                cache.insert(&request.keys[0], request.cost, sent, replied_at, &d);
             }
         }
         d
@@ -483,6 +463,15 @@ impl RateLimiter {
         }
     }
 
+    /// The deny cache's time: the clock that times decisions, else this
+    /// process's monotonic clock.
+    pub(super) fn cache_now(&self) -> u64 {
+        match &self.inner.timing {
+            Some(c) => c.now_micros(),
+            None => monotonic_micros(),
+        }
+    }
+
     pub(super) fn local_now(&self) -> u64 {
         match &self.inner.clock {
             Some(c) => c.now_micros(),
@@ -516,7 +505,7 @@ fn take_keys(inner: &Inner, subject: &Subject) -> Vec<String> {
     keys.truncate(total);
     if n == 1 {
         keys[0].clear();
-        ks.write_key_of(kind, subject, &mut keys[0]);
+        Keyspace::write_key_after(&inner.key_head, subject, &mut keys[0]);
     } else {
         for (i, key) in keys[..n].iter_mut().enumerate() {
             *key = ks.key_of(kind, subject, Some(&format!("q{i}")));
@@ -543,52 +532,6 @@ fn add_block_key(inner: &Inner, subject: &Subject, keys: &mut [String]) {
 fn return_keys(keys: Vec<String>) {
     // A thread being torn down keeps no buffer.
     let _ = KEYS.try_with(|k| k.set(keys));
-}
-
-/// A check that needs a round trip: see [`RateLimiter::try_check_now`].
-#[must_use = "a pending check does nothing until it is sent"]
-pub struct PendingCheck {
-    limiter: RateLimiter,
-    subject: Subject,
-    prepared: Prepared,
-}
-
-struct Prepared {
-    request: RateRequest,
-    /// Local time before sending, for the deny cache.
-    sent_at: u64,
-    /// The quota lease this check takes, if it takes one.
-    lease: Option<Taking>,
-}
-
-impl PendingCheck {
-    /// Sends the check (one round trip, bounded by the limiter's timeout)
-    /// and decides, applying the failure policy as
-    /// [`RateLimiter::check_n`] does. The decision is timed when it is sent.
-    ///
-    /// Send it promptly: when the circuit breaker is half-open, this check
-    /// may be the one probe of the backend, and dropping it unsent keeps
-    /// the circuit open for another cooldown.
-    pub async fn send(mut self) -> Result<Decision> {
-        // It may be sent a while after it was made: time it now.
-        let inner = &self.limiter.inner;
-        if let Some(clock) = &inner.clock {
-            self.prepared.request.now_micros = Some(clock.now_micros());
-        }
-        if inner.deny_cache.is_some() {
-            self.prepared.sent_at = self.limiter.local_now();
-        }
-        self.limiter.send(self.prepared, &self.subject).await
-    }
-}
-
-impl fmt::Debug for PendingCheck {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PendingCheck")
-            .field("subject", &self.subject)
-            .field("cost", &self.prepared.request.cost)
-            .finish_non_exhaustive()
-    }
 }
 
 /// The fallback's denial of a cost above its local share, from a peek `d`

@@ -10,7 +10,7 @@ use super::charge::charge_of;
 use super::deny_cache::DenyCache;
 use super::settle::settle_request;
 use super::{Charge, Decision, DecisionSource, RateLimiter};
-use crate::clock::{monotonic_micros, Clock};
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::failure::is_outage;
 use crate::keyspace::Subject;
@@ -46,14 +46,14 @@ pub(super) fn unclaimed(
             settle_request(algorithm, &quotas, None, keys, &c, 0, now)
         });
         let (backend, policy) = (Arc::clone(&backend), policy.clone());
-        let (deny_cache, clock) = (deny_cache.clone(), clock.clone());
+        let deny_cache = deny_cache.clone();
         async move {
             let Some(refund) = refund else { return };
             // As every give-back: a denial cached or in flight meanwhile
             // may be stale once it lands.
             let forget = |cache: &DenyCache| {
                 cache.remove(&refund.keys[0]);
-                cache.forget_before(clock.as_ref().map_or_else(monotonic_micros, |c| c.now_micros()));
+                cache.forget();
             };
             if let Some(cache) = &deny_cache {
                 forget(cache);

@@ -186,7 +186,7 @@ impl RateLimiter {
             cache.remove(&keys[0]);
             // A denial of a check already on its way may be decided before
             // the give-back lands and answered after it: not cached.
-            cache.forget_before(self.local_now());
+            cache.forget();
         }
         let now = inner.clock.as_ref().map(|c| c.now_micros());
         let request = settle_request(
@@ -227,7 +227,7 @@ impl RateLimiter {
                 // Again once applied: a denial decided before the settle
                 // may have been cached while it was on its way.
                 cache.remove(&request.keys[0]);
-                cache.forget_before(self.local_now());
+                cache.forget();
             }
             let direction = if gives { "give_back" } else { "debt" };
             tracing::debug!(policy, subject = %subject.digest(), cost = charge.cost, actual, direction, "settled");

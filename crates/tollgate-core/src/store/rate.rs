@@ -465,6 +465,15 @@ pub trait RateBackend: Send + Sync + fmt::Debug + 'static {
     /// A short name for logs: `"memory"`, `"redis"`, ….
     fn kind(&self) -> &'static str;
 
+    /// The clock this store decides by, when it is in this process and
+    /// answers every check at once: a limiter without a clock of its own
+    /// reads it once per check, passes the reading as the request's time
+    /// (what the store would have read) and times its deny cache by it
+    /// too. The default is none: the store times its decisions itself.
+    fn decision_clock(&self) -> Option<Arc<dyn crate::clock::Clock>> {
+        None
+    }
+
     /// The operator plane of this store, if it has one: where a limiter
     /// registers, hears admin actions and reports whom it throttles. The
     /// default is none (a store of your own is not administered).
@@ -512,6 +521,10 @@ impl<T: RateBackend + ?Sized> RateBackend for Arc<T> {
 
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+
+    fn decision_clock(&self) -> Option<Arc<dyn crate::clock::Clock>> {
+        (**self).decision_clock()
     }
 
     fn admin(&self) -> Option<Arc<dyn AdminBackend>> {

@@ -175,7 +175,7 @@ fn draft10_policy(h: &RateLimitHeaders) -> Option<HeaderValue> {
 /// denied (for the problem body).
 #[derive(Debug, Default)]
 pub(crate) struct DecisionHeaders {
-    fields: Vec<(&'static Field, HeaderValue)>,
+    fields: Fields,
     /// On a denial, the names of the violated policies (even with headers
     /// off: the 429 body lists them).
     pub(crate) violated: Vec<String>,
@@ -191,7 +191,7 @@ impl DecisionHeaders {
         primary: bool,
         legacy: bool,
     ) -> Self {
-        let mut fields = Vec::new();
+        let mut fields = Fields::default();
         let mut write = |format: HeaderFormat| {
             let fixed = &formatter.fixed[format.row()];
             for (field, fixed) in format.fields().iter().zip(&fixed[..]) {
@@ -224,7 +224,7 @@ impl DecisionHeaders {
     /// legacy ones are set only if absent (the innermost limiter's figures
     /// win).
     pub(crate) fn apply(self, target: &mut HeaderMap) {
-        for (field, value) in self.fields {
+        for (field, value) in self.fields.into_iter() {
             match field.merge {
                 Merge::Append => {
                     target.append(field.name.clone(), value);
@@ -243,5 +243,26 @@ impl DecisionHeaders {
         let mut h = HeaderMap::new();
         self.apply(&mut h);
         h
+    }
+}
+
+/// The fields of one decision: the default format's two inline (a request
+/// allocates no list for them), more in a vector.
+#[derive(Debug, Default)]
+struct Fields {
+    first: [Option<(&'static Field, HeaderValue)>; 2],
+    more: Vec<(&'static Field, HeaderValue)>,
+}
+
+impl Fields {
+    fn push(&mut self, field: (&'static Field, HeaderValue)) {
+        match self.first.iter_mut().find(|f| f.is_none()) {
+            Some(free) => *free = Some(field),
+            None => self.more.push(field),
+        }
+    }
+
+    fn into_iter(self) -> impl Iterator<Item = (&'static Field, HeaderValue)> {
+        self.first.into_iter().flatten().chain(self.more)
     }
 }

@@ -9,6 +9,7 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tollgate_core::{Decision, Error, Subject};
@@ -37,8 +38,9 @@ pin_project! {
     ///     .layer(service_fn(|_: Request<()>| async {
     ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
     ///     }));
+    /// // An in-process store answers at once: the check runs in `call`. A
+    /// // check that needs a round trip runs when the future is polled.
     /// let future = svc.ready().await?.call(Request::new(()));
-    /// // Nothing has been checked yet: the check runs when the future is polled.
     /// let response = future.await?;
     /// assert_eq!(response.headers()["ratelimit"].to_str()?.split(';').nth(1), Some("r=4"));
     /// # Ok(()) }
@@ -95,19 +97,25 @@ impl<S, ReqB> ResponseFuture<S, ReqB>
 where
     S: Service<Request<ReqB>>,
 {
+    /// A check to finish when polled: `pending` is its round trip, if it
+    /// was started; `None` starts a wait for a slot.
     pub(crate) fn checking(
-        subject: Subject,
-        cost: u64,
+        check: Check,
+        pending: Option<BoxFuture<'static, Result<Decision, Error>>>,
         inner: S,
         req: Request<ReqB>,
-        shared: Arc<Shared>,
-        selected: Option<Arc<Entry>>,
     ) -> Self {
+        let Check {
+            subject,
+            cost,
+            shared,
+            selected,
+        } = check;
         ResponseFuture {
             state: State::Checking {
                 subject,
                 cost,
-                pending: None,
+                pending,
                 inner: Some(inner),
                 req: Some(req),
                 shared,
@@ -117,11 +125,21 @@ where
     }
 
     pub(crate) fn calling(fut: S::Future, headers: Option<DecisionHeaders>) -> Self {
+        Self::admitted(fut, headers, None)
+    }
+
+    /// The inner service's response to an admitted request, to which
+    /// `headers` are added (once `reservation` is settled against it).
+    pub(crate) fn admitted(
+        fut: S::Future,
+        headers: Option<DecisionHeaders>,
+        reservation: Option<Reservation>,
+    ) -> Self {
         ResponseFuture {
             state: State::Calling {
                 fut,
                 headers,
-                reservation: None,
+                reservation,
             },
         }
     }
@@ -194,48 +212,25 @@ where
                             },
                         },
                     };
-                    shared.observe(entry, subject, *cost, &result);
-                    let shadow = shared.options.shadow;
-                    let mut req = req.take().expect("polled after completion");
-                    let mut inner = inner.take().expect("polled after completion");
-                    let mut reservation = None;
-                    let headers = match result {
-                        Ok(d) if d.allowed || shadow => {
-                            let headers = shared.admitted_headers(entry, &d);
-                            let counting = &shared.options.counting;
-                            if let (Some(charge), true) = (d.charge, counting.holds_charge()) {
-                                let report = Report {
-                                    shared: Arc::clone(shared),
-                                    selected: selected.clone(),
-                                };
-                                reservation =
-                                    Some(counting.reserve(&entry.limiter, subject, charge, report));
-                            }
-                            req.extensions_mut().insert(d);
-                            if let Some(plan) = &entry.plan {
-                                req.extensions_mut().insert(plan.clone());
-                            }
-                            Some(headers)
-                        }
-                        Err(_) if shadow => None,
-                        outcome => {
-                            let (parts, _body) = req.into_parts();
-                            let response = shared
-                                .options
-                                .answer
-                                .reject(&parts, shared.rejection(entry, outcome));
-                            this.state.set(State::Reply {
-                                reply: Reply::new(response),
+                    let (mut parts, body) =
+                        req.take().expect("polled after completion").into_parts();
+                    match decided(shared, selected, subject, *cost, result, &mut parts) {
+                        Decided::Admit {
+                            headers,
+                            reservation,
+                        } => {
+                            let mut inner = inner.take().expect("polled after completion");
+                            let fut = inner.call(Request::from_parts(parts, body));
+                            this.state.set(State::Calling {
+                                fut,
+                                headers,
+                                reservation,
                             });
-                            continue;
                         }
-                    };
-                    let fut = inner.call(req);
-                    this.state.set(State::Calling {
-                        fut,
-                        headers,
-                        reservation,
-                    });
+                        Decided::Reply(response) => this.state.set(State::Reply {
+                            reply: Reply::new(response),
+                        }),
+                    }
                 }
                 StateProj::Calling {
                     fut,
@@ -280,6 +275,72 @@ where
                 StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
             }
         }
+    }
+}
+
+/// What a request is checked with: its subject and cost, and the layer's
+/// shared state with the plan entry that decides.
+pub(crate) struct Check {
+    pub(crate) subject: Subject,
+    pub(crate) cost: u64,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) selected: Option<Arc<Entry>>,
+}
+
+/// A decided check: what an admitted request's response gets, or the
+/// answer instead of calling the inner service.
+pub(crate) enum Decided {
+    Admit {
+        headers: Option<DecisionHeaders>,
+        reservation: Option<Reservation>,
+    },
+    Reply(Response<Bytes>),
+}
+
+/// Reports `result` (the check of `cost` for `subject`) of the request with
+/// head `req`: admitted, the [`Decision`] joins its extensions; refused,
+/// the rejection. Whether the check was decided in `call` or when polled.
+pub(crate) fn decided(
+    shared: &Arc<Shared>,
+    selected: &Option<Arc<Entry>>,
+    subject: &Subject,
+    cost: u64,
+    result: Result<Decision, Error>,
+    req: &mut Parts,
+) -> Decided {
+    let entry = shared.entry(selected);
+    shared.observe(entry, subject, cost, &result);
+    let shadow = shared.options.shadow;
+    let mut reservation = None;
+    let headers = match result {
+        Ok(d) if d.allowed || shadow => {
+            let headers = shared.admitted_headers(entry, &d);
+            let counting = &shared.options.counting;
+            if let (Some(charge), true) = (d.charge, counting.holds_charge()) {
+                let report = Report {
+                    shared: Arc::clone(shared),
+                    selected: selected.clone(),
+                };
+                reservation = Some(counting.reserve(&entry.limiter, subject, charge, report));
+            }
+            req.extensions.insert(d);
+            if let Some(plan) = &entry.plan {
+                req.extensions.insert(plan.clone());
+            }
+            Some(headers)
+        }
+        Err(_) if shadow => None,
+        outcome => {
+            let response = shared
+                .options
+                .answer
+                .reject(req, shared.rejection(entry, outcome));
+            return Decided::Reply(response);
+        }
+    };
+    Decided::Admit {
+        headers,
+        reservation,
     }
 }
 

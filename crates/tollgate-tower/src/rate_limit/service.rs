@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tollgate_core::{Decision, DecisionSource, Error, Plan, Plans, RateLimiter, Subject};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
+use super::future::{decided, Check, Decided, ResponseFuture};
 use super::outcome::Counting;
 use super::plan::{PlanEntries, PlanSelector};
 use super::RequestCost;
@@ -328,20 +328,20 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let mut inner = take_readied(&mut self.inner);
-        let shared = Arc::clone(&self.shared);
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let subject = match self.key.extract(&parts) {
             Ok(Some(subject)) => subject,
             Ok(None) => {
-                return ResponseFuture::calling(inner.call(Request::from_parts(parts, body)), None)
+                let req = Request::from_parts(parts, body);
+                return ResponseFuture::calling(self.inner.call(req), None);
             }
             Err(e) => {
+                let shared = &self.shared;
                 let selected = shared.select(&parts);
                 shared.observe_key_error(shared.entry(&selected), &e);
                 if shared.options.shadow {
                     let req = Request::from_parts(parts, body);
-                    return ResponseFuture::calling(inner.call(req), None);
+                    return ResponseFuture::calling(self.inner.call(req), None);
                 }
                 let response = shared.options.answer.reject(&parts, Rejection::key(e));
                 return ResponseFuture::reply(response);
@@ -350,16 +350,44 @@ where
         let cost = self.cost.cost(&parts);
         // Over plans, the plan is chosen now, from the head; over one
         // limiter, nothing is looked up.
-        let selected = shared.select(&parts);
-        // Lazy: nothing is checked until the response future is polled.
-        ResponseFuture::checking(
+        let selected = self.shared.select(&parts);
+        let check = |subject| Check {
             subject,
             cost,
-            inner,
-            Request::from_parts(parts, body),
-            shared,
-            selected,
-        )
+            shared: Arc::clone(&self.shared),
+            selected: selected.clone(),
+        };
+        if self.shared.wait().is_some() {
+            // A wait for a slot starts when the future is polled.
+            let inner = take_readied(&mut self.inner);
+            let req = Request::from_parts(parts, body);
+            return ResponseFuture::checking(check(subject), None, inner, req);
+        }
+        // An answer ready at once (an in-process store, the deny cache, a
+        // quota lease) is decided here: the readied inner service is called
+        // now, neither cloned nor the request moved into the future. A
+        // round trip is sent when the future is first polled.
+        let entry = self.shared.entry(&selected);
+        match entry.limiter.try_check_now(&subject, cost) {
+            Ok(result) => {
+                match decided(&self.shared, &selected, &subject, cost, result, &mut parts) {
+                    Decided::Admit {
+                        headers,
+                        reservation,
+                    } => {
+                        let req = Request::from_parts(parts, body);
+                        ResponseFuture::admitted(self.inner.call(req), headers, reservation)
+                    }
+                    Decided::Reply(response) => ResponseFuture::reply(response),
+                }
+            }
+            Err(round_trip) => {
+                let pending = Box::pin(round_trip.send());
+                let inner = take_readied(&mut self.inner);
+                let req = Request::from_parts(parts, body);
+                ResponseFuture::checking(check(subject), Some(pending), inner, req)
+            }
+        }
     }
 }
 

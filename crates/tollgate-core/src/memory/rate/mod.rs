@@ -240,6 +240,10 @@ impl RateBackend for MemoryBackend {
         "memory"
     }
 
+    fn decision_clock(&self) -> Option<std::sync::Arc<dyn crate::clock::Clock>> {
+        Some(std::sync::Arc::clone(&self.inner.clock))
+    }
+
     fn admin(&self) -> Option<std::sync::Arc<dyn crate::store::AdminBackend>> {
         Some(std::sync::Arc::new(self.clone()))
     }

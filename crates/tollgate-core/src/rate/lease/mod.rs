@@ -204,28 +204,37 @@ impl RateLimiter {
     }
 
     /// Answers a check from `subject`'s live slice (`Ok`), or tells whether
-    /// the subject is hot enough to lease (`Err`).
+    /// the subject is hot enough to lease, with the local time it was
+    /// looked up at (`Err`; 0 without leases), for [`begin_lease`](Self::begin_lease).
     pub(super) fn serve_leased(
         &self,
         subject: &Subject,
         cost: u64,
         max_wait_micros: u64,
-    ) -> std::result::Result<Decision, bool> {
+    ) -> std::result::Result<Decision, (bool, u64)> {
         match &self.inner.leases {
             Some(leases) => {
-                match leases.serve(self, subject, cost, max_wait_micros, self.local_now()) {
+                let now = self.local_now();
+                match leases.serve(self, subject, cost, max_wait_micros, now) {
                     Served::Yes(d) => Ok(d),
-                    Served::No { hot } => Err(hot),
+                    Served::No { hot } => Err((hot, now)),
                 }
             }
-            None => Err(false),
+            None => Err((false, 0)),
         }
     }
 
-    /// The take a hot subject's check makes, if any (see [`Leases::begin`]).
-    pub(super) fn begin_lease(&self, hot: bool, subject: &Subject, cost: u64) -> Option<Taking> {
+    /// The take a hot subject's check makes, if any (see [`Leases::begin`]),
+    /// at `now`: the local time [`serve_leased`](Self::serve_leased) read.
+    pub(super) fn begin_lease(
+        &self,
+        hot: bool,
+        subject: &Subject,
+        cost: u64,
+        now: u64,
+    ) -> Option<Taking> {
         let leases = self.inner.leases.as_ref().filter(|_| hot)?;
-        leases.begin(subject, cost, self.local_now())
+        leases.begin(subject, cost, now)
     }
 }
 
