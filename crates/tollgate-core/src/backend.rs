@@ -190,6 +190,10 @@ impl RateBackend for Backend {
         self.rate().supports_leases()
     }
 
+    fn decision_clock(&self) -> Option<Arc<dyn crate::clock::Clock>> {
+        self.rate().decision_clock()
+    }
+
     fn lease_rate<'a>(
         &'a self,
         request: &'a RateRequest,

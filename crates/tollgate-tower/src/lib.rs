@@ -33,8 +33,7 @@
 //!   responses.
 //!
 //! Services are `Clone + Send + Sync`, checks run in the response future
-//! (never in `poll_ready`; a rate limit answered at once, in process, is
-//! decided in `call`), the inner service's error type passes through
+//! (never in `poll_ready`), the inner service's error type passes through
 //! unchanged (axum needs `Infallible`) and every rejection is a response.
 //! The response body becomes [`ResponseBody<B>`](ResponseBody), which wraps
 //! the inner body so rejections can carry their problem document; axum

@@ -38,8 +38,7 @@ pin_project! {
     ///     .layer(service_fn(|_: Request<()>| async {
     ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
     ///     }));
-    /// // An in-process store answers at once: the check runs in `call`. A
-    /// // check that needs a round trip runs when the future is polled.
+    /// // Nothing has been checked yet: the check runs when the future is polled.
     /// let future = svc.ready().await?.call(Request::new(()));
     /// let response = future.await?;
     /// assert_eq!(response.headers()["ratelimit"].to_str()?.split(';').nth(1), Some("r=4"));
@@ -97,14 +96,9 @@ impl<S, ReqB> ResponseFuture<S, ReqB>
 where
     S: Service<Request<ReqB>>,
 {
-    /// A check to finish when polled: `pending` is its round trip, if it
-    /// was started; `None` starts a wait for a slot.
-    pub(crate) fn checking(
-        check: Check,
-        pending: Option<BoxFuture<'static, Result<Decision, Error>>>,
-        inner: S,
-        req: Request<ReqB>,
-    ) -> Self {
+    /// A check to make when polled (at once in process, else its round
+    /// trip or its wait for a slot).
+    pub(crate) fn checking(check: Check, inner: S, req: Request<ReqB>) -> Self {
         let Check {
             subject,
             cost,
@@ -115,7 +109,7 @@ where
             state: State::Checking {
                 subject,
                 cost,
-                pending,
+                pending: None,
                 inner: Some(inner),
                 req: Some(req),
                 shared,

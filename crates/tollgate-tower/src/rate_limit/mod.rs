@@ -14,10 +14,8 @@
 //!
 //! # What the middleware does
 //!
-//! For each request (never in `poll_ready`, which only asks the inner
-//! service; in `call` when the limiter answers at once — an in-process
-//! store, the deny cache, a quota lease — else in the response future,
-//! whose first poll sends the round trip):
+//! For each request, in the response future (never in `poll_ready`, which
+//! only asks the inner service):
 //!
 //! 1. the [key extractor](crate::key) yields a key, "not limited" (the
 //!    request passes straight through) or an error (answered with the

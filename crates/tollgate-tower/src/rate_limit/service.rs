@@ -9,7 +9,7 @@ use http::{Request, Response};
 use tollgate_core::{Decision, DecisionSource, Error, Plan, Plans, RateLimiter, Subject};
 use tower_service::Service;
 
-use super::future::{decided, Check, Decided, ResponseFuture};
+use super::future::{Check, ResponseFuture};
 use super::outcome::Counting;
 use super::plan::{PlanEntries, PlanSelector};
 use super::RequestCost;
@@ -328,7 +328,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let (mut parts, body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let subject = match self.key.extract(&parts) {
             Ok(Some(subject)) => subject,
             Ok(None) => {
@@ -351,43 +351,16 @@ where
         // Over plans, the plan is chosen now, from the head; over one
         // limiter, nothing is looked up.
         let selected = self.shared.select(&parts);
-        let check = |subject| Check {
+        let check = Check {
             subject,
             cost,
             shared: Arc::clone(&self.shared),
-            selected: selected.clone(),
+            selected,
         };
-        if self.shared.wait().is_some() {
-            // A wait for a slot starts when the future is polled.
-            let inner = take_readied(&mut self.inner);
-            let req = Request::from_parts(parts, body);
-            return ResponseFuture::checking(check(subject), None, inner, req);
-        }
-        // An answer ready at once (an in-process store, the deny cache, a
-        // quota lease) is decided here: the readied inner service is called
-        // now, neither cloned nor the request moved into the future. A
-        // round trip is sent when the future is first polled.
-        let entry = self.shared.entry(&selected);
-        match entry.limiter.try_check_now(&subject, cost) {
-            Ok(result) => {
-                match decided(&self.shared, &selected, &subject, cost, result, &mut parts) {
-                    Decided::Admit {
-                        headers,
-                        reservation,
-                    } => {
-                        let req = Request::from_parts(parts, body);
-                        ResponseFuture::admitted(self.inner.call(req), headers, reservation)
-                    }
-                    Decided::Reply(response) => ResponseFuture::reply(response),
-                }
-            }
-            Err(round_trip) => {
-                let pending = Box::pin(round_trip.send());
-                let inner = take_readied(&mut self.inner);
-                let req = Request::from_parts(parts, body);
-                ResponseFuture::checking(check(subject), Some(pending), inner, req)
-            }
-        }
+        // Lazy: nothing is checked until the response future is polled (a
+        // caller that drops it unpolled has taken nothing).
+        let inner = take_readied(&mut self.inner);
+        ResponseFuture::checking(check, inner, Request::from_parts(parts, body))
     }
 }
 
@@ -402,6 +375,30 @@ mod tests {
     use super::*;
     use crate::grpc::Protocol;
     use crate::RateLimitLayer;
+
+    /// The check runs when the response future is polled, even on a store
+    /// that answers at once: a future dropped unpolled takes nothing.
+    #[tokio::test]
+    async fn a_future_dropped_unpolled_takes_nothing() {
+        use tower::{service_fn, Layer, ServiceExt};
+
+        let limiter = RateLimiter::builder(MemoryBackend::new(), Algorithm::Gcra)
+            .quota(Quota::per_minute(5))
+            .build()
+            .unwrap();
+        let mut svc = RateLimitLayer::new(limiter.clone())
+            .key(crate::key::GlobalKey)
+            .layer(service_fn(|_: Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(
+                    http_body_util::Empty::<Bytes>::new(),
+                ))
+            }));
+        for _ in 0..10 {
+            drop(svc.ready().await.unwrap().call(Request::new(())));
+        }
+        let left = limiter.check(Subject::new("global")).await.unwrap();
+        assert_eq!(left.remaining, 4, "only this check took a unit");
+    }
 
     /// Stacked limiters each report their policy (the structured-field
     /// lists are appended, inner first) while the legacy `X-RateLimit-*`
