@@ -328,3 +328,39 @@ async fn reset_and_block_revoke_leases_on_every_instance() {
         }
     }
 }
+
+/// Decisions served from a slice are admissions like any other on the
+/// operator plane: its traffic counts every one of them.
+#[tokio::test]
+async fn served_admissions_are_counted_by_the_operator_plane() {
+    use tollgate_core::admin::Admin;
+
+    let backend = MemoryBackend::new();
+    let limiter = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+        .quota(Quota::per_hour(800))
+        .prefix("served")
+        .name("served")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let (mut admitted, mut leased) = (0u64, 0u64);
+    for _ in 0..300 {
+        let d = limiter.check("hot").await.unwrap();
+        admitted += u64::from(d.allowed);
+        leased += u64::from(d.source == DecisionSource::Lease);
+    }
+    assert!(leased > 200, "{leased} served from slices");
+    // Counts go out once a second; the figure averages whole seconds.
+    let admin = Admin::new(backend).with_prefix("served");
+    wait_for("every admission is counted", async || {
+        let Ok(limiters) = admin.limiters().await else {
+            return false;
+        };
+        limiters.iter().any(|l| {
+            l.traffic
+                .as_ref()
+                .is_some_and(|t| (t.allowed_per_second * 5.0).round() as u64 == admitted)
+        })
+    })
+    .await;
+}

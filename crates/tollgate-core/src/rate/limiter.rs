@@ -243,7 +243,13 @@ impl RateLimiter {
         }
         // A subject with a live quota lease is answered from it.
         let (hot, leased_at) = match self.serve_leased(subject, cost, max_wait_micros) {
-            Ok(d) => return Ok(Ok(d)),
+            Ok(d) => {
+                // Served from a slice: an admission the operator plane counts.
+                if let Some(op) = &inner.operated {
+                    op.tally.admitted();
+                }
+                return Ok(Ok(d));
+            }
             Err(hot) => hot,
         };
         let keys = take_keys(inner, subject);
