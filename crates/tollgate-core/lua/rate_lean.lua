@@ -1,13 +1,17 @@
 -- Decides N checks of one limiter (one algorithm, one quota, no wait) in
 -- one call: one TIME, one MGET, one EXISTS of the block keys, one SET per
--- admission (written at once: the checks after it read it from
--- `batch_view`), one figure per check back. At most about 7000 checks per
--- call (unpack's limit on the values it returns). The loader puts before it `local now, cost, n`,
+-- admitted key (a key repeated in the batch: once, at the end), one figure
+-- per check back. At most about 7000 checks per call (unpack's limit on
+-- the values it returns). The loader puts before it `local now, cost, n`,
 -- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
--- quota from ARGV[2], ARGV[3] and defines `step(key, cost)`: it decides one
--- check, stores what it admitted (via `store`) and returns the state it
--- decided from (an integer below 2^52: the state files read nothing else)
--- and whether it admitted; the client derives the figures from the state.
+-- quota from ARGV[2], ARGV[3] and defines `step(key, cost, state)`: it
+-- decides one check from `state` (nil: from what `key` stores) and returns
+-- the state it decided from (an integer below 2^52, read as the single
+-- script reads it) and, when it admitted, the state after; `write(key,
+-- state)` stores a state (via `store`), and a state below `exact_below`
+-- in magnitude reads back as written: the state of a key repeated in the
+-- batch is kept between its checks as a sequence of single calls would
+-- read it back. The client derives the figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
 -- block key in the same order.
 -- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
@@ -36,9 +40,21 @@ if ARGV[6] ~= '' and now > ARGV[6] + 0 then
   late = {}
   for d in string.gmatch(ARGV[7], '%d+') do late[#late + 1] = d ~= '0' and now > d + 0 end
 end
+-- One MGET of the distinct keys; a key repeated in the batch (one hot
+-- subject fills a batch with its key) has its state kept in `held` between
+-- its checks.
 batch_view = {}
-local got = redis.call('MGET', unpack(KEYS, 1, count))
-for i = 1, count do batch_view[KEYS[i]] = got[i] end
+local reads, held, dirty = {}, nil, nil
+for i = 1, count do
+  local key = KEYS[i]
+  if batch_view[key] == nil then
+    batch_view[key], reads[#reads + 1] = false, key
+  elseif not held then
+    held, dirty = {}, {}
+  end
+end
+local got = redis.call('MGET', unpack(reads))
+for i = 1, #reads do batch_view[reads[i]] = got[i] end
 -- A block key exists while its block lasts (rate_block_set.lua): one
 -- EXISTS tells whether any check here may be blocked; only then is each
 -- block key's PTTL read, the wait a single call reports (rate_block.lua).
@@ -52,9 +68,27 @@ for c = 1, count do
     if left > 0 then
       out[c + 1] = {left * 1000}
     else
-      local state, admitted = step(KEYS[c], same or costs[c])
-      out[c + 1] = admitted and state * 2 + 1 or state * 2
+      local key = KEYS[c]
+      local state, after = step(key, same or costs[c], held and held[key])
+      if after == nil then
+        if held then held[key] = state end
+        out[c + 1] = state * 2
+      else
+        if held and after < exact_below and after > -exact_below then
+          held[key], dirty[key] = after, true
+        else
+          -- Stored now (and read back, if again, as a single call would).
+          if held then held[key], dirty[key] = nil, nil end
+          write(key, after)
+        end
+        out[c + 1] = state * 2 + 1
+      end
     end
   end
+end
+-- A write that fails here fails the whole call: no check is answered as
+-- admitted without its write.
+if dirty then
+  for key in pairs(dirty) do write(key, held[key]) end
 end
 return out
