@@ -66,11 +66,23 @@ impl LeanGroup {
     /// (see `lua/rate_lean.lua`). `deadlines`: each check's, on the
     /// server's clock.
     pub(crate) fn fill(&self, cmd: &mut Cmd, requests: &[RateRequest], deadlines: &[Option<u64>]) {
-        cmd.arg(requests.len() * self.keys);
-        // Every check's key, then every check's block key.
-        for at in 0..self.keys {
-            for r in requests {
-                cmd.arg(r.keys[at].as_str());
+        // Checks of one subject (a hot one fills a batch) send its keys once.
+        let one = match requests {
+            [first, rest @ ..] => rest.iter().all(|r| r.keys == first.keys),
+            [] => false,
+        };
+        if one {
+            cmd.arg(self.keys);
+            for key in &requests[0].keys {
+                cmd.arg(key.as_str());
+            }
+        } else {
+            cmd.arg(requests.len() * self.keys);
+            // Every check's key, then every check's block key.
+            for at in 0..self.keys {
+                for r in requests {
+                    cmd.arg(r.keys[at].as_str());
+                }
             }
         }
         match self.now {
@@ -83,7 +95,7 @@ impl LeanGroup {
         } else {
             cmd.arg(format!("{}/{}", self.ticks, self.per));
         }
-        cmd.arg(self.keys);
+        cmd.arg(self.keys).arg(requests.len());
         let cost = requests.first().map_or(0, |r| r.cost);
         if requests.iter().all(|r| r.cost == cost) {
             cmd.arg(cost);
