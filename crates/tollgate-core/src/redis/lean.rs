@@ -234,13 +234,18 @@ fn lua_mod(a: f64, b: f64) -> f64 {
     a - (a / b).floor() * b
 }
 
-fn joined(values: impl Iterator<Item = u64>) -> String {
-    let mut s = String::new();
+/// `values` as 'v1,v2,…', written in place (a deadline per check: no
+/// string of its own each).
+fn joined(values: impl ExactSizeIterator<Item = u64>) -> String {
+    use std::fmt::Write;
+
+    // A µs instant has 16 digits.
+    let mut s = String::with_capacity(values.len() * 17);
     for v in values {
         if !s.is_empty() {
             s.push(',');
         }
-        s.push_str(&v.to_string());
+        let _ = write!(s, "{v}");
     }
     s
 }
@@ -265,6 +270,15 @@ mod tests {
             unclaimed: None,
         };
         (LeanGroup::of(&r).expect("lean"), r)
+    }
+
+    #[test]
+    fn joined_writes_each_value_in_decimal() {
+        assert_eq!(
+            joined([0, 7, 10, u64::MAX].into_iter()),
+            "0,7,10,18446744073709551615"
+        );
+        assert_eq!(joined(std::iter::empty::<u64>()), "");
     }
 
     /// The decision is the script's (the low bit), never re-derived: an
