@@ -3,14 +3,15 @@
 -- The state is the TAT (units of 1/per µs after now, ≥ 0).
 local interval, per = interval_of(ARGV[3])
 local limit_at = ARGV[2] * interval
-local function step(key, cost, tat)
+local function step(key, cost, tat, keep)
   tat = tat or gcra_tat(key, per)
   local nt = tat + cost * interval
-  if nt <= limit_at then return tat, nt end
-  return tat
+  if nt > limit_at then return tat end
+  -- A TAT below 2^52 reads back as written (stored_instant's bound).
+  if keep and nt < 4503599627370496 then return tat, nt end
+  gcra_store(key, nt, per, 0)
+  return tat, nt, true
 end
 local function write(key, nt)
   gcra_store(key, nt, per, 0)
 end
--- A TAT below it reads back as written (stored_instant's bound).
-local exact_below = 4503599627370496

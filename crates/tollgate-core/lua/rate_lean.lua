@@ -4,14 +4,15 @@
 -- per check back. At most about 7000 checks per call (unpack's limit on
 -- the values it returns). The loader puts before it `local now, cost, n`,
 -- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
--- quota from ARGV[2], ARGV[3] and defines `step(key, cost, state)`: it
--- decides one check from `state` (nil: from what `key` stores) and returns
--- the state it decided from (an integer below 2^52, read as the single
--- script reads it) and, when it admitted, the state after; `write(key,
--- state)` stores a state (via `store`), and a state below `exact_below`
--- in magnitude reads back as written: the state of a key repeated in the
--- batch is kept between its checks as a sequence of single calls would
--- read it back. The client derives the figures from the state.
+-- quota from ARGV[2], ARGV[3] and defines `step(key, cost, state, keep)`:
+-- it decides one check from `state` (nil: from what `key` stores) and
+-- returns the state it decided from (an integer below 2^52, read as the
+-- single script reads it), the state after an admission (nil: refused) and
+-- whether it stored it — it does unless `keep` and the state reads back as
+-- written, and then `write(key, state)` stores it later: the state of a key
+-- repeated in the batch is kept between its checks as a sequence of single
+-- calls would read it back, and written once. The client derives the
+-- figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
 -- block key in the same order; or, when every check is of one subject, its
 -- key (and block key) once.
@@ -45,22 +46,17 @@ if ARGV[7] ~= '' and now > ARGV[7] + 0 then
   late = {}
   for d in string.gmatch(ARGV[8], '%d+') do late[#late + 1] = d ~= '0' and now > d + 0 end
 end
--- One MGET of the distinct keys; a key repeated in the batch (one hot
--- subject fills a batch with its key) has its state kept in `held` between
--- its checks.
+-- One MGET; a key repeated in the batch (one hot subject among others)
+-- has its state kept in `held` between its checks.
 batch_view = {}
-local reads, held, dirty = {}, nil, nil
-for i = 1, at * (count - 1) + 1 do
+local last = at * (count - 1) + 1
+local got, held, dirty = redis.call('MGET', unpack(KEYS, 1, last)), nil, nil
+for i = 1, last do
   local key = KEYS[i]
-  if batch_view[key] == nil then
-    batch_view[key], reads[#reads + 1] = false, key
-  elseif not held then
-    held, dirty = {}, {}
-  end
+  if not held and batch_view[key] ~= nil then held, dirty = {}, {} end
+  batch_view[key] = got[i]
 end
 if at == 0 and count > 1 then held, dirty = {}, {} end
-local got = redis.call('MGET', unpack(reads))
-for i = 1, #reads do batch_view[reads[i]] = got[i] end
 -- A block key exists while its block lasts (rate_block_set.lua): one
 -- EXISTS tells whether any check here may be blocked; only then is each
 -- block key's PTTL read, the wait a single call reports (rate_block.lua).
@@ -76,20 +72,17 @@ for c = 1, count do
       out[c + 1] = {left * 1000}
     else
       local key = KEYS[at * (c - 1) + 1]
-      local state, after = step(key, same or costs[c], held and held[key])
-      if after == nil then
-        if held then held[key] = state end
-        out[c + 1] = state * 2
-      else
-        if held and after < exact_below and after > -exact_below then
-          held[key], dirty[key] = after, true
+      local state, after, stored = step(key, same or costs[c], held and held[key], held ~= nil)
+      if held then
+        if after == nil then
+          held[key] = state
+        elseif stored then
+          held[key], dirty[key] = nil, nil
         else
-          -- Stored now (and read back, if again, as a single call would).
-          if held then held[key], dirty[key] = nil, nil end
-          write(key, after)
+          held[key], dirty[key] = after, true
         end
-        out[c + 1] = state * 2 + 1
       end
+      out[c + 1] = after and state * 2 + 1 or state * 2
     end
   end
 end
