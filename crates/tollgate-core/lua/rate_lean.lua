@@ -1,20 +1,27 @@
 -- Decides N checks of one limiter (one algorithm, one quota, no wait) in
 -- one call: one TIME, one MGET, one EXISTS of the block keys, one SET per
--- admission (written at once: the checks after it read it from
--- `batch_view`), one figure per check back. At most about 7000 checks per
--- call (unpack's limit on the values it returns). The loader puts before it `local now, cost, n`,
+-- admitted key (a key repeated in the batch: once, at the end), one figure
+-- per check back. At most about 7000 checks per call (unpack's limit on
+-- the values it returns). The loader puts before it `local now, cost, n`,
 -- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
--- quota from ARGV[2], ARGV[3] and defines `step(key, cost)`: it decides one
--- check, stores what it admitted (via `store`) and returns the state it
--- decided from (an integer below 2^52: the state files read nothing else)
--- and whether it admitted; the client derives the figures from the state.
+-- quota from ARGV[2], ARGV[3] and defines `step(key, cost, state, keep)`:
+-- it decides one check from `state` (nil: from what `key` stores) and
+-- returns the state it decided from (an integer below 2^52, read as the
+-- single script reads it), the state after an admission (nil: refused) and
+-- whether it stored it — it does unless `keep` and the state reads back as
+-- written, and then `write(key, state)` stores it later: the state of a key
+-- repeated in the batch is kept between its checks as a sequence of single
+-- calls would read it back, and written once. The client derives the
+-- figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
--- block key in the same order.
+-- block key in the same order; or, when every check is of one subject, its
+-- key (and block key) once.
 -- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
 -- quota's two parameters, as a single call takes them. ARGV[4]: keys per
--- check. ARGV[5]: every check's cost, or each one's, 'c1,c2,…'. ARGV[6]: the
--- earliest deadline (server µs) or '': when now is past it, ARGV[7] holds
--- each check's deadline, 'd1,d2,…' (0: none), as rate_deadline.lua reads it.
+-- check. ARGV[5]: the number of checks. ARGV[6]: every check's cost, or
+-- each one's, 'c1,c2,…'. ARGV[7]: the earliest deadline (server µs) or '':
+-- when now is past it, ARGV[8] holds each check's deadline, 'd1,d2,…' (0:
+-- none), as rate_deadline.lua reads it.
 -- Returns {now, then per check: 2 × the state it decided from, + 1 when it
 -- was admitted (the decision itself, never re-derived by the client), {}
 -- when it came after its deadline (it takes nothing), {µs left} when its
@@ -24,37 +31,64 @@ if not now then
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]
 end
-local count = #KEYS / (ARGV[4] + 0)
-local same, costs = tonumber(ARGV[5]), nil
+local count = ARGV[5] + 0
+-- 0 when KEYS holds one subject's keys for every check, else 1: check c's
+-- key is KEYS[at * (c - 1) + 1].
+local at = #KEYS < count * ARGV[4] and 0 or 1
+local same, costs = tonumber(ARGV[6]), nil
 if not same then
   costs = {}
-  for c in string.gmatch(ARGV[5], '%d+') do costs[#costs + 1] = c + 0 end
+  for c in string.gmatch(ARGV[6], '%d+') do costs[#costs + 1] = c + 0 end
 end
 -- Past the earliest deadline only: read which checks are late.
 local late
-if ARGV[6] ~= '' and now > ARGV[6] + 0 then
+if ARGV[7] ~= '' and now > ARGV[7] + 0 then
   late = {}
-  for d in string.gmatch(ARGV[7], '%d+') do late[#late + 1] = d ~= '0' and now > d + 0 end
+  for d in string.gmatch(ARGV[8], '%d+') do late[#late + 1] = d ~= '0' and now > d + 0 end
 end
+-- One MGET; a key repeated in the batch (one hot subject among others)
+-- has its state kept in `held` between its checks.
 batch_view = {}
-local got = redis.call('MGET', unpack(KEYS, 1, count))
-for i = 1, count do batch_view[KEYS[i]] = got[i] end
+local last = at * (count - 1) + 1
+local got, held, dirty = redis.call('MGET', unpack(KEYS, 1, last)), nil, nil
+for i = 1, last do
+  local key = KEYS[i]
+  if not held and batch_view[key] ~= nil then held, dirty = {}, {} end
+  batch_view[key] = got[i]
+end
+if at == 0 and count > 1 then held, dirty = {}, {} end
 -- A block key exists while its block lasts (rate_block_set.lua): one
 -- EXISTS tells whether any check here may be blocked; only then is each
 -- block key's PTTL read, the wait a single call reports (rate_block.lua).
-local blocks = #KEYS > count and redis.call('EXISTS', unpack(KEYS, count + 1, #KEYS)) > 0
+local first = at * (count - 1) + 2
+local blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS)) > 0
 local out = {now}
 for c = 1, count do
   if late and late[c] then
     out[c + 1] = {}
   else
-    local left = blocks and redis.call('PTTL', KEYS[count + c]) or 0
+    local left = blocks and redis.call('PTTL', KEYS[first + at * (c - 1)]) or 0
     if left > 0 then
       out[c + 1] = {left * 1000}
     else
-      local state, admitted = step(KEYS[c], same or costs[c])
-      out[c + 1] = admitted and state * 2 + 1 or state * 2
+      local key = KEYS[at * (c - 1) + 1]
+      local state, after, stored = step(key, same or costs[c], held and held[key], held ~= nil)
+      if held then
+        if after == nil then
+          held[key] = state
+        elseif stored then
+          held[key], dirty[key] = nil, nil
+        else
+          held[key], dirty[key] = after, true
+        end
+      end
+      out[c + 1] = after and state * 2 + 1 or state * 2
     end
   end
+end
+-- A write that fails here fails the whole call: no check is answered as
+-- admitted without its write.
+if dirty then
+  for key in pairs(dirty) do write(key, held[key]) end
 end
 return out

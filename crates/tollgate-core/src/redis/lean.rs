@@ -66,11 +66,23 @@ impl LeanGroup {
     /// (see `lua/rate_lean.lua`). `deadlines`: each check's, on the
     /// server's clock.
     pub(crate) fn fill(&self, cmd: &mut Cmd, requests: &[RateRequest], deadlines: &[Option<u64>]) {
-        cmd.arg(requests.len() * self.keys);
-        // Every check's key, then every check's block key.
-        for at in 0..self.keys {
-            for r in requests {
-                cmd.arg(r.keys[at].as_str());
+        // Checks of one subject (a hot one fills a batch) send its keys once.
+        let one = match requests {
+            [first, rest @ ..] => rest.iter().all(|r| r.keys == first.keys),
+            [] => false,
+        };
+        if one {
+            cmd.arg(self.keys);
+            for key in &requests[0].keys {
+                cmd.arg(key.as_str());
+            }
+        } else {
+            cmd.arg(requests.len() * self.keys);
+            // Every check's key, then every check's block key.
+            for at in 0..self.keys {
+                for r in requests {
+                    cmd.arg(r.keys[at].as_str());
+                }
             }
         }
         match self.now {
@@ -83,7 +95,7 @@ impl LeanGroup {
         } else {
             cmd.arg(format!("{}/{}", self.ticks, self.per));
         }
-        cmd.arg(self.keys);
+        cmd.arg(self.keys).arg(requests.len());
         let cost = requests.first().map_or(0, |r| r.cost);
         if requests.iter().all(|r| r.cost == cost) {
             cmd.arg(cost);
@@ -222,13 +234,18 @@ fn lua_mod(a: f64, b: f64) -> f64 {
     a - (a / b).floor() * b
 }
 
-fn joined(values: impl Iterator<Item = u64>) -> String {
-    let mut s = String::new();
+/// `values` as 'v1,v2,…', written in place (a deadline per check: no
+/// string of its own each).
+fn joined(values: impl ExactSizeIterator<Item = u64>) -> String {
+    use std::fmt::Write;
+
+    // A µs instant has 16 digits.
+    let mut s = String::with_capacity(values.len() * 17);
     for v in values {
         if !s.is_empty() {
             s.push(',');
         }
-        s.push_str(&v.to_string());
+        let _ = write!(s, "{v}");
     }
     s
 }
@@ -253,6 +270,15 @@ mod tests {
             unclaimed: None,
         };
         (LeanGroup::of(&r).expect("lean"), r)
+    }
+
+    #[test]
+    fn joined_writes_each_value_in_decimal() {
+        assert_eq!(
+            joined([0, 7, 10, u64::MAX].into_iter()),
+            "0,7,10,18446744073709551615"
+        );
+        assert_eq!(joined(std::iter::empty::<u64>()), "");
     }
 
     /// The decision is the script's (the low bit), never re-derived: an
