@@ -436,6 +436,16 @@ impl Keyspace {
     }
 
     fn write(&self, kind: Option<&str>, subject: &Subject, suffix: Option<&str>, key: &mut String) {
+        // One allocation, not one per push that outgrows the buffer.
+        let parts = [
+            Some(self.prefix.as_str()),
+            Some(self.policy.as_str()),
+            kind,
+            suffix,
+        ];
+        key.reserve(
+            parts.iter().flatten().map(|p| p.len() + 2).sum::<usize>() + subject.encoded.len() + 2,
+        );
         self.write_head(kind, key);
         key.push_str(&subject.encoded);
         key.push('}');
