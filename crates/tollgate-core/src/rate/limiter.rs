@@ -5,12 +5,11 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::charge::{charge_of, next_id};
 use super::deny_cache::{DenyCache, Sent};
 use super::lease::{self, Taking};
-use super::pending::{PendingCheck, Prepared};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
 use crate::error::{Error, Result};
@@ -186,42 +185,35 @@ impl RateLimiter {
         }
     }
 
-    /// Decides at once when no round trip is needed: on an in-process
-    /// backend ([`MemoryBackend`](crate::MemoryBackend)), from the deny cache, for a cost that can
-    /// never fit, or while the circuit is open. Otherwise returns the
-    /// [`PendingCheck`] to [`send`](PendingCheck::send).
-    ///
-    /// [`check_n`](Self::check_n) is this followed by `send`; middleware uses
-    /// the two halves to skip allocating a future when the answer is ready.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), tollgate::Error> {
-    /// use tollgate::{MemoryBackend, Quota, RateLimiter, Subject};
-    ///
-    /// let limiter = RateLimiter::gcra(MemoryBackend::new(), Quota::per_second(1))?;
-    /// let alice = Subject::new("alice");
-    /// let decision = match limiter.try_check_now(&alice, 1) {
-    ///     Ok(decided) => decided?,
-    ///     Err(pending) => pending.send().await?,
-    /// };
-    /// assert!(decision.allowed);
-    /// // The memory backend always answers at once.
-    /// assert!(!limiter.try_check_now(&alice, 1).expect("in process")?.allowed);
-    /// # Ok(()) }
-    /// ```
-    #[allow(clippy::result_large_err)] // the Err is the work left to do, not a failure
-    pub fn try_check_now(
-        &self,
-        subject: &Subject,
-        cost: u64,
-    ) -> std::result::Result<Result<Decision>, PendingCheck> {
-        self.start(subject, cost, 0)
-            .map_err(|prepared| PendingCheck {
-                limiter: self.clone(),
-                subject: subject.clone(),
-                prepared,
-            })
+    /// The round trip, bounded by the timeout.
+    pub(super) async fn send(&self, mut prepared: Prepared, subject: &Subject) -> Result<Decision> {
+        let inner = &self.inner;
+        prepared.request.deadline = Instant::now().checked_add(inner.timeout);
+        // Only a round trip can come back after its caller left: a check
+        // decided in process carries no hook (no reference count per check).
+        prepared.request.unclaimed = Some(inner.unclaimed.clone());
+        let outcome = {
+            // A span per round trip (none in process): what a trace of a
+            // slow request shows.
+            let span = tracing::debug_span!(
+                "tollgate.rate.check",
+                policy = inner.keyspace.policy(),
+                store = inner.backend.kind(),
+                cost = prepared.request.cost,
+            );
+            let call = lease::check(&prepared.lease, &*inner.backend, &prepared.request);
+            let mut call = tracing::Instrument::instrument(call, span);
+            // A backend that answers on the first poll needs no timer (and
+            // then none is required of the runtime).
+            match futures_util::poll!(&mut call) {
+                std::task::Poll::Ready(r) => r,
+                std::task::Poll::Pending => tokio::time::timeout(inner.timeout, call)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(inner.timeout))),
+            }
+        };
+        self.conclude(subject, prepared.sent, &prepared.request, outcome)
+            .map(|d| Taking::charged(&prepared.lease, d))
     }
 
     /// Everything up to the round trip; `Err` carries the request to send.
@@ -490,6 +482,15 @@ thread_local! {
     /// This thread's key buffer: a check writes its keys into it and gives
     /// it back once decided in process, so such a check allocates nothing.
     static KEYS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
+}
+
+/// A check ready for its round trip.
+pub(super) struct Prepared {
+    pub(super) request: RateRequest,
+    /// Local time before sending, for the deny cache.
+    pub(super) sent: Sent,
+    /// The quota lease this check takes, if it takes one.
+    pub(super) lease: Option<Taking>,
 }
 
 /// The keys of `subject` under `inner`'s keyspace (as
