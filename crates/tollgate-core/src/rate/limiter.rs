@@ -248,14 +248,8 @@ impl RateLimiter {
         // The clock that times the decision (the limiter's, else an
         // in-process store's) is the deny cache's too: read once.
         let now_micros = inner.timing.as_ref().map(|c| c.now_micros());
-        let mut sent = Sent::default();
+        let sent = self.sent(now_micros);
         if let Some(cache) = &inner.deny_cache {
-            // The local time as of before the request is sent: what a
-            // denial it brings back is cached from.
-            sent = Sent {
-                at: now_micros.unwrap_or_else(monotonic_micros),
-                forgets: cache.forgets(),
-            };
             // A bucket reserves a wait that fits on the store: a cached
             // denial answers only a wait longer than the caller's.
             let reserves = max_wait_micros > 0 && inner.algorithm.uses_burst();
@@ -298,10 +292,7 @@ impl RateLimiter {
             Some(outcome) => {
                 let decision = self.conclude(subject, sent, &request, outcome);
                 return_keys(request.keys);
-                match lease {
-                    None => Ok(decision),
-                    Some(_) => Ok(decision.map(|d| Taking::charged(&lease, d))),
-                }
+                Ok(decision.map(|d| Taking::charged(&lease, d)))
             }
             None => Err(Prepared {
                 request,
@@ -458,6 +449,18 @@ impl RateLimiter {
                     }
                 }
             }
+        }
+    }
+
+    /// When a check timed `now_micros` (by [`Inner::timing`]) is sent, as
+    /// the deny cache caches the denial it brings back; nothing without one.
+    pub(super) fn sent(&self, now_micros: Option<u64>) -> Sent {
+        match &self.inner.deny_cache {
+            Some(cache) => Sent {
+                at: now_micros.unwrap_or_else(monotonic_micros),
+                forgets: cache.forgets(),
+            },
+            None => Sent::default(),
         }
     }
 

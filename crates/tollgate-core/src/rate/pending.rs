@@ -3,10 +3,8 @@
 
 use std::fmt;
 
-use super::deny_cache::Sent;
 use super::limiter::{Prepared, RateLimiter};
 use super::Decision;
-use crate::clock::monotonic_micros;
 use crate::error::Result;
 use crate::keyspace::Subject;
 
@@ -31,12 +29,7 @@ impl PendingCheck {
         let inner = &self.limiter.inner;
         let now_micros = inner.timing.as_ref().map(|c| c.now_micros());
         self.prepared.request.now_micros = now_micros;
-        if let Some(cache) = &inner.deny_cache {
-            self.prepared.sent = Sent {
-                at: now_micros.unwrap_or_else(monotonic_micros),
-                forgets: cache.forgets(),
-            };
-        }
+        self.prepared.sent = self.limiter.sent(now_micros);
         self.limiter.send(self.prepared, &self.subject).await
     }
 }
