@@ -38,8 +38,8 @@ pin_project! {
     ///     .layer(service_fn(|_: Request<()>| async {
     ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
     ///     }));
-    /// // Nothing has been checked yet: the check runs when the future is polled.
     /// let future = svc.ready().await?.call(Request::new(()));
+    /// // Nothing has been checked yet: the check runs when the future is polled.
     /// let response = future.await?;
     /// assert_eq!(response.headers()["ratelimit"].to_str()?.split(';').nth(1), Some("r=4"));
     /// # Ok(()) }
@@ -119,21 +119,11 @@ where
     }
 
     pub(crate) fn calling(fut: S::Future, headers: Option<DecisionHeaders>) -> Self {
-        Self::admitted(fut, headers, None)
-    }
-
-    /// The inner service's response to an admitted request, to which
-    /// `headers` are added (once `reservation` is settled against it).
-    pub(crate) fn admitted(
-        fut: S::Future,
-        headers: Option<DecisionHeaders>,
-        reservation: Option<Reservation>,
-    ) -> Self {
         ResponseFuture {
             state: State::Calling {
                 fut,
                 headers,
-                reservation,
+                reservation: None,
             },
         }
     }
@@ -283,7 +273,7 @@ pub(crate) struct Check {
 
 /// A decided check: what an admitted request's response gets, or the
 /// answer instead of calling the inner service.
-pub(crate) enum Decided {
+enum Decided {
     Admit {
         headers: Option<DecisionHeaders>,
         reservation: Option<Reservation>,
@@ -293,8 +283,8 @@ pub(crate) enum Decided {
 
 /// Reports `result` (the check of `cost` for `subject`) of the request with
 /// head `req`: admitted, the [`Decision`] joins its extensions; refused,
-/// the rejection. Whether the check was decided in `call` or when polled.
-pub(crate) fn decided(
+/// the rejection.
+fn decided(
     shared: &Arc<Shared>,
     selected: &Option<Arc<Entry>>,
     subject: &Subject,

@@ -376,6 +376,13 @@ mod tests {
     use crate::grpc::Protocol;
     use crate::RateLimitLayer;
 
+    /// An inner service that answers every request with an empty 200.
+    async fn ok(
+        _: Request<()>,
+    ) -> Result<http::Response<http_body_util::Empty<Bytes>>, std::convert::Infallible> {
+        Ok(http::Response::new(http_body_util::Empty::new()))
+    }
+
     /// The check runs when the response future is polled, even on a store
     /// that answers at once: a future dropped unpolled takes nothing.
     #[tokio::test]
@@ -388,11 +395,7 @@ mod tests {
             .unwrap();
         let mut svc = RateLimitLayer::new(limiter.clone())
             .key(crate::key::GlobalKey)
-            .layer(service_fn(|_: Request<()>| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(
-                    http_body_util::Empty::<Bytes>::new(),
-                ))
-            }));
+            .layer(service_fn(ok));
         for _ in 0..10 {
             drop(svc.ready().await.unwrap().call(Request::new(())));
         }
@@ -420,11 +423,7 @@ mod tests {
         let svc = ServiceBuilder::new()
             .layer(layer("outer", 10))
             .layer(layer("inner", 3))
-            .service(service_fn(|_: Request<()>| async {
-                Ok::<_, std::convert::Infallible>(http::Response::new(
-                    http_body_util::Empty::<Bytes>::new(),
-                ))
-            }));
+            .service(service_fn(ok));
         let res = svc.oneshot(Request::new(())).await.unwrap();
         let all = |name: &str| -> Vec<String> {
             res.headers()
