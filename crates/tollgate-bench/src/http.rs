@@ -401,8 +401,8 @@ pub(crate) fn run(opts: &Opts, http: &HttpOpts) -> BenchResult<Section> {
     section.line(format!(
         "\n**Bound**: the least-work Redis limiter (one fixed key, every queued request in one \
          call of a minimal GCRA script, one call in flight, no headers) serves **{r:.2}×** the \
-         requests of no limiter here: no limiter deciding each request on this Redis does better \
-         on this machine.\n"
+         requests of no limiter here: a bound, in this run, on a limiter that sends every \
+         decision to this Redis (leases do not).\n"
     ));
     let r = median(&ratio(leased, none));
     section.targets.push(Target::check(

@@ -1,11 +1,11 @@
 //! A bound for the HTTP item: the least work a Redis-backed limiter can add
 //! to a request. Each request hands a one-shot sender to a queue; one task
 //! takes everything queued, decides it in one call of the least-work GCRA
-//! sketch ([`crate::sketch::SKETCH_GCRA`]) — one call in flight, so batches
+//! sketch ([`crate::sketch`]) — one call in flight, so batches
 //! grow with the load — and answers each. No headers, no key extraction
 //! beyond one fixed key, no failure policy: what is left is the Redis
-//! round trip and the script, which any design must pay for an exact
-//! decision per request.
+//! round trip and the script, which a limiter that sends every decision to
+//! Redis pays.
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -14,8 +14,8 @@ use axum::response::{IntoResponse, Response};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::common::{BenchResult, RawScript};
-use crate::sketch::SKETCH_GCRA;
+use crate::common::BenchResult;
+use crate::sketch::load_script;
 
 /// The queue the middleware hands requests to.
 #[derive(Clone)]
@@ -29,8 +29,7 @@ pub(crate) async fn start(
     key: String,
     per_second: u64,
 ) -> BenchResult<SketchQueue> {
-    let script = RawScript::new("the least-work GCRA sketch", SKETCH_GCRA);
-    script.load(&conn).await?;
+    let script = load_script(&conn).await?;
     let (tx, mut rx) = mpsc::unbounded_channel::<oneshot::Sender<bool>>();
     tokio::spawn(async move {
         let mut batch = Vec::new();

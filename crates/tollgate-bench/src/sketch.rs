@@ -1,9 +1,10 @@
 //! A bound for the peers item: the least work any GCRA decision on Redis
-//! can cost ([`sketch_gcra.lua`](./sketch_gcra.lua)), driven by the least
+//! can cost (`sketch_gcra.lua`), driven by the least
 //! client work — `in_flight` checks split evenly over `calls` calls kept in
 //! flight on one multiplexed connection, with no queue, no per-check future
 //! and no reply parsing beyond one integer. What it reaches against a peer
-//! in the same run bounds what any design of tollgate could reach there.
+//! in the same run bounds what a design that writes every admitted decision
+//! to Redis could reach there.
 
 use std::time::Instant;
 
@@ -12,8 +13,15 @@ use redis::aio::MultiplexedConnection;
 use crate::common::{BenchResult, RawScript};
 use crate::ops::{thread_cpu, RunStats};
 
-/// The sketch script.
-pub(crate) const SKETCH_GCRA: &str = include_str!("sketch_gcra.lua");
+/// The sketch script, loaded on `conn`.
+pub(crate) async fn load_script(conn: &MultiplexedConnection) -> BenchResult<RawScript> {
+    let script = RawScript::new(
+        "the least-work GCRA sketch",
+        include_str!("sketch_gcra.lua"),
+    );
+    script.load(conn).await?;
+    Ok(script)
+}
 
 /// The sketch, `in_flight` checks as `calls` calls in flight.
 pub(crate) struct Sketch {
@@ -37,11 +45,9 @@ impl Sketch {
         calls: usize,
         in_flight: usize,
     ) -> BenchResult<Sketch> {
-        let script = RawScript::new("the least-work GCRA sketch", SKETCH_GCRA);
-        script.load(conn).await?;
         Ok(Sketch {
             conn: conn.clone(),
-            script,
+            script: load_script(conn).await?,
             keys: (0..subjects).map(|i| format!("{prefix}:u{i}")).collect(),
             burst: per_second,
             interval_micros: 1_000_000 / per_second,
