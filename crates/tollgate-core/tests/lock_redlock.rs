@@ -345,6 +345,47 @@ async fn majority_paused_is_loss_before_ttl() {
     servers[2].resume();
 }
 
+/// A release that too few instances answer cannot tell whether the lock
+/// was still held: it is an error, never `Ok(false)` ("it had expired"),
+/// and the lock, released on the instance that answered, expires on the
+/// others at its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_a_majority_does_not_answer_is_an_error() {
+    let servers = servers(3);
+    let redlock = builder(&servers)
+        .await
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(2);
+    let lease = redlock
+        .try_acquire("r", &LockOptions::new().ttl(ttl))
+        .await
+        .unwrap();
+    servers[1].pause();
+    servers[2].pause();
+    let released = lease.release().await;
+    servers[1].resume();
+    servers[2].resume();
+    assert!(
+        matches!(released, Err(Error::Timeout(_))),
+        "the lock was held on every instance: {released:?}"
+    );
+    let mut con = servers[0].client().get_connection().unwrap();
+    let held: bool = redis::cmd("EXISTS")
+        .arg("tollgate:lock:{r}")
+        .query(&mut con)
+        .unwrap();
+    assert!(!held, "released where the release was answered");
+    let again =
+        tollgate_testkit::eventually(Duration::from_secs(10), "free at the TTL", || async {
+            redlock.try_acquire("r", &LockOptions::new()).await.ok()
+        })
+        .await;
+    assert!(again.release().await.unwrap());
+    assert_no_immortal_keys(&servers);
+}
+
 /// Waiters on a Redlock wake on the release notification.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_waiter_wakes_on_release() {

@@ -379,8 +379,9 @@ impl Instances {
     /// Runs `op` on every instance in parallel, each bounded by `bound`, and
     /// counts the answers until the outcome is decided: a quorum of `true`,
     /// too many `false` for a quorum, or every answer in. Calls still running
-    /// then finish in the background (a paused instance never delays the
-    /// decision, and still gets the call). A single instance is called in
+    /// then finish in the background, within the bound (a paused instance
+    /// never delays the decision; one that stays silent past the bound keeps
+    /// what it holds until its TTL). A single instance is called in
     /// place, without copying `keys` and `token`.
     async fn vote(
         &self,
@@ -433,7 +434,10 @@ impl Instances {
     }
 
     /// Compare-and-delete on every instance. `true` when a quorum still held
-    /// it; an error only when no instance answered.
+    /// it, `false` when too many instances said it was no longer ours for a
+    /// quorum to have held it; an error when the answers decide neither (a
+    /// lock still held on instances that did not answer is not reported as
+    /// lost: it expires at its TTL).
     pub(crate) async fn release_here(&self, keys: &LockKeys, token: &str) -> Result<bool> {
         let t = self
             .vote(
@@ -447,9 +451,12 @@ impl Instances {
         if t.yes > 0 {
             self.waiters.wake(&keys.channel);
         }
-        match t.error {
-            Some(e) if t.yes + t.no == 0 => Err(e),
-            _ => Ok(t.yes >= self.quorum),
+        if t.yes >= self.quorum {
+            Ok(true)
+        } else if t.no > self.backends.len() - self.quorum {
+            Ok(false)
+        } else {
+            Err(t.error.unwrap_or(Error::Timeout(self.timeout)))
         }
     }
 

@@ -459,8 +459,10 @@ impl Lease {
     /// Releases the lock (compare-and-delete, then waiters are notified) and
     /// stops renewal at once. `Ok(true)` when the lock was still ours,
     /// `Ok(false)` when it had expired or been taken (someone else's lock is
-    /// left alone); an error when the backend did not answer (the lock then
-    /// expires at its TTL). Dropping the lease afterwards does nothing more.
+    /// left alone); an error when the backend did not answer — on a Redlock,
+    /// when too few instances answered to tell either (the lock then expires
+    /// at its TTL where it was not released). Dropping the lease afterwards
+    /// does nothing more.
     ///
     /// Idempotent per owner token on the backend: when the client sends the
     /// release again because the first reply was lost (the cluster client
