@@ -63,6 +63,15 @@ if at == 0 and count > 1 then held, dirty = {}, {} end
 local first = at * (count - 1) + 2
 local blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS)) > 0
 local out = {now}
+if not (late or blocks or held) then
+  -- The common batch: no check late or blocked, no key repeated (so check
+  -- c's key is KEYS[c]), every admission stored by its step.
+  for c = 1, count do
+    local state, after = step(KEYS[c], same or costs[c])
+    out[c + 1] = after and state * 2 + 1 or state * 2
+  end
+  return out
+end
 for c = 1, count do
   if late and late[c] then
     out[c + 1] = {}
