@@ -6,13 +6,19 @@
 local interval, per = interval_of(ARGV[3])
 local limit_at = ARGV[2] * interval
 local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
--- gcra_store(key, nt, per, 0), with the value also kept in batch_view.
+-- gcra_store(key, nt, per, 0), with the value also kept in batch_view. In
+-- whole µs (per 1, a whole TAT) its roundings are no-ops, and C calls cost.
 local function write(key, nt)
-  local px = ceil(ceil(nt / per) / 1000)
+  local v, px
+  if per == 1 and nt % 1 == 0 then
+    v, px = format('%d', now + nt), ceil(nt / 1000)
+  else
+    local us = floor(nt / per)
+    local frac = nt - us * per
+    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
+    px = ceil(ceil(nt / per) / 1000)
+  end
   if px < 1 then px = 1 end
-  local us = floor(nt / per)
-  local frac = nt - us * per
-  local v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
   batch_view[key] = v
   call('SET', key, v, 'PX', format('%d', px))
 end

@@ -7,13 +7,21 @@
 local interval, per = interval_of(ARGV[3])
 local full = (ARGV[2] + 0) * interval
 local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
--- bucket_store(key, after, per, full, 0), with the value also kept in batch_view.
+-- bucket_store(key, after, per, full, 0), with the value also kept in
+-- batch_view. In whole µs (per 1, a whole capacity and instant) its
+-- roundings are no-ops, and C calls cost.
+local whole = per == 1 and full % 1 == 0
 local function write(key, after)
-  local px = ceil(ceil((after + full) / per) / 1000)
+  local v, px
+  if whole and after % 1 == 0 then
+    v, px = format('%d', now + after), ceil((after + full) / 1000)
+  else
+    local us = floor(after / per)
+    local frac = after - us * per
+    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
+    px = ceil(ceil((after + full) / per) / 1000)
+  end
   if px < 1 then px = 1 end
-  local us = floor(after / per)
-  local frac = after - us * per
-  local v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
   batch_view[key] = v
   call('SET', key, v, 'PX', format('%d', px))
 end
