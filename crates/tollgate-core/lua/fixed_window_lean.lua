@@ -1,21 +1,41 @@
 -- The fixed window's step in a lean batch (rate_lean.lua): fixed_window.lua's
 -- single-quota check. ARGV[2], ARGV[3]: limit and period (µs). The state is
--- this window's count.
+-- this window's count. The step reads and writes the state itself, as
+-- window_count and window_store do, with what depends only on the window
+-- (its pattern, its prefix, the PX) formatted once per call.
 local limit, period = ARGV[2] + 0, ARGV[3] + 0
-local w, reset
+local format, match = string.format, string.match
+local w, this, value, px
+-- window_store(key, w, count, reset), with the value also kept in batch_view.
+local function write(key, count)
+  local v = format(value, count)
+  batch_view[key] = v
+  redis.call('SET', key, v, 'PX', px)
+end
 local function step(key, cost, count, keep)
   -- `now` is set once per call, after this file runs.
   if not w then
     w = math.floor(now / period)
-    reset = (w + 1) * period - now
+    local ws = format('%d', w)
+    value = ws .. ':%d'
+    -- No stored window is negative ('%d+'): that pattern matches nothing.
+    this = w >= 0 and '^' .. ws .. ':(%d+)$' or '[^%s%S]'
+    px = format('%d', math.ceil(((w + 1) * period - now) / 1000))
   end
-  count = count or window_count(key, w)
+  if not count then
+    local v = batch_view[key]
+    -- This window's count as this script writes it; anything else (another
+    -- window, leading zeros, foreign) as window_count reads it.
+    local sc = v and match(v, this)
+    if sc and #sc <= 15 then
+      count = sc + 0
+    else
+      count = v and window_count(key, w) or 0
+    end
+  end
   if count + cost > limit then return count end
   -- Below 10^15 it reads back as written (window_count's 15 digits).
   if keep and count + cost < 1000000000000000 then return count, count + cost end
-  window_store(key, w, count + cost, reset)
+  write(key, count + cost)
   return count, count + cost, true
-end
-local function write(key, count)
-  window_store(key, w, count, reset)
 end

@@ -1,17 +1,46 @@
 -- GCRA's step in a lean batch (rate_lean.lua): gcra.lua's single-quota
 -- check without a wait. ARGV[2], ARGV[3]: burst and emission interval.
--- The state is the TAT (units of 1/per µs after now, ≥ 0).
+-- The state is the TAT (units of 1/per µs after now, ≥ 0). The step reads
+-- and writes the state itself, as gcra_tat and gcra_store do (a function
+-- call per layer costs Redis more than the check's arithmetic).
 local interval, per = interval_of(ARGV[3])
 local limit_at = ARGV[2] * interval
+local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
+-- gcra_store(key, nt, per, 0), with the value also kept in batch_view. In
+-- whole µs (per 1, a whole TAT) its roundings are no-ops, and C calls cost.
+local function write(key, nt)
+  local v, px
+  if per == 1 and nt % 1 == 0 then
+    v, px = format('%d', now + nt), ceil(nt / 1000)
+  else
+    local us = floor(nt / per)
+    local frac = nt - us * per
+    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
+    px = ceil(ceil(nt / per) / 1000)
+  end
+  if px < 1 then px = 1 end
+  batch_view[key] = v
+  call('SET', key, v, 'PX', format('%d', px))
+end
 local function step(key, cost, tat, keep)
-  tat = tat or gcra_tat(key, per)
+  if not tat then
+    local v = batch_view[key]
+    local us = v and tonumber(v)
+    if us then
+      -- A plain number: gcra_tat's reading, where past, not whole units or
+      -- 2^52 units away reads as 0.
+      tat = (us - now) * per
+      if not (tat > 0 and tat < 4503599627370496 and tat % 1 == 0) then tat = 0 end
+    elseif v then
+      tat = gcra_tat(key, per)
+    else
+      tat = 0
+    end
+  end
   local nt = tat + cost * interval
   if nt > limit_at then return tat end
   -- A TAT below 2^52 reads back as written (stored_instant's bound).
   if keep and nt < 4503599627370496 then return tat, nt end
-  gcra_store(key, nt, per, 0)
+  write(key, nt)
   return tat, nt, true
-end
-local function write(key, nt)
-  gcra_store(key, nt, per, 0)
 end

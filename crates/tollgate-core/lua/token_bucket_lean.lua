@@ -1,18 +1,51 @@
 -- The token bucket's step in a lean batch (rate_lean.lua): token_bucket.lua's
 -- single-quota check without a wait. ARGV[2], ARGV[3]: capacity and refill
 -- interval. The state is the empty instant (units of 1/per µs after now,
--- ≥ -capacity × interval).
+-- ≥ -capacity × interval). The step reads and writes the state itself, as
+-- bucket_empty and bucket_store do (a function call per layer costs Redis
+-- more than the check's arithmetic).
 local interval, per = interval_of(ARGV[3])
 local full = (ARGV[2] + 0) * interval
+local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
+-- bucket_store(key, after, per, full, 0), with the value also kept in
+-- batch_view. In whole µs (per 1, a whole capacity and instant) its
+-- roundings are no-ops, and C calls cost.
+local whole = per == 1 and full % 1 == 0
+local function write(key, after)
+  local v, px
+  if whole and after % 1 == 0 then
+    v, px = format('%d', now + after), ceil((after + full) / 1000)
+  else
+    local us = floor(after / per)
+    local frac = after - us * per
+    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
+    px = ceil(ceil((after + full) / per) / 1000)
+  end
+  if px < 1 then px = 1 end
+  batch_view[key] = v
+  call('SET', key, v, 'PX', format('%d', px))
+end
 local function step(key, cost, empty, keep)
-  empty = empty or bucket_empty(key, per, full)
-  if math.floor(-empty / interval) < cost then return empty end
+  if not empty then
+    local v = batch_view[key]
+    local us = v and tonumber(v)
+    if us then
+      -- A plain number: bucket_empty's reading, where not whole units, 2^52
+      -- units away or more than full reads as full.
+      empty = (us - now) * per
+      if not (empty >= -full and empty < 4503599627370496 and empty > -4503599627370496 and empty % 1 == 0) then
+        empty = -full
+      end
+    elseif v then
+      empty = bucket_empty(key, per, full)
+    else
+      empty = -full
+    end
+  end
+  if floor(-empty / interval) < cost then return empty end
   local after = empty + cost * interval
   -- Within ±2^52 it reads back as written (stored_instant's bound).
   if keep and after < 4503599627370496 and after > -4503599627370496 then return empty, after end
-  bucket_store(key, after, per, full, 0)
+  write(key, after)
   return empty, after, true
-end
-local function write(key, after)
-  bucket_store(key, after, per, full, 0)
 end

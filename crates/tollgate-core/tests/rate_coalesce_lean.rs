@@ -27,8 +27,9 @@ const SUBJECTS: [&str; 4] = ["s0", "s1", "s2", "s3"];
 /// step's instant plus 0.8 s and `<w>` its fixed window's index: values a
 /// script reads as its own shape but no script writes (beyond 2^63 once
 /// scaled by a large `per`, a count beyond any limit, a fraction of a µs),
-/// which a reply truncated to an integer would misreport.
-const FOREIGN: [&[&str]; 12] = [
+/// which a reply truncated to an integer would misreport; and this window's
+/// count in a shape no script writes but the single script reads (`0<w>`).
+const FOREIGN: [&[&str]; 13] = [
     &["SET", "garbage"],
     &["SET", "12:abc"],
     &["SET", "99999999999999999999"],
@@ -39,6 +40,7 @@ const FOREIGN: [&[&str]; 12] = [
     &["SET", "1:2:3"],
     &["SET", "1800000000000000:3"],
     &["SET", "0:1"],
+    &["SET", "0<w>:3"],
     &["HSET", "f", "v"],
     &["ZADD", "1", "m"],
 ];
