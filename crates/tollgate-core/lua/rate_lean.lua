@@ -62,18 +62,9 @@ if at == 0 and count > 1 then held, dirty = {}, {} end
 -- block key's PTTL read, the wait a single call reports (rate_block.lua).
 local first = at * (count - 1) + 2
 local blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS)) > 0
-if not (late or blocks or held) then
-  -- The common batch: no check late or blocked, no key repeated (so check
-  -- c's key is KEYS[c]), every admission stored by its step. `out` sized
-  -- once (its slots are filled below), not grown check by check.
-  local out = {now, unpack(KEYS, 1, count)}
-  for c = 1, count do
-    local state, after = step(KEYS[c], same or costs[c])
-    out[c + 1] = after and state * 2 + 1 or state * 2
-  end
-  return out
-end
-local out = {now}
+-- `out` sized once (each check's slot is filled below; the keys are
+-- placeholders), not grown check by check.
+local out = {now, unpack(KEYS, 1, count)}
 for c = 1, count do
   if late and late[c] then
     out[c + 1] = {}
