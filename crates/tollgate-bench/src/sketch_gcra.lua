@@ -24,6 +24,8 @@ for i = 1, #KEYS do
   end
 end
 for key, nt in pairs(admitted) do
-  redis.call('SET', key, nt, 'PX', math.floor((nt - now) / 1000) + 1)
+  -- Formatted here: Redis's own conversion of a Lua number ('%.17g')
+  -- costs more than string.format('%d') of a whole number.
+  redis.call('SET', key, string.format('%d', nt), 'PX', string.format('%d', math.floor((nt - now) / 1000) + 1))
 end
 return out
