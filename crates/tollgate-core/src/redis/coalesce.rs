@@ -28,8 +28,9 @@ use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 
-use futures_util::future::{join_all, select, BoxFuture, Either};
+use futures_util::future::{join_all, poll_fn, select, BoxFuture, Either};
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
@@ -153,6 +154,14 @@ const LEAN_BATCH: usize = 2;
 struct Waiting {
     request: RateRequest,
     reply: oneshot::Sender<Result<RateReply>>,
+}
+
+/// A turn's checks, in arrival order: the requests (what the call takes)
+/// apart from their reply channels, so neither is moved again to be sent.
+#[derive(Default)]
+struct Batch {
+    requests: Vec<RateRequest>,
+    replies: Vec<oneshot::Sender<Result<RateReply>>>,
 }
 
 /// Turns taken and checks waiting, for one hash tag or for all.
@@ -370,7 +379,7 @@ impl<S: Sender> Coalescer<S> {
 
     /// The next batch for a turn whose call ended, keeping the turn; or
     /// `None`, giving the turn back, when nothing waits.
-    fn next_batch(&self, key: &LaneKey) -> Option<Vec<Waiting>> {
+    fn next_batch(&self, key: &LaneKey) -> Option<Batch> {
         let mut lanes = self.lock();
         let lane = lanes.get(key);
         if lane.queue.is_empty() {
@@ -379,18 +388,27 @@ impl<S: Sender> Coalescer<S> {
             return None;
         }
         let take = lane.queue.len().min(self.shared.config.max_batch);
-        Some(lane.queue.drain(..take).collect())
+        let mut batch = Batch {
+            requests: Vec::with_capacity(take),
+            replies: Vec::with_capacity(take),
+        };
+        for w in lane.queue.drain(..take) {
+            batch.requests.push(w.request);
+            batch.replies.push(w.reply);
+        }
+        Some(batch)
     }
 
     /// Gives a turn back, with the checks it had taken first in the queue
     /// again (no task could be started to send them); the next check to
     /// take a turn sends them.
-    fn give_back(&self, key: &LaneKey, batch: Vec<Waiting>) {
+    fn give_back(&self, key: &LaneKey, batch: Batch) {
         let mut lanes = self.lock();
         let lane = lanes.get(key);
         lane.in_flight -= 1;
-        for w in batch.into_iter().rev() {
-            lane.queue.push_front(w);
+        let checks = batch.requests.into_iter().zip(batch.replies);
+        for (request, reply) in checks.rev() {
+            lane.queue.push_front(Waiting { request, reply });
         }
         lanes.tidy(key);
     }
@@ -435,13 +453,13 @@ impl<S: Sender> Drop for Driving<S> {
         if !self.done {
             // The batch being sent is lost with the task: its checks are
             // answered as an outage (their replies are dropped).
-            self.coalescer.give_back(&self.lane, Vec::new());
+            self.coalescer.give_back(&self.lane, Batch::default());
         }
     }
 }
 
 /// Sends batches while checks wait, then gives the turn back.
-async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
+async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Batch) {
     loop {
         send(&turn.coalescer, batch).await;
         // The callers this batch answered often check again at once: they
@@ -458,14 +476,23 @@ async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
 
 /// One call for `batch` (or its single calls); each check gets its own
 /// answer. The call is abandoned once every check in it has given up.
-async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
+async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) {
+    let Batch {
+        mut requests,
+        mut replies,
+    } = batch;
     // A check whose caller gave up while it waited (its timeout, a dropped
     // future) was answered without it: it is never sent, so takes nothing.
-    let (requests, mut replies): (Vec<_>, Vec<_>) = batch
-        .into_iter()
-        .filter(|w| !w.reply.is_closed())
-        .map(|w| (w.request, w.reply))
-        .unzip();
+    if replies.iter().any(oneshot::Sender::is_closed) {
+        let mut kept = Batch::default();
+        for (request, reply) in requests.into_iter().zip(replies) {
+            if !reply.is_closed() {
+                kept.requests.push(request);
+                kept.replies.push(reply);
+            }
+        }
+        (requests, replies) = (kept.requests, kept.replies);
+    }
     if requests.is_empty() {
         return;
     }
@@ -480,7 +507,19 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
         .boxed()
     };
     let (requests, answers) = {
-        let gone = pin!(join_all(replies.iter_mut().map(|r| r.closed())));
+        // Ready once every caller has given up; polled in place (no future
+        // per check).
+        let gone = pin!(poll_fn(|cx| {
+            let mut open = 0;
+            for r in replies.iter_mut() {
+                open += usize::from(r.poll_closed(cx).is_pending());
+            }
+            if open == 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }));
         match select(&mut call, gone).await {
             Either::Left((done, _)) => done,
             Either::Right(_) => {
