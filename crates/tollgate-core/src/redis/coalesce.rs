@@ -169,6 +169,30 @@ struct Batch {
 struct Lane {
     in_flight: usize,
     queue: VecDeque<Waiting>,
+    /// Key lists of checks already answered, reused for the copies of
+    /// those that queue: a copy then allocates nothing.
+    spare_keys: Vec<Vec<String>>,
+}
+
+impl Lane {
+    /// A copy of `request` to queue, in a spare key list if there is one.
+    fn copy(&mut self, request: &RateRequest) -> RateRequest {
+        let Some(mut keys) = self.spare_keys.pop() else {
+            return request.clone();
+        };
+        keys.clone_from(&request.keys);
+        RateRequest {
+            algorithm: request.algorithm,
+            keys,
+            quotas: Arc::clone(&request.quotas),
+            cost: request.cost,
+            now_micros: request.now_micros,
+            nonce: request.nonce,
+            max_wait_micros: request.max_wait_micros,
+            deadline: request.deadline,
+            unclaimed: request.unclaimed.clone(),
+        }
+    }
 }
 
 /// One check sent alone with `sender`, owning a copy of its request (so a
@@ -361,27 +385,31 @@ impl<S: Sender> Coalescer<S> {
             // task could be started for them. This check's turn sends them,
             // and it, in order.
             let (reply, rx) = oneshot::channel();
-            lane.queue.push_back(Waiting {
-                request: request.clone(),
-                reply,
-            });
+            let request = lane.copy(request);
+            lane.queue.push_back(Waiting { request, reply });
             drop(lanes);
             self.pass_on(key);
             return Entry::Queued(rx);
         }
         let (reply, rx) = oneshot::channel();
-        lane.queue.push_back(Waiting {
-            request: request.clone(),
-            reply,
-        });
+        let request = lane.copy(request);
+        lane.queue.push_back(Waiting { request, reply });
         Entry::Queued(rx)
     }
 
     /// The next batch for a turn whose call ended, keeping the turn; or
-    /// `None`, giving the turn back, when nothing waits.
-    fn next_batch(&self, key: &LaneKey) -> Option<Batch> {
+    /// `None`, giving the turn back, when nothing waits. `answered`: the
+    /// checks the call decided, whose key lists are kept for reuse.
+    fn next_batch(&self, key: &LaneKey, answered: Vec<RateRequest>) -> Option<Batch> {
         let mut lanes = self.lock();
         let lane = lanes.get(key);
+        let room = self
+            .shared
+            .config
+            .max_batch
+            .saturating_sub(lane.spare_keys.len());
+        lane.spare_keys
+            .extend(answered.into_iter().take(room).map(|r| r.keys));
         if lane.queue.is_empty() {
             lane.in_flight -= 1;
             lanes.tidy(key);
@@ -417,7 +445,7 @@ impl<S: Sender> Coalescer<S> {
     /// own (on the backend's runtime, else the current one), or, without a
     /// runtime to start one on, the turn goes back to the lane.
     fn pass_on(&self, lane: LaneKey) {
-        let Some(batch) = self.next_batch(&lane) else {
+        let Some(batch) = self.next_batch(&lane, Vec::new()) else {
             return;
         };
         let runtime = self
@@ -461,12 +489,12 @@ impl<S: Sender> Drop for Driving<S> {
 /// Sends batches while checks wait, then gives the turn back.
 async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Batch) {
     loop {
-        send(&turn.coalescer, batch).await;
+        let answered = send(&turn.coalescer, batch).await;
         // The callers this batch answered often check again at once: they
         // run first, and queue for the next batch, rather than one of them
         // going alone and the rest after it.
         tokio::task::yield_now().await;
-        match turn.coalescer.next_batch(&turn.lane) {
+        match turn.coalescer.next_batch(&turn.lane, answered) {
             Some(next) => batch = next,
             None => break,
         }
@@ -476,7 +504,8 @@ async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Batch) {
 
 /// One call for `batch` (or its single calls); each check gets its own
 /// answer. The call is abandoned once every check in it has given up.
-async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) {
+/// Returns the checks answered (their key lists are reused).
+async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) -> Vec<RateRequest> {
     let Batch {
         mut requests,
         mut replies,
@@ -494,7 +523,7 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) {
         (requests, replies) = (kept.requests, kept.replies);
     }
     if requests.is_empty() {
-        return;
+        return requests;
     }
     // The call owns its checks: if every caller gives up before it ends, it
     // is finished elsewhere, and what it admitted is given back.
@@ -524,7 +553,7 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) {
             Either::Left((done, _)) => done,
             Either::Right(_) => {
                 finish_detached(call, coalescer.home());
-                return;
+                return Vec::new();
             }
         }
     };
@@ -544,6 +573,7 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) {
             runtime.spawn(join_all(unclaimed));
         }
     }
+    requests
 }
 
 #[path = "coalesce_calls.rs"]
