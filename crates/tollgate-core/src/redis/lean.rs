@@ -145,24 +145,26 @@ impl LeanGroup {
             Some(Value::Int(now)) => now,
             other => return Err(Error::Protocol(format!("a lean batch's time: {other:?}"))),
         };
-        let replies = items
-            .zip(requests)
-            .map(|(item, r)| match item {
+        // Filled in place: collecting a `Result` would grow the list from
+        // empty, knowing no size.
+        let mut replies = Vec::with_capacity(requests.len());
+        for (item, r) in items.zip(requests) {
+            replies.push(match item {
                 // Anything else is a reply no script gives: a state Redis
                 // cut to an integer would be re-derived wrongly.
                 Value::Int(v) if (-STATE_BOUND..STATE_BOUND).contains(&(v >> 1)) => {
-                    Ok(each(Some(self.derive(now, r.cost, v >> 1, v & 1 == 1))))
+                    each(Some(self.derive(now, r.cost, v >> 1, v & 1 == 1)))
                 }
-                Value::Array(a) if a.is_empty() => Ok(each(None)),
+                Value::Array(a) if a.is_empty() => each(None),
                 Value::Array(a) => match a.as_slice() {
-                    [Value::Int(left)] => Ok(each(Some(
+                    [Value::Int(left)] => each(Some(
                         RateReply::blocked(1, (*left).max(1) as u64).at(now.max(0) as u64),
-                    ))),
-                    _ => Err(Error::Protocol(format!("a lean check replied {a:?}"))),
+                    )),
+                    _ => return Err(Error::Protocol(format!("a lean check replied {a:?}"))),
                 },
-                other => Err(Error::Protocol(format!("a lean check replied {other:?}"))),
-            })
-            .collect::<Result<_>>()?;
+                other => return Err(Error::Protocol(format!("a lean check replied {other:?}"))),
+            });
+        }
         Ok((now.max(0) as u64, replies))
     }
 
