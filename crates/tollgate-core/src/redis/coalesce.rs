@@ -28,8 +28,9 @@ use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 
-use futures_util::future::{join_all, select, BoxFuture, Either};
+use futures_util::future::{join_all, poll_fn, select, BoxFuture, Either};
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
@@ -155,11 +156,43 @@ struct Waiting {
     reply: oneshot::Sender<Result<RateReply>>,
 }
 
+/// A turn's checks, in arrival order: the requests (what the call takes)
+/// apart from their reply channels, so neither is moved again to be sent.
+#[derive(Default)]
+struct Batch {
+    requests: Vec<RateRequest>,
+    replies: Vec<oneshot::Sender<Result<RateReply>>>,
+}
+
 /// Turns taken and checks waiting, for one hash tag or for all.
 #[derive(Default)]
 struct Lane {
     in_flight: usize,
     queue: VecDeque<Waiting>,
+    /// Key lists of checks already answered, reused for the copies of
+    /// those that queue: a copy then allocates nothing.
+    spare_keys: Vec<Vec<String>>,
+}
+
+impl Lane {
+    /// A copy of `request` to queue, in a spare key list if there is one.
+    fn copy(&mut self, request: &RateRequest) -> RateRequest {
+        let Some(mut keys) = self.spare_keys.pop() else {
+            return request.clone();
+        };
+        keys.clone_from(&request.keys);
+        RateRequest {
+            algorithm: request.algorithm,
+            keys,
+            quotas: Arc::clone(&request.quotas),
+            cost: request.cost,
+            now_micros: request.now_micros,
+            nonce: request.nonce,
+            max_wait_micros: request.max_wait_micros,
+            deadline: request.deadline,
+            unclaimed: request.unclaimed.clone(),
+        }
+    }
 }
 
 /// One check sent alone with `sender`, owning a copy of its request (so a
@@ -352,45 +385,58 @@ impl<S: Sender> Coalescer<S> {
             // task could be started for them. This check's turn sends them,
             // and it, in order.
             let (reply, rx) = oneshot::channel();
-            lane.queue.push_back(Waiting {
-                request: request.clone(),
-                reply,
-            });
+            let request = lane.copy(request);
+            lane.queue.push_back(Waiting { request, reply });
             drop(lanes);
             self.pass_on(key);
             return Entry::Queued(rx);
         }
         let (reply, rx) = oneshot::channel();
-        lane.queue.push_back(Waiting {
-            request: request.clone(),
-            reply,
-        });
+        let request = lane.copy(request);
+        lane.queue.push_back(Waiting { request, reply });
         Entry::Queued(rx)
     }
 
     /// The next batch for a turn whose call ended, keeping the turn; or
-    /// `None`, giving the turn back, when nothing waits.
-    fn next_batch(&self, key: &LaneKey) -> Option<Vec<Waiting>> {
+    /// `None`, giving the turn back, when nothing waits. `answered`: the
+    /// checks the call decided, whose key lists are kept for reuse.
+    fn next_batch(&self, key: &LaneKey, answered: Vec<RateRequest>) -> Option<Batch> {
         let mut lanes = self.lock();
         let lane = lanes.get(key);
+        let room = self
+            .shared
+            .config
+            .max_batch
+            .saturating_sub(lane.spare_keys.len());
+        lane.spare_keys
+            .extend(answered.into_iter().take(room).map(|r| r.keys));
         if lane.queue.is_empty() {
             lane.in_flight -= 1;
             lanes.tidy(key);
             return None;
         }
         let take = lane.queue.len().min(self.shared.config.max_batch);
-        Some(lane.queue.drain(..take).collect())
+        let mut batch = Batch {
+            requests: Vec::with_capacity(take),
+            replies: Vec::with_capacity(take),
+        };
+        for w in lane.queue.drain(..take) {
+            batch.requests.push(w.request);
+            batch.replies.push(w.reply);
+        }
+        Some(batch)
     }
 
     /// Gives a turn back, with the checks it had taken first in the queue
     /// again (no task could be started to send them); the next check to
     /// take a turn sends them.
-    fn give_back(&self, key: &LaneKey, batch: Vec<Waiting>) {
+    fn give_back(&self, key: &LaneKey, batch: Batch) {
         let mut lanes = self.lock();
         let lane = lanes.get(key);
         lane.in_flight -= 1;
-        for w in batch.into_iter().rev() {
-            lane.queue.push_front(w);
+        let checks = batch.requests.into_iter().zip(batch.replies);
+        for (request, reply) in checks.rev() {
+            lane.queue.push_front(Waiting { request, reply });
         }
         lanes.tidy(key);
     }
@@ -399,7 +445,7 @@ impl<S: Sender> Coalescer<S> {
     /// own (on the backend's runtime, else the current one), or, without a
     /// runtime to start one on, the turn goes back to the lane.
     fn pass_on(&self, lane: LaneKey) {
-        let Some(batch) = self.next_batch(&lane) else {
+        let Some(batch) = self.next_batch(&lane, Vec::new()) else {
             return;
         };
         let runtime = self
@@ -435,20 +481,20 @@ impl<S: Sender> Drop for Driving<S> {
         if !self.done {
             // The batch being sent is lost with the task: its checks are
             // answered as an outage (their replies are dropped).
-            self.coalescer.give_back(&self.lane, Vec::new());
+            self.coalescer.give_back(&self.lane, Batch::default());
         }
     }
 }
 
 /// Sends batches while checks wait, then gives the turn back.
-async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
+async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Batch) {
     loop {
-        send(&turn.coalescer, batch).await;
+        let answered = send(&turn.coalescer, batch).await;
         // The callers this batch answered often check again at once: they
         // run first, and queue for the next batch, rather than one of them
         // going alone and the rest after it.
         tokio::task::yield_now().await;
-        match turn.coalescer.next_batch(&turn.lane) {
+        match turn.coalescer.next_batch(&turn.lane, answered) {
             Some(next) => batch = next,
             None => break,
         }
@@ -458,16 +504,26 @@ async fn drive<S: Sender>(mut turn: Driving<S>, mut batch: Vec<Waiting>) {
 
 /// One call for `batch` (or its single calls); each check gets its own
 /// answer. The call is abandoned once every check in it has given up.
-async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
+/// Returns the checks answered (their key lists are reused).
+async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) -> Vec<RateRequest> {
+    let Batch {
+        mut requests,
+        mut replies,
+    } = batch;
     // A check whose caller gave up while it waited (its timeout, a dropped
     // future) was answered without it: it is never sent, so takes nothing.
-    let (requests, mut replies): (Vec<_>, Vec<_>) = batch
-        .into_iter()
-        .filter(|w| !w.reply.is_closed())
-        .map(|w| (w.request, w.reply))
-        .unzip();
+    if replies.iter().any(oneshot::Sender::is_closed) {
+        let mut kept = Batch::default();
+        for (request, reply) in requests.into_iter().zip(replies) {
+            if !reply.is_closed() {
+                kept.requests.push(request);
+                kept.replies.push(reply);
+            }
+        }
+        (requests, replies) = (kept.requests, kept.replies);
+    }
     if requests.is_empty() {
-        return;
+        return requests;
     }
     // The call owns its checks: if every caller gives up before it ends, it
     // is finished elsewhere, and what it admitted is given back.
@@ -480,12 +536,24 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
         .boxed()
     };
     let (requests, answers) = {
-        let gone = pin!(join_all(replies.iter_mut().map(|r| r.closed())));
+        // Ready once every caller has given up; polled in place (no future
+        // per check).
+        let gone = pin!(poll_fn(|cx| {
+            let mut open = 0;
+            for r in replies.iter_mut() {
+                open += usize::from(r.poll_closed(cx).is_pending());
+            }
+            if open == 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        }));
         match select(&mut call, gone).await {
             Either::Left((done, _)) => done,
             Either::Right(_) => {
                 finish_detached(call, coalescer.home());
-                return;
+                return Vec::new();
             }
         }
     };
@@ -505,6 +573,7 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Vec<Waiting>) {
             runtime.spawn(join_all(unclaimed));
         }
     }
+    requests
 }
 
 #[path = "coalesce_calls.rs"]

@@ -95,6 +95,25 @@ fn request(subject: &str, nonce: u64) -> RateRequest {
     }
 }
 
+/// A queued check's copy made in a spare key list (longer, shorter or
+/// empty) is the request, field for field.
+#[test]
+fn a_copy_in_a_spare_key_list_is_the_request() {
+    let mut lane = Lane::default();
+    lane.spare_keys
+        .push(vec!["a key longer than any here".into(); 3]);
+    lane.spare_keys.push(Vec::new());
+    let mut r = request("bob", 7);
+    r.keys.push("tg:api:block:{bob}".into());
+    (r.cost, r.now_micros, r.max_wait_micros) = (3, Some(5), 9);
+    r.deadline = Some(std::time::Instant::now());
+    for _ in 0..3 {
+        let copy = lane.copy(&r);
+        assert_eq!(format!("{copy:?}"), format!("{r:?}"));
+        assert!(Arc::ptr_eq(&copy.quotas, &r.quotas));
+    }
+}
+
 /// A request whose admission, if nobody receives it, is reported on `tx`.
 fn watched(subject: &str, nonce: u64, tx: &tokio::sync::mpsc::UnboundedSender<u64>) -> RateRequest {
     let tx = tx.clone();

@@ -110,14 +110,26 @@ impl LeanGroup {
         };
     }
 
-    /// Each check's answer from the call's reply: `Ok(None)` for a check
-    /// that came after its deadline (it took nothing), with the server time
-    /// the call ran at.
+    /// [`parse_each`](Self::parse_each) keeping each answer as it is.
+    #[cfg(test)]
     pub(crate) fn parse(
         &self,
         value: Value,
         requests: &[RateRequest],
     ) -> Result<(u64, Vec<Option<RateReply>>)> {
+        self.parse_each(value, requests, |reply| reply)
+    }
+
+    /// Each check's answer from the call's reply, passed through `each` as
+    /// it is read (no second list to map it into): `None` for a check that
+    /// came after its deadline (it took nothing); with the server time the
+    /// call ran at.
+    pub(crate) fn parse_each<T>(
+        &self,
+        value: Value,
+        requests: &[RateRequest],
+        each: impl Fn(Option<RateReply>) -> T,
+    ) -> Result<(u64, Vec<T>)> {
         let Value::Array(items) = value else {
             return Err(Error::Protocol(format!("a lean batch replied {value:?}")));
         };
@@ -133,24 +145,26 @@ impl LeanGroup {
             Some(Value::Int(now)) => now,
             other => return Err(Error::Protocol(format!("a lean batch's time: {other:?}"))),
         };
-        let replies = items
-            .zip(requests)
-            .map(|(item, r)| match item {
+        // Filled in place: collecting a `Result` would grow the list from
+        // empty, knowing no size.
+        let mut replies = Vec::with_capacity(requests.len());
+        for (item, r) in items.zip(requests) {
+            replies.push(match item {
                 // Anything else is a reply no script gives: a state Redis
                 // cut to an integer would be re-derived wrongly.
                 Value::Int(v) if (-STATE_BOUND..STATE_BOUND).contains(&(v >> 1)) => {
-                    Ok(Some(self.derive(now, r.cost, v >> 1, v & 1 == 1)))
+                    each(Some(self.derive(now, r.cost, v >> 1, v & 1 == 1)))
                 }
-                Value::Array(a) if a.is_empty() => Ok(None),
+                Value::Array(a) if a.is_empty() => each(None),
                 Value::Array(a) => match a.as_slice() {
-                    [Value::Int(left)] => Ok(Some(
+                    [Value::Int(left)] => each(Some(
                         RateReply::blocked(1, (*left).max(1) as u64).at(now.max(0) as u64),
                     )),
-                    _ => Err(Error::Protocol(format!("a lean check replied {a:?}"))),
+                    _ => return Err(Error::Protocol(format!("a lean check replied {a:?}"))),
                 },
-                other => Err(Error::Protocol(format!("a lean check replied {other:?}"))),
-            })
-            .collect::<Result<_>>()?;
+                other => return Err(Error::Protocol(format!("a lean check replied {other:?}"))),
+            });
+        }
         Ok((now.max(0) as u64, replies))
     }
 

@@ -148,15 +148,13 @@ impl RateCalls {
         value: Value,
         requests: &[RateRequest],
     ) -> Vec<Result<RateReply>> {
-        match group.parse(value, requests) {
+        let answer = |r: Option<RateReply>| r.ok_or(Error::Timeout(Duration::ZERO));
+        match group.parse_each(value, requests, answer) {
             Ok((now, replies)) => {
                 if requests.iter().any(|r| r.now_micros.is_none()) {
                     self.clock.observe(now);
                 }
                 replies
-                    .into_iter()
-                    .map(|r| r.ok_or(Error::Timeout(Duration::ZERO)))
-                    .collect()
             }
             Err(e) => protocol_errors(requests, e.to_string()),
         }
