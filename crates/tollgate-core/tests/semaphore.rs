@@ -106,6 +106,16 @@ macro_rules! semaphore_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_endless_poll_interval() {
+            sc::fair::endless_poll_interval::<Semaphore, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_locker_endless_poll_interval() {
+            sc::fair::endless_poll_interval::<Locker, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fair_lost_notification_costs_one_poll() {
             sc::fair::lost_notification_costs_one_poll(&$fixture).await;
         }

@@ -241,9 +241,13 @@ impl Core {
 
     /// How long a fair waiter's ticket lives unless refreshed: two rounds of
     /// (poll + round trip), so a live waiter always refreshes it in time and
-    /// a dead one blocks the queue for at most this long.
+    /// a dead one blocks the queue for at most this long. Saturating and
+    /// capped: an endless poll interval is allowed and must not panic here.
     fn ticket_ttl(&self) -> Duration {
-        (self.poll_interval + self.instances.timeout) * 2
+        self.poll_interval
+            .saturating_add(self.instances.timeout)
+            .saturating_mul(2)
+            .min(MAX_LOCK_DURATION)
     }
 
     /// A lease on a lock that a script other than the lock's own acquire
