@@ -303,6 +303,30 @@ async fn an_unstored_completion_is_not_released<B: IdempotencyBackend + Clone>(b
     assert!(again.abandon().await.unwrap());
 }
 
+/// A completion dropped before it was first polled (a `select!` whose
+/// other branch was ready first, a task cancelled before it ran) does not
+/// release the claim either: the handler has run, so a retry is told the
+/// key is in flight rather than running it again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_completion_dropped_unpolled_is_not_released() {
+    let store = IdempotencyStore::builder(MemoryBackend::new())
+        .prefix(prefix())
+        .build()
+        .unwrap();
+    let key = Subject::new("order-1");
+    let claim = claimed(&store, &key).await;
+    let response = StoredResponse::new(201, vec![], b"ran once".to_vec());
+    drop(claim.complete(&response));
+    // Anything a drop spawned runs now (one thread: before this task).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    match store.claim(key, Fingerprint::of(b"payload")).await {
+        Ok(Claim::InFlight { .. }) => {}
+        other => panic!("the claim of a handler that ran was released: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_failed_completion() {
     a_failed_completion_is_retried(MemoryBackend::new()).await;

@@ -1,6 +1,7 @@
 //! [`IdempotencyStore`], [`Claim`] and [`Claimed`].
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -289,9 +290,18 @@ impl Claimed {
     /// the error is returned and the claim is **not** released: the handler
     /// has run, so a retry is told the key is in flight until the lease
     /// expires, rather than running it a second time. The same holds if
-    /// this future is dropped midway.
-    pub async fn complete(mut self, response: &StoredResponse) -> Result<bool> {
+    /// this future is dropped midway, or before it was first polled.
+    pub fn complete<'a>(
+        mut self,
+        response: &'a StoredResponse,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        // Taken before the first poll: an `async fn` would move the claim
+        // into its future as it is, and dropping that unpolled abandons it.
         let lease = Unstored(self.lease.take());
+        async move { self.store_response(lease, response).await }
+    }
+
+    async fn store_response(&self, lease: Unstored, response: &StoredResponse) -> Result<bool> {
         let store = &self.store;
         // Renewals while retrying keep the lease safe but do not stretch
         // the window: a completion that keeps failing gives up within a TTL.
