@@ -148,11 +148,15 @@ impl IdempotencyStore {
             // The in-flight record must last as long as the lease can be
             // renewed (its hold cap), or a request that outlives the record
             // TTL loses its record: its completion stores nothing and a
-            // retry runs it again. Completion sets the record TTL.
+            // retry runs it again. Completion sets the record TTL. Without
+            // a cap, the longest TTL a lock accepts: a crashed holder's
+            // record is replaced by the next claim, it is not waited for.
             record_ttl: self.record_ttl.max(
                 self.lease
                     .max_hold_duration()
-                    .map_or(Duration::ZERO, |cap| cap.saturating_add(ttl))
+                    .map_or(crate::lock::MAX_LOCK_DURATION, |cap| {
+                        cap.saturating_add(ttl)
+                    })
                     .min(crate::lock::MAX_LOCK_DURATION),
             ),
             fingerprint,
