@@ -354,6 +354,68 @@ async fn a_dead_backend_is_skipped_after_repeated_failures() {
     );
 }
 
+/// A request that can never be granted is refused as such while the breaker
+/// skips a dead backend too, under every failure policy: a weight above the
+/// permit count is `PermitsExceedLimit`, a weight of 0 or a TTL the drift
+/// leaves nothing of is `InvalidConfig` — never `CircuitOpen` (which the
+/// Allow policy lets through without a permit) nor a local permit's `Busy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impossible_request_is_refused_while_the_breaker_is_open() {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+    use tollgate_core::{Error, FailurePolicy, LockOptions, RedisBackend, Semaphore};
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let fallback = FailurePolicy::Fallback {
+        instances: NonZeroU32::new(1).unwrap(),
+    };
+    for policy in [FailurePolicy::Allow, FailurePolicy::Deny, fallback] {
+        let dead = RedisBackend::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+        let permits = Semaphore::builder(dead, 2)
+            .timeout(Duration::from_millis(100))
+            .on_failure(policy)
+            .build()
+            .unwrap();
+        let opts = LockOptions::new();
+        // Five outages open the breaker (a local permit each, on fallback).
+        for _ in 0..5 {
+            drop(permits.try_acquire("k", &opts).await);
+        }
+        let open = permits.try_acquire("k", &opts).await;
+        assert!(
+            matches!(open, Err(Error::CircuitOpen)) || policy == fallback,
+            "{policy:?}: the breaker is not open: {open:?}"
+        );
+        drop(open);
+        let too_heavy = permits.try_acquire_weighted("k", 3, &opts).await;
+        assert!(
+            matches!(
+                too_heavy,
+                Err(Error::PermitsExceedLimit {
+                    requested: 3,
+                    limit: 2
+                })
+            ),
+            "{policy:?}: {too_heavy:?}"
+        );
+        let nothing = permits.try_acquire_weighted("k", 0, &opts).await;
+        assert!(
+            matches!(nothing, Err(Error::InvalidConfig(_))),
+            "{policy:?}: {nothing:?}"
+        );
+        let tiny = LockOptions::new().ttl(Duration::from_millis(2));
+        let tiny = permits.try_acquire("k", &tiny).await;
+        assert!(
+            matches!(tiny, Err(Error::InvalidConfig(_))),
+            "{policy:?}: {tiny:?}"
+        );
+    }
+}
+
 /// A semaphore name whose key holds something else (here a lock) fails the
 /// acquire as an error about that request's data, under every failure
 /// policy, on memory and on Redis: it is not an outage, so it never trips

@@ -223,7 +223,7 @@ impl Core {
     }
 
     /// Checks a weight against the permit count.
-    fn check_weight(&self, weight: u32) -> Result<()> {
+    pub(crate) fn check_weight(&self, weight: u32) -> Result<()> {
         let limit = self.permits.unwrap_or(1);
         if weight == 0 {
             return Err(Error::InvalidConfig(
