@@ -536,8 +536,9 @@ impl<T: Built> LockerBuilder<T> {
     /// Serves waiters in arrival order: a waiter takes the lock (or a
     /// permit) only when everyone who started waiting before it has, or has
     /// given up. Waiters queue under a ticket that each attempt refreshes and
-    /// that falls out after `2 × (poll interval + timeout)` (2 s by default)
-    /// when not refreshed, so a waiter that died blocks the queue for at most
+    /// that falls out after `2 × (poll interval + timeout)` (2 s by default;
+    /// at most [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION)) when not
+    /// refreshed, so a waiter that died blocks the queue for at most
     /// that long; a lost release notification costs one fallback poll. A
     /// `try_acquire` does not queue: it succeeds only when nobody waits.
     ///
