@@ -71,6 +71,11 @@ macro_rules! semaphore_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_and_unfair_after_expiry() {
+            sc::fair_and_unfair_after_expiry(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fair_semaphore_arrival_order() {
             sc::fair::arrival_order::<Semaphore, _>(&$fixture).await;
         }
