@@ -421,6 +421,52 @@ async fn an_impossible_request_is_refused_while_the_breaker_is_open() {
     }
 }
 
+/// A lock and a semaphore never share keys: a name that is another kind's
+/// default policy (`lock`, `sem`, the idempotency store's `idem`) would put
+/// a named one on the other's keys, so `build` refuses it; a kind may take
+/// its own default.
+#[tokio::test]
+async fn a_name_never_shares_another_kinds_keys() {
+    use tollgate_core::idempotency::IdempotencyStore;
+    use tollgate_core::{Error, Locker, Semaphore, Subject};
+
+    let m = MemoryBackend::new();
+    let subject = Subject::new("a");
+    let store = IdempotencyStore::new(m.clone());
+    let lock_keys = Locker::new(m.clone()).keys_for("a").lock;
+    let sem_keys = Semaphore::new(m.clone(), 2).unwrap().keys_for("a").lock;
+    let idem_keys = store.keys_for(&subject).lease.lock;
+    for name in ["sem", "idem"] {
+        let named = Locker::builder(m.clone()).name(name).build();
+        assert!(
+            matches!(named, Err(Error::InvalidConfig(_))),
+            "a Locker named {name:?}: {:?}",
+            named.map(|l| l.keys_for("a").lock)
+        );
+        let fair = Locker::builder(m.clone()).name(name).fair().build();
+        assert!(
+            matches!(fair, Err(Error::InvalidConfig(_))),
+            "fair {name:?}"
+        );
+    }
+    for name in ["lock", "idem"] {
+        let named = Semaphore::builder(m.clone(), 2).name(name).build();
+        assert!(
+            matches!(named, Err(Error::InvalidConfig(_))),
+            "a Semaphore named {name:?}: {:?}",
+            named.map(|s| s.keys_for("a").lock)
+        );
+    }
+    let own = Locker::builder(m.clone()).name("lock").build().unwrap();
+    assert_eq!(own.keys_for("a").lock, lock_keys);
+    let own = Semaphore::builder(m.clone(), 2)
+        .name("sem")
+        .build()
+        .unwrap();
+    assert_eq!(own.keys_for("a").lock, sem_keys);
+    assert!(lock_keys != sem_keys && sem_keys != idem_keys && idem_keys != lock_keys);
+}
+
 /// A semaphore name whose key holds something else (here a lock) fails the
 /// acquire as an error about that request's data, under every failure
 /// policy, on memory and on Redis: it is not an outage, so it never trips

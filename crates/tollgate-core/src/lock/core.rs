@@ -134,6 +134,16 @@ impl Core {
                 )));
             }
         }
+        if let Some(name) = &s.name {
+            // Another kind's default policy would put this one on its keys.
+            let own = if s.permits.is_some() { "sem" } else { "lock" };
+            if name != own && ["lock", "sem", "idem"].contains(&name.as_str()) {
+                return Err(Error::InvalidConfig(format!(
+                    "{name:?} is the default name of another kind (locks `lock`, semaphores \
+                     `sem`, idempotency `idem`): their keys would be shared"
+                )));
+            }
+        }
         let policy = match (&s.name, s.permits) {
             (Some(name), _) => name.as_str(),
             (None, Some(_)) => "sem",

@@ -473,8 +473,10 @@ impl<T: Built> LockerBuilder<T> {
     /// `<prefix>:<name>:{<subject>}` instead of `…:lock:…` or `…:sem:…`,
     /// and the operator plane lists and breaks its holders under that name
     /// ([`Admin::holders`](crate::admin::Admin::holders)). Names are
-    /// checked by `build`: non-empty, no braces, whitespace or `:`; a lock
-    /// and a semaphore never share one.
+    /// checked by `build`: non-empty, no braces, whitespace or `:`, and not
+    /// another kind's default (`lock`, `sem`, the idempotency store's
+    /// `idem`). A lock and a semaphore must not share a name: both keep
+    /// their holders under `<prefix>:<name>:{<subject>}`.
     ///
     /// ```
     /// use tollgate::{MemoryBackend, Semaphore};
