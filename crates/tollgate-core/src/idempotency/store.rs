@@ -288,9 +288,10 @@ impl Claimed {
     ///
     /// A try that fails as an outage (a timeout, a reset connection,
     /// `READONLY` during a failover) is sent again, with a backoff from
-    /// 50 ms to 1 s, while the lease is held and for at most the time its
-    /// safe deadline left when this call began — safe, because a completion
-    /// sent again after it was stored answers `true`. When it still fails,
+    /// 50 ms to 1 s, for at most the time the lease's safe deadline left
+    /// when this call began, even once the lease is lost — safe, because
+    /// the store is fenced: a completion sent again after it was stored
+    /// answers `true`, one a newer claim superseded `false`. When it still fails,
     /// the error is returned and the claim is **not** released: the handler
     /// has run, so a retry is told the key is in flight until the lease
     /// expires, rather than running it a second time. The same holds if
@@ -328,11 +329,10 @@ impl Claimed {
                     tracing::warn!(record = %self.keys.record, fence = self.fence.get(), "idempotency claim lost or superseded; the response was not stored");
                     return Ok(false);
                 }
-                Err(e)
-                    if is_outage(&e)
-                        && lease.get().is_held()
-                        && instant_after(Instant::now(), pause) < deadline =>
-                {
+                // Sent again even once the lease is lost: the store is fenced,
+                // and the lease goes when a try stores, which a lost reply
+                // hides.
+                Err(e) if is_outage(&e) && instant_after(Instant::now(), pause) < deadline => {
                     tracing::debug!(record = %self.keys.record, error = %e, ?pause, "storing the response failed; sending it again");
                     tokio::time::sleep(pause).await;
                     pause = pause.saturating_mul(2).min(RETRY_MAX);
