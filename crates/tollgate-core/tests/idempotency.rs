@@ -493,12 +493,21 @@ async fn renewed_while_running<F: Fixture>(f: &F) {
 /// 5 (cont.): a request that runs longer than the record TTL keeps its
 /// in-flight record (another payload is refused throughout) and completes.
 async fn outlives_record_ttl<F: Fixture>(f: &F) {
+    outlives_record_ttl_with(f, LockOptions::new()).await;
+}
+
+/// 5 (cont.): the same with a lease renewed without a hold cap.
+async fn unbounded_outlives_record_ttl<F: Fixture>(f: &F) {
+    outlives_record_ttl_with(f, LockOptions::new().unbounded_hold()).await;
+}
+
+async fn outlives_record_ttl_with<F: Fixture>(f: &F, lease: LockOptions) {
     let prefix = unique("idem-long");
     let ttl = Duration::from_millis(600);
     let build = || async {
         f.builder(&prefix)
             .await
-            .lease(LockOptions::new().ttl(ttl))
+            .lease(lease.clone().ttl(ttl))
             .record_ttl(Duration::from_secs(1))
             .build()
             .unwrap()
@@ -593,6 +602,11 @@ macro_rules! idempotency_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn outlives_record_ttl() {
             super::outlives_record_ttl(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn unbounded_outlives_record_ttl() {
+            super::unbounded_outlives_record_ttl(&$fixture).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

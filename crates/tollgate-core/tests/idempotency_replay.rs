@@ -131,6 +131,9 @@ enum Fault {
     NotApplied,
     /// The script ran, its reply was lost.
     ReplyLost,
+    /// The script ran, and its reply was lost after the lease's watchdog
+    /// had tried a renewal (which finds the lease the script deleted).
+    ReplyLostAfterRenewal,
 }
 
 /// A real backend whose first `failures` completes fail as an outage, as
@@ -141,6 +144,7 @@ struct Faulty<B> {
     fault: Fault,
     failures: Arc<AtomicUsize>,
     attempts: Arc<AtomicUsize>,
+    extends: Arc<AtomicUsize>,
 }
 
 impl<B> Faulty<B> {
@@ -150,6 +154,7 @@ impl<B> Faulty<B> {
             fault,
             failures: Arc::new(AtomicUsize::new(failures)),
             attempts: Arc::new(AtomicUsize::new(0)),
+            extends: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -171,6 +176,7 @@ impl<B: LockBackend> LockBackend for Faulty<B> {
         t: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool>> {
+        self.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend_lock(k, t, ttl)
     }
     fn raise_fence<'a>(
@@ -218,10 +224,17 @@ impl<B: IdempotencyBackend> IdempotencyBackend for Faulty<B> {
                     .complete(keys, token, fence, response, record_ttl)
                     .await;
             }
-            if let Fault::ReplyLost = self.fault {
+            if let Fault::ReplyLost | Fault::ReplyLostAfterRenewal = self.fault {
                 self.inner
                     .complete(keys, token, fence, response, record_ttl)
                     .await?;
+            }
+            if let Fault::ReplyLostAfterRenewal = self.fault {
+                let renewals = self.extends.load(Ordering::SeqCst);
+                eventually(Duration::from_secs(5), "a renewal", || async {
+                    (self.extends.load(Ordering::SeqCst) > renewals).then_some(())
+                })
+                .await;
             }
             Err(BackendError::outage("connection reset by peer").into())
         }
@@ -268,6 +281,30 @@ async fn a_failed_completion_is_retried<B: IdempotencyBackend + Clone>(backend: 
     }
 }
 
+/// A completion that stored, but whose reply was lost after the lease's
+/// watchdog found the lease gone (the script deletes it when it stores),
+/// is sent again all the same and tells the truth: stored. The fenced
+/// replay is safe whether or not the lease is still held.
+async fn a_stored_completion_is_not_reported_failed<B: IdempotencyBackend + Clone>(backend: B) {
+    let faulty = Faulty::new(backend, Fault::ReplyLostAfterRenewal, 1);
+    let store = IdempotencyStore::builder(faulty.clone())
+        .prefix(prefix())
+        .timeout(Duration::from_secs(2))
+        .lease(LockOptions::new().ttl(Duration::from_millis(600)))
+        .build()
+        .unwrap();
+    let key = Subject::new("order-1");
+    let claim = claimed(&store, &key).await;
+    let response = StoredResponse::new(201, vec![], b"stored once".to_vec());
+    let stored = claim.complete(&response).await;
+    assert!(matches!(stored, Ok(true)), "stored, but told {stored:?}");
+    assert_eq!(faulty.attempts(), 2);
+    match store.claim(key, Fingerprint::of(b"payload")).await {
+        Ok(Claim::Completed(r)) => assert_eq!(r, response),
+        other => panic!("expected the stored response, got {other:?}"),
+    }
+}
+
 /// A completion that keeps failing is retried until the lease's safe
 /// deadline, then given up — and its claim is not released: the handler
 /// finished, so a retry is told "in flight" until the lease expires, and
@@ -303,9 +340,34 @@ async fn an_unstored_completion_is_not_released<B: IdempotencyBackend + Clone>(b
     assert!(again.abandon().await.unwrap());
 }
 
+/// A completion dropped before it was first polled (a `select!` whose
+/// other branch was ready first, a task cancelled before it ran) does not
+/// release the claim either: the handler has run, so a retry is told the
+/// key is in flight rather than running it again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_completion_dropped_unpolled_is_not_released() {
+    let store = IdempotencyStore::builder(MemoryBackend::new())
+        .prefix(prefix())
+        .build()
+        .unwrap();
+    let key = Subject::new("order-1");
+    let claim = claimed(&store, &key).await;
+    let response = StoredResponse::new(201, vec![], b"ran once".to_vec());
+    drop(claim.complete(&response));
+    // Anything a drop spawned runs now (one thread: before this task).
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    match store.claim(key, Fingerprint::of(b"payload")).await {
+        Ok(Claim::InFlight { .. }) => {}
+        other => panic!("the claim of a handler that ran was released: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_failed_completion() {
     a_failed_completion_is_retried(MemoryBackend::new()).await;
+    a_stored_completion_is_not_reported_failed(MemoryBackend::new()).await;
     an_unstored_completion_is_not_released(MemoryBackend::new()).await;
 }
 
@@ -313,6 +375,7 @@ async fn memory_failed_completion() {
 async fn standalone_failed_completion() {
     let backend = RedisBackend::from_connection(server().connection_manager().await);
     a_failed_completion_is_retried(backend.clone()).await;
+    a_stored_completion_is_not_reported_failed(backend.clone()).await;
     an_unstored_completion_is_not_released(backend).await;
 }
 
@@ -320,5 +383,6 @@ async fn standalone_failed_completion() {
 async fn cluster_failed_completion() {
     let backend = RedisBackend::from_connection(cluster().connection().await);
     a_failed_completion_is_retried(backend.clone()).await;
+    a_stored_completion_is_not_reported_failed(backend.clone()).await;
     an_unstored_completion_is_not_released(backend).await;
 }

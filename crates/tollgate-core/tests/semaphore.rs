@@ -71,6 +71,11 @@ macro_rules! semaphore_suite {
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_and_unfair_after_expiry() {
+            sc::fair_and_unfair_after_expiry(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fair_semaphore_arrival_order() {
             sc::fair::arrival_order::<Semaphore, _>(&$fixture).await;
         }
@@ -103,6 +108,16 @@ macro_rules! semaphore_suite {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn fair_mixed_ticket_ttls_keep_arrival_order() {
             sc::fair::mixed_ticket_ttls_keep_arrival_order(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_endless_poll_interval() {
+            sc::fair::endless_poll_interval::<Semaphore, _>(&$fixture).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn fair_locker_endless_poll_interval() {
+            sc::fair::endless_poll_interval::<Locker, _>(&$fixture).await;
         }
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,6 +357,114 @@ async fn a_dead_backend_is_skipped_after_repeated_failures() {
         errors,
         [false, false, false, false, false, true, true, true]
     );
+}
+
+/// A request that can never be granted is refused as such while the breaker
+/// skips a dead backend too, under every failure policy: a weight above the
+/// permit count is `PermitsExceedLimit`, a weight of 0 or a TTL the drift
+/// leaves nothing of is `InvalidConfig` — never `CircuitOpen` (which the
+/// Allow policy lets through without a permit) nor a local permit's `Busy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_impossible_request_is_refused_while_the_breaker_is_open() {
+    use std::num::NonZeroU32;
+    use std::time::Duration;
+    use tollgate_core::{Error, FailurePolicy, LockOptions, RedisBackend, Semaphore};
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let fallback = FailurePolicy::Fallback {
+        instances: NonZeroU32::new(1).unwrap(),
+    };
+    for policy in [FailurePolicy::Allow, FailurePolicy::Deny, fallback] {
+        let dead = RedisBackend::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap();
+        let permits = Semaphore::builder(dead, 2)
+            .timeout(Duration::from_millis(100))
+            .on_failure(policy)
+            .build()
+            .unwrap();
+        let opts = LockOptions::new();
+        // Five outages open the breaker (a local permit each, on fallback).
+        for _ in 0..5 {
+            drop(permits.try_acquire("k", &opts).await);
+        }
+        let open = permits.try_acquire("k", &opts).await;
+        assert!(
+            matches!(open, Err(Error::CircuitOpen)) || policy == fallback,
+            "{policy:?}: the breaker is not open: {open:?}"
+        );
+        drop(open);
+        let too_heavy = permits.try_acquire_weighted("k", 3, &opts).await;
+        assert!(
+            matches!(
+                too_heavy,
+                Err(Error::PermitsExceedLimit {
+                    requested: 3,
+                    limit: 2
+                })
+            ),
+            "{policy:?}: {too_heavy:?}"
+        );
+        let nothing = permits.try_acquire_weighted("k", 0, &opts).await;
+        assert!(
+            matches!(nothing, Err(Error::InvalidConfig(_))),
+            "{policy:?}: {nothing:?}"
+        );
+        let tiny = LockOptions::new().ttl(Duration::from_millis(2));
+        let tiny = permits.try_acquire("k", &tiny).await;
+        assert!(
+            matches!(tiny, Err(Error::InvalidConfig(_))),
+            "{policy:?}: {tiny:?}"
+        );
+    }
+}
+
+/// A lock and a semaphore never share keys: a name that is another kind's
+/// default policy (`lock`, `sem`, the idempotency store's `idem`) would put
+/// a named one on the other's keys, so `build` refuses it; a kind may take
+/// its own default.
+#[tokio::test]
+async fn a_name_never_shares_another_kinds_keys() {
+    use tollgate_core::idempotency::IdempotencyStore;
+    use tollgate_core::{Error, Locker, Semaphore, Subject};
+
+    let m = MemoryBackend::new();
+    let subject = Subject::new("a");
+    let store = IdempotencyStore::new(m.clone());
+    let lock_keys = Locker::new(m.clone()).keys_for("a").lock;
+    let sem_keys = Semaphore::new(m.clone(), 2).unwrap().keys_for("a").lock;
+    let idem_keys = store.keys_for(&subject).lease.lock;
+    for name in ["sem", "idem"] {
+        let named = Locker::builder(m.clone()).name(name).build();
+        assert!(
+            matches!(named, Err(Error::InvalidConfig(_))),
+            "a Locker named {name:?}: {:?}",
+            named.map(|l| l.keys_for("a").lock)
+        );
+        let fair = Locker::builder(m.clone()).name(name).fair().build();
+        assert!(
+            matches!(fair, Err(Error::InvalidConfig(_))),
+            "fair {name:?}"
+        );
+    }
+    for name in ["lock", "idem"] {
+        let named = Semaphore::builder(m.clone(), 2).name(name).build();
+        assert!(
+            matches!(named, Err(Error::InvalidConfig(_))),
+            "a Semaphore named {name:?}: {:?}",
+            named.map(|s| s.keys_for("a").lock)
+        );
+    }
+    let own = Locker::builder(m.clone()).name("lock").build().unwrap();
+    assert_eq!(own.keys_for("a").lock, lock_keys);
+    let own = Semaphore::builder(m.clone(), 2)
+        .name("sem")
+        .build()
+        .unwrap();
+    assert_eq!(own.keys_for("a").lock, sem_keys);
+    assert!(lock_keys != sem_keys && sem_keys != idem_keys && idem_keys != lock_keys);
 }
 
 /// A semaphore name whose key holds something else (here a lock) fails the

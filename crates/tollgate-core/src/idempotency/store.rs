@@ -1,6 +1,7 @@
 //! [`IdempotencyStore`], [`Claim`] and [`Claimed`].
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,11 +148,15 @@ impl IdempotencyStore {
             // The in-flight record must last as long as the lease can be
             // renewed (its hold cap), or a request that outlives the record
             // TTL loses its record: its completion stores nothing and a
-            // retry runs it again. Completion sets the record TTL.
+            // retry runs it again. Completion sets the record TTL. Without
+            // a cap, the longest TTL a lock accepts: a crashed holder's
+            // record is replaced by the next claim, it is not waited for.
             record_ttl: self.record_ttl.max(
                 self.lease
                     .max_hold_duration()
-                    .map_or(Duration::ZERO, |cap| cap.saturating_add(ttl))
+                    .map_or(crate::lock::MAX_LOCK_DURATION, |cap| {
+                        cap.saturating_add(ttl)
+                    })
                     .min(crate::lock::MAX_LOCK_DURATION),
             ),
             fingerprint,
@@ -283,15 +288,25 @@ impl Claimed {
     ///
     /// A try that fails as an outage (a timeout, a reset connection,
     /// `READONLY` during a failover) is sent again, with a backoff from
-    /// 50 ms to 1 s, while the lease is held and for at most the time its
-    /// safe deadline left when this call began — safe, because a completion
-    /// sent again after it was stored answers `true`. When it still fails,
+    /// 50 ms to 1 s, for at most the time the lease's safe deadline left
+    /// when this call began, even once the lease is lost — safe, because
+    /// the store is fenced: a completion sent again after it was stored
+    /// answers `true`, one a newer claim superseded `false`. When it still fails,
     /// the error is returned and the claim is **not** released: the handler
     /// has run, so a retry is told the key is in flight until the lease
     /// expires, rather than running it a second time. The same holds if
-    /// this future is dropped midway.
-    pub async fn complete(mut self, response: &StoredResponse) -> Result<bool> {
+    /// this future is dropped midway, or before it was first polled.
+    pub fn complete<'a>(
+        mut self,
+        response: &'a StoredResponse,
+    ) -> impl Future<Output = Result<bool>> + Send + 'a {
+        // Taken before the first poll: an `async fn` would move the claim
+        // into its future as it is, and dropping that unpolled abandons it.
         let lease = Unstored(self.lease.take());
+        async move { self.store_response(lease, response).await }
+    }
+
+    async fn store_response(&self, lease: Unstored, response: &StoredResponse) -> Result<bool> {
         let store = &self.store;
         // Renewals while retrying keep the lease safe but do not stretch
         // the window: a completion that keeps failing gives up within a TTL.
@@ -314,11 +329,10 @@ impl Claimed {
                     tracing::warn!(record = %self.keys.record, fence = self.fence.get(), "idempotency claim lost or superseded; the response was not stored");
                     return Ok(false);
                 }
-                Err(e)
-                    if is_outage(&e)
-                        && lease.get().is_held()
-                        && instant_after(Instant::now(), pause) < deadline =>
-                {
+                // Sent again even once the lease is lost: the store is fenced,
+                // and the lease goes when a try stores, which a lost reply
+                // hides.
+                Err(e) if is_outage(&e) && instant_after(Instant::now(), pause) < deadline => {
                     tracing::debug!(record = %self.keys.record, error = %e, ?pause, "storing the response failed; sending it again");
                     tokio::time::sleep(pause).await;
                     pause = pause.saturating_mul(2).min(RETRY_MAX);

@@ -134,6 +134,16 @@ impl Core {
                 )));
             }
         }
+        if let Some(name) = &s.name {
+            // Another kind's default policy would put this one on its keys.
+            let own = if s.permits.is_some() { "sem" } else { "lock" };
+            if name != own && ["lock", "sem", "idem"].contains(&name.as_str()) {
+                return Err(Error::InvalidConfig(format!(
+                    "{name:?} is the default name of another kind (locks `lock`, semaphores \
+                     `sem`, idempotency `idem`): their keys would be shared"
+                )));
+            }
+        }
         let policy = match (&s.name, s.permits) {
             (Some(name), _) => name.as_str(),
             (None, Some(_)) => "sem",
@@ -223,7 +233,7 @@ impl Core {
     }
 
     /// Checks a weight against the permit count.
-    fn check_weight(&self, weight: u32) -> Result<()> {
+    pub(crate) fn check_weight(&self, weight: u32) -> Result<()> {
         let limit = self.permits.unwrap_or(1);
         if weight == 0 {
             return Err(Error::InvalidConfig(
@@ -241,9 +251,13 @@ impl Core {
 
     /// How long a fair waiter's ticket lives unless refreshed: two rounds of
     /// (poll + round trip), so a live waiter always refreshes it in time and
-    /// a dead one blocks the queue for at most this long.
+    /// a dead one blocks the queue for at most this long. Saturating and
+    /// capped: an endless poll interval is allowed and must not panic here.
     fn ticket_ttl(&self) -> Duration {
-        (self.poll_interval + self.instances.timeout) * 2
+        self.poll_interval
+            .saturating_add(self.instances.timeout)
+            .saturating_mul(2)
+            .min(MAX_LOCK_DURATION)
     }
 
     /// A lease on a lock that a script other than the lock's own acquire

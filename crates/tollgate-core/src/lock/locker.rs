@@ -473,8 +473,10 @@ impl<T: Built> LockerBuilder<T> {
     /// `<prefix>:<name>:{<subject>}` instead of `…:lock:…` or `…:sem:…`,
     /// and the operator plane lists and breaks its holders under that name
     /// ([`Admin::holders`](crate::admin::Admin::holders)). Names are
-    /// checked by `build`: non-empty, no braces, whitespace or `:`; a lock
-    /// and a semaphore never share one.
+    /// checked by `build`: non-empty, no braces, whitespace or `:`, and not
+    /// another kind's default (`lock`, `sem`, the idempotency store's
+    /// `idem`). A lock and a semaphore must not share a name: both keep
+    /// their holders under `<prefix>:<name>:{<subject>}`.
     ///
     /// ```
     /// use tollgate::{MemoryBackend, Semaphore};
@@ -536,8 +538,9 @@ impl<T: Built> LockerBuilder<T> {
     /// Serves waiters in arrival order: a waiter takes the lock (or a
     /// permit) only when everyone who started waiting before it has, or has
     /// given up. Waiters queue under a ticket that each attempt refreshes and
-    /// that falls out after `2 × (poll interval + timeout)` (2 s by default)
-    /// when not refreshed, so a waiter that died blocks the queue for at most
+    /// that falls out after `2 × (poll interval + timeout)` (2 s by default;
+    /// at most [`MAX_LOCK_DURATION`](super::MAX_LOCK_DURATION)) when not
+    /// refreshed, so a waiter that died blocks the queue for at most
     /// that long; a lost release notification costs one fallback poll. A
     /// `try_acquire` does not queue: it succeeds only when nobody waits.
     ///

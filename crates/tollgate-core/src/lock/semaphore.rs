@@ -216,6 +216,11 @@ impl Semaphore {
         wait: bool,
         weight: u32,
     ) -> Result<Permit> {
+        // Refused as such before the breaker is asked: skipping a dead backend
+        // must not turn a request that can never be granted into an outage
+        // (which fails open) or into a local permit's refusal.
+        self.core.check_weight(weight)?;
+        self.core.first_ttl(options)?;
         let result = if self.breaker.admits() {
             let result = self.core.acquire(name.clone(), options, wait, weight).await;
             match &result {

@@ -20,7 +20,7 @@ impl MemoryLocks {
     pub(crate) fn acquire(&self, req: &AcquireRequest, now: u64) -> Result<AcquireReply> {
         let mut state = self.lock();
         Self::sweep(&mut state, now);
-        if state.permits.contains_key(&req.keys.lock) {
+        if Self::permits_key_exists(&state, &req.keys.lock, now) {
             // Redis answers WRONGTYPE: a fair and an unfair locker on one name.
             return Err(crate::error::Error::Backend(
                 crate::error::BackendError::new(format!(

@@ -7,8 +7,9 @@ use crate::store::{shape, AcquireReply, AcquireRequest, LockKeys};
 
 /// Redis answers WRONGTYPE when a lock and a permit name share a key (a
 /// fair and an unfair `Locker` on one name): so does the twin.
-fn wrong_type(state: &State, key: &str) -> Result<()> {
-    if state.held.contains_key(key) {
+fn wrong_type(state: &State, key: &str, now: u64) -> Result<()> {
+    // An expired lock not swept yet is gone on Redis: not in the way.
+    if state.held.get(key).is_some_and(|h| h.expires_at > now) {
         return Err(Error::Backend(crate::error::BackendError::new(format!(
             "WRONGTYPE: {key} holds a lock, not permits"
         ))));
@@ -22,12 +23,22 @@ fn ceil_ms(us: u64) -> u64 {
 }
 
 impl MemoryLocks {
+    /// Whether the holders key of permits exists on Redis at `now`: it has
+    /// members (expired ones too, until a script purges them) and its TTL
+    /// has not passed. An empty or expired set is gone there.
+    pub(crate) fn permits_key_exists(state: &State, key: &str, now: u64) -> bool {
+        state
+            .permits
+            .get(key)
+            .is_some_and(|set| set.expires_at > now && !set.holders.is_empty())
+    }
+
     pub(crate) fn acquire_permits(&self, req: &AcquireRequest, now: u64) -> Result<AcquireReply> {
         let (limit, weight, fair) = shape(&req.keys)?;
         let mut guard = self.lock();
         let state = &mut *guard;
         MemoryLocks::sweep(state, now);
-        wrong_type(state, &req.keys.lock)?;
+        wrong_type(state, &req.keys.lock, now)?;
         let set = state.permits.entry(req.keys.lock.clone()).or_default();
         set.expire(now);
         let ttl = micros(req.ttl);

@@ -113,6 +113,34 @@ pub(crate) async fn arrival_order<A: FairAcquirer, F: SemFixture>(f: &F) {
     f.assert_no_immortal_keys();
 }
 
+/// A fair waiter may wait with an endless poll interval (`Duration::MAX`,
+/// as an unfair one may): it queues without a panic, its ticket keeps its
+/// place, and the release notification hands it the lock.
+pub(crate) async fn endless_poll_interval<A: FairAcquirer, F: SemFixture>(f: &F) {
+    let prefix = prefix("endless");
+    let holder = A::build(f, &prefix, Duration::MAX).await;
+    let keys = holder.keys("e");
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    let lease = holder.try_acquire_boxed("e", &opts).await.unwrap();
+    let mut waiter = spawn_acquire(
+        &A::build(f, &prefix, Duration::MAX).await,
+        "e",
+        Duration::MAX,
+    );
+    tokio::select! {
+        _ = queued(f, &keys, 1) => {}
+        ended = &mut waiter => panic!("the waiter ended before it queued: {ended:?}"),
+    }
+    assert!(lease.release().await.unwrap());
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter did not get the released lock")
+        .unwrap()
+        .unwrap();
+    assert!(next.release().await.unwrap());
+    f.assert_no_immortal_keys();
+}
+
 /// A waiter that gives up (its wait bound) and one whose task is aborted
 /// leave the queue at once: the waiter behind them gets the permit within
 /// its 4 s bound, though their tickets would live 21 s and its own fallback

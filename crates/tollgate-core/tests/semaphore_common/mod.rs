@@ -494,3 +494,33 @@ pub(crate) async fn fair_and_unfair_do_not_mix<F: SemFixture>(f: &F) {
     assert!(lock.release().await.unwrap() && permit.release().await.unwrap());
     f.assert_no_immortal_keys();
 }
+
+/// The mix is refused only while the other kind's holder lives: once a
+/// holder that never released (it crashed) has expired, the name is free
+/// for either kind, as on Redis, where its key is gone.
+pub(crate) async fn fair_and_unfair_after_expiry<F: SemFixture>(f: &F) {
+    let prefix = prefix("mix-expired");
+    let fair = f.builder().await.prefix(&prefix).fair().build().unwrap();
+    let plain = f.builder().await.prefix(&prefix).build().unwrap();
+    let crashed = LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .renew(false);
+    let opts = LockOptions::new().ttl(Duration::from_secs(30));
+    for (first, second) in [(&fair, &plain), (&plain, &fair)] {
+        let stale = first.try_acquire("x", &crashed).await.unwrap();
+        eventually("the other kind takes the name after the expiry", || async {
+            match second.try_acquire("x", &opts).await {
+                Ok(lease) => {
+                    assert!(lease.release().await.unwrap());
+                    true
+                }
+                Err(Error::Busy { .. }) => panic!("Busy, not an error: the mix is not reported"),
+                Err(_) => false,
+            }
+        })
+        .await;
+        // It expired: dropping it releases nothing.
+        drop(stale);
+    }
+    f.assert_no_immortal_keys();
+}
