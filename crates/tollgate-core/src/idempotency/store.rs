@@ -462,6 +462,10 @@ impl IdempotencyStoreBuilder {
 
     /// How the in-flight lease is taken: its TTL (renewed every third of it
     /// while the request runs) and hold cap. Default: [`LockOptions::new`].
+    /// The in-flight record lives as long as the cap plus a TTL; with
+    /// [`LockOptions::unbounded_hold`], as long as
+    /// [`MAX_LOCK_DURATION`](crate::lock::MAX_LOCK_DURATION) — a holder that
+    /// crashes leaves it until the key's next claim replaces it.
     pub fn lease(mut self, options: LockOptions) -> Self {
         self.lease = options;
         self
