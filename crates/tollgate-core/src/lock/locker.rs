@@ -93,7 +93,9 @@ impl Locker {
     /// instance. The fencing token is the maximum of the quorum's tokens, and it
     /// is written back to the quorum before the lease is handed out, so the next
     /// quorum (which shares an instance with this one) produces a higher one even
-    /// when the instances' clocks disagree.
+    /// when the instances' clocks disagree — while the fence keys live
+    /// ([`LockerBuilder::fence_ttl`]); after a name has been idle longer than
+    /// that, fences restart from the instances' clocks.
     ///
     /// # When not to use it
     ///
