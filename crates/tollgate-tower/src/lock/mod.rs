@@ -28,9 +28,11 @@
 //! [`tollgate::lock`](tollgate_core::lock)); a lock protects data only
 //! together with the fencing token.
 //!
-// `PathParam` needs the `axum` feature: without it the example is shown, not run.
-#![cfg_attr(feature = "axum", doc = "```")]
-#![cfg_attr(not(feature = "axum"), doc = "```ignore")]
+//! ```
+//! # // `PathParam` needs the `axum` feature: without it, nothing runs.
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
+//! # #[cfg(feature = "axum")]
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::{body::Body, extract::Path, routing::post, Extension, Router};
