@@ -194,13 +194,19 @@ impl RateLimiter {
         prepared.request.unclaimed = Some(inner.unclaimed.clone());
         let outcome = {
             // A span per round trip (none in process): what a trace of a
-            // slow request shows.
-            let span = tracing::debug_span!(
-                "tollgate.rate.check",
-                policy = inner.keyspace.policy(),
-                store = inner.backend.kind(),
-                cost = prepared.request.cost,
-            );
+            // slow request shows. Built only when a subscriber may take
+            // debug spans: with none, tracing's `log` bridge (on with axum's
+            // default `tower-log`) would record and log it for nothing.
+            let span = if tracing::level_enabled!(tracing::Level::DEBUG) {
+                tracing::debug_span!(
+                    "tollgate.rate.check",
+                    policy = inner.keyspace.policy(),
+                    store = inner.backend.kind(),
+                    cost = prepared.request.cost,
+                )
+            } else {
+                tracing::Span::none()
+            };
             let call = lease::check(&prepared.lease, &*inner.backend, &prepared.request);
             let mut call = tracing::Instrument::instrument(call, span);
             // A backend that answers on the first poll needs no timer (and
