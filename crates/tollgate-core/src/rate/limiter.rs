@@ -2,7 +2,7 @@
 //! a failure policy, a bounded timeout, a circuit breaker ([`Breaker`]) and a
 //! deny cache ([`DenyCache`]).
 
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -218,8 +218,10 @@ impl RateLimiter {
                     .unwrap_or(Err(Error::Timeout(inner.timeout))),
             }
         };
-        self.conclude(subject, prepared.sent, &prepared.request, outcome)
-            .map(|d| Taking::charged(&prepared.lease, d))
+        let decision = self.conclude(subject, prepared.sent, &prepared.request, outcome);
+        // The store is done with them: the keys go to this thread's spares.
+        return_keys(prepared.request.keys);
+        decision.map(|d| Taking::charged(&prepared.lease, d))
     }
 
     /// Everything up to the round trip; `Err` carries the request to send.
@@ -488,10 +490,15 @@ impl RateLimiter {
 }
 
 thread_local! {
-    /// This thread's key buffer: a check writes its keys into it and gives
-    /// it back once decided in process, so such a check allocates nothing.
-    static KEYS: Cell<Vec<String>> = const { Cell::new(Vec::new()) };
+    /// This thread's spare key lists: a check writes its keys into one and
+    /// gives it back once decided (in process, or after its round trip), so
+    /// checks allocate no keys, however many are in flight.
+    static KEYS: RefCell<Vec<Vec<String>>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Spare key lists a thread keeps (as many checks in flight as a lean
+/// batch holds by default).
+const SPARE_KEY_LISTS: usize = 64;
 
 /// A check ready for its round trip.
 pub(super) struct Prepared {
@@ -503,12 +510,12 @@ pub(super) struct Prepared {
 }
 
 /// The keys of `subject` under `inner`'s keyspace (as
-/// [`RateLimiter::keys_for`]), in this thread's buffer, taken out while the
-/// check runs (give it back with [`return_keys`]). A nested check on the
-/// same thread (a fallback limiter, a clock that checks) finds it taken and
-/// makes one of its own.
+/// [`RateLimiter::keys_for`]), in one of this thread's spare lists, taken
+/// out while the check runs (give it back with [`return_keys`]); a new one
+/// when none is spare.
 fn take_keys(inner: &Inner, subject: &Subject) -> Vec<String> {
-    let mut keys = KEYS.try_with(Cell::take).unwrap_or_default();
+    let spare = KEYS.try_with(|k| k.try_borrow_mut().ok()?.pop());
+    let mut keys = spare.ok().flatten().unwrap_or_default();
     let (ks, kind, n) = (
         &inner.keyspace,
         inner.algorithm.short_name(),
@@ -546,8 +553,14 @@ fn add_block_key(inner: &Inner, subject: &Subject, keys: &mut [String]) {
 }
 
 fn return_keys(keys: Vec<String>) {
-    // A thread being torn down keeps no buffer.
-    let _ = KEYS.try_with(|k| k.set(keys));
+    // A thread being torn down keeps none.
+    let _ = KEYS.try_with(|k| {
+        if let Ok(mut spare) = k.try_borrow_mut() {
+            if spare.len() < SPARE_KEY_LISTS {
+                spare.push(keys);
+            }
+        }
+    });
 }
 
 /// The fallback's denial of a cost above its local share, from a peek `d`
