@@ -35,7 +35,7 @@ use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
 use super::lean::LeanGroup;
-use super::unclaimed::{finish_detached, Awaited, OwnedCall};
+use super::unclaimed::{finish_detached, Awaited, OwnedCall, QueuedReply};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
 use crate::store::{RateReply, RateRequest, Unclaimed};
@@ -344,11 +344,13 @@ impl<S: Sender> Coalescer<S> {
                 drop(turn);
                 reply
             }
-            Entry::Queued(reply) => reply.await.unwrap_or_else(|_| {
-                Err(redis_error(redis::RedisError::from(std::io::Error::other(
-                    "the task sending this check's batch stopped (its runtime shut down)",
-                ))))
-            }),
+            Entry::Queued(reply) => QueuedReply::new(reply, request, self.home())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(redis_error(redis::RedisError::from(std::io::Error::other(
+                        "the task sending this check's batch stopped (its runtime shut down)",
+                    ))))
+                }),
         }
     }
 

@@ -156,6 +156,48 @@ async fn an_admission_whose_caller_left_during_its_call_is_given_back() {
     assert_eq!(given_back(&mut rx, 1).await, [0]);
 }
 
+/// A queued check whose reply reached its channel, but whose caller left
+/// before reading it: the admission nobody received is given back.
+#[tokio::test]
+async fn an_admission_whose_reply_was_never_read_is_given_back() {
+    let fake = Fake::default();
+    let c = Coalescer::new(
+        fake.clone(),
+        Coalescing::default().max_calls_in_flight(1),
+        false,
+        None,
+    );
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let first = tokio::spawn({
+        let c = c.clone();
+        async move { c.check(&request("a", 0)).await }
+    });
+    while fake.calls.lock().unwrap().is_empty() {
+        tokio::task::yield_now().await;
+    }
+    // Polled once: queued behind the first call, then left unpolled.
+    let r = watched("a", 1, &tx);
+    let mut caller = Box::pin(c.check(&r));
+    assert!(futures_util::poll!(caller.as_mut()).is_pending());
+    queued(&c, 1).await;
+    fake.gate.notify_one();
+    first.await.unwrap().unwrap();
+    // Its batch was answered into its channel, and the turn given back.
+    for _ in 0..100_000 {
+        if fake.calls.lock().unwrap().len() == 2 && c.lock().main.in_flight == 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(c.lock().main.in_flight, 0, "the batch was answered");
+    assert!(
+        rx.try_recv().is_err(),
+        "received by nobody yet, given back by nobody"
+    );
+    drop(caller);
+    assert_eq!(given_back(&mut rx, 1).await, [1]);
+}
+
 #[tokio::test]
 async fn admissions_of_a_batch_nobody_waits_for_are_given_back() {
     for keep in [false, true] {

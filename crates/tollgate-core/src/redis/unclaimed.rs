@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::FutureExt;
+use tokio::sync::oneshot;
 
 use crate::error::Result;
 use crate::store::{RateReply, RateRequest, Unclaimed};
@@ -66,6 +67,58 @@ impl Drop for Awaited {
                     give_back(&request, &reply).await;
                 }
             });
+        }
+    }
+}
+
+/// A queued check's reply, awaited for its caller. A reply that came but
+/// was never read (the caller left between the two) is an admission nobody
+/// received: dropped, it is given back, as one that came later is.
+pub(crate) struct QueuedReply<'a> {
+    reply: oneshot::Receiver<Result<RateReply>>,
+    request: &'a RateRequest,
+    home: Option<tokio::runtime::Handle>,
+}
+
+impl<'a> QueuedReply<'a> {
+    /// Awaits `reply` to `request`; `home`: where a give-back runs (else
+    /// the current runtime).
+    pub(crate) fn new(
+        reply: oneshot::Receiver<Result<RateReply>>,
+        request: &'a RateRequest,
+        home: Option<tokio::runtime::Handle>,
+    ) -> Self {
+        QueuedReply {
+            reply,
+            request,
+            home,
+        }
+    }
+}
+
+impl Future for QueuedReply<'_> {
+    type Output = std::result::Result<Result<RateReply>, oneshot::error::RecvError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.get_mut().reply).poll(cx)
+    }
+}
+
+impl Drop for QueuedReply<'_> {
+    fn drop(&mut self) {
+        // A reply already read leaves nothing here.
+        let Ok(Ok(reply)) = self.reply.try_recv() else {
+            return;
+        };
+        let Some(refund) = Unclaimed::give_back(self.request, &reply) else {
+            return;
+        };
+        let runtime = self
+            .home
+            .take()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
+            runtime.spawn(refund);
         }
     }
 }
