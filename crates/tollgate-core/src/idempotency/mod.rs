@@ -16,7 +16,9 @@
 //!   sent again (a replay after it stored answers `true`) until it lands or
 //!   the lease's safe deadline passes; one that cannot be stored is never
 //!   released: the handler has run, so a retry is told the key is in
-//!   flight until the lease expires instead of running it again.
+//!   flight until the lease expires instead of running it again. After
+//!   that (a fault longer than the lease's TTL) the record looks like a
+//!   crashed holder's, and the next claim runs the handler again.
 //!   [`Claimed::abandon`] (or dropping the claim before completing it)
 //!   removes an in-flight record so that a retry may run.
 //!

@@ -5,8 +5,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
-use crate::failure::is_outage;
+use crate::failure::breaker::Breaker;
+use crate::failure::{is_outage, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD};
 use crate::keyspace::Subject;
 use crate::lock::core::Core;
 use crate::lock::settings::Settings;
@@ -32,6 +34,9 @@ const RETRY_MAX: Duration = Duration::from_secs(1);
 pub struct IdempotencyStore {
     core: Arc<Core>,
     backend: Arc<dyn IdempotencyBackend>,
+    /// Skips a backend that failed repeatedly, so a dead Redis costs a
+    /// claim no round-trip timeout (nor a task left waiting on it).
+    breaker: Arc<Breaker>,
     lease: LockOptions,
     record_ttl: Duration,
 }
@@ -105,6 +110,7 @@ impl IdempotencyStore {
             },
             lease: LockOptions::new(),
             record_ttl: DEFAULT_RECORD_TTL,
+            breaker: (DEFAULT_BREAKER_THRESHOLD, DEFAULT_BREAKER_COOLDOWN),
         }
     }
 
@@ -134,7 +140,25 @@ impl IdempotencyStore {
     /// is abandoned in the background (and a claim whose reply never came,
     /// its lease released), so that a retry is not refused until the lease
     /// expires.
+    ///
+    /// After repeated outages (see
+    /// [`circuit_breaker`](IdempotencyStoreBuilder::circuit_breaker)) a
+    /// claim fails at once with [`Error::CircuitOpen`] until one probe finds
+    /// the backend again. Completions and abandons never skip the backend.
     pub async fn claim(&self, key: Subject, fingerprint: Fingerprint) -> Result<Claim> {
+        if !self.breaker.admits() {
+            return Err(Error::CircuitOpen);
+        }
+        let result = self.claim_on_backend(key, fingerprint).await;
+        match &result {
+            Err(e) if is_outage(e) => self.breaker.failure(monotonic_micros()),
+            _ => self.breaker.success(),
+        }
+        result
+    }
+
+    /// [`claim`](Self::claim)'s round trip.
+    async fn claim_on_backend(&self, key: Subject, fingerprint: Fingerprint) -> Result<Claim> {
         let keys = self.keys_for(&key);
         // The lease's first TTL, as the lock engine takes it: the TTL, or
         // the hold cap when that is shorter (the lease ends there).
@@ -419,6 +443,7 @@ pub struct IdempotencyStoreBuilder {
     settings: Settings,
     lease: LockOptions,
     record_ttl: Duration,
+    breaker: (u32, Duration),
 }
 
 /// Both views of one backend: as a lock backend (leases) and as an
@@ -471,6 +496,16 @@ impl IdempotencyStoreBuilder {
         self
     }
 
+    /// After `threshold` consecutive outages of claims, skip the backend
+    /// for `cooldown`, then let one claim probe it (default: 5 failures,
+    /// 1 s, as a limiter's). A skipped claim fails with
+    /// [`Error::CircuitOpen`], an outage: the middleware answers 503 (or
+    /// passes the request through, as configured) without waiting.
+    pub fn circuit_breaker(mut self, threshold: u32, cooldown: Duration) -> Self {
+        self.breaker = (threshold.max(1), cooldown);
+        self
+    }
+
     /// How long a completed record is kept (default 24 hours; 1 s to one
     /// year).
     pub fn record_ttl(mut self, ttl: Duration) -> Self {
@@ -500,6 +535,7 @@ impl IdempotencyStoreBuilder {
             backend: backend.records(),
             lease: self.lease,
             record_ttl: self.record_ttl,
+            breaker: Arc::new(Breaker::new(self.breaker.0, self.breaker.1)),
         })
     }
 }

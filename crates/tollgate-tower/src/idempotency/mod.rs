@@ -58,8 +58,12 @@
 //!      during a failover) is sent again while the claim's lease lasts; the
 //!      response waits for it at most two of the store's round-trip bounds,
 //!      then goes out while it goes on. A response that could not be
-//!      stored is never released: retries get **409** until the lease
-//!      expires, and the handler does not run twice;
+//!      stored is never released: retries get **409** while the lease
+//!      lasts, and the handler does not run twice meanwhile. A fault that
+//!      outlasts the lease (at most its TTL after the last renewal) is
+//!      treated as a crash of the holder: the record cannot say whether the
+//!      handler ran, and the next claim runs it again. So is a response
+//!      whose body is still being read when the hold cap ends the lease;
 //!    - **completed**: the stored status, headers and byte-identical body
 //!      are replayed with `Idempotent-Replayed: true` — never the original's
 //!      `Set-Cookie` or rate-limit headers. A body compressed inside the
@@ -76,7 +80,10 @@
 //!    - the store unavailable (error or timeout): **503** with
 //!      `Retry-After: 1` ([`OnUnavailable::Deny`], the default: idempotency
 //!      cannot be promised), or the request runs unprotected
-//!      ([`OnUnavailable::PassThrough`]).
+//!      ([`OnUnavailable::PassThrough`]). After repeated outages the
+//!      store's circuit breaker answers claims at once, without a round
+//!      trip, until a probe finds the backend again
+//!      ([`circuit_breaker`](tollgate_core::idempotency::IdempotencyStoreBuilder::circuit_breaker)).
 //!
 //! The layer's answers are RFC 9457 `application/problem+json` documents
 //! (gRPC requests get trailers-only responses); see
