@@ -39,6 +39,9 @@ pub(crate) enum Variant {
     TollgateMemoryNoHeaders,
     /// tower_governor's `GovernorLayer` (GCRA, peer IP).
     Governor,
+    /// As `governor` with `.use_headers()`: `x-ratelimit-limit` and
+    /// `x-ratelimit-remaining` on every response (its headers on).
+    GovernorHeaders,
     /// As `tollgate-redis` with quota leases on (`QuotaLeases::default()`):
     /// the one hot key is served from slices taken in one call.
     TollgateRedisLeased,
@@ -62,6 +65,7 @@ impl Variant {
                 "(diagnostic) tollgate `RateLimitLayer`, memory backend, `.headers(false)`"
             }
             Variant::Governor => "tower_governor `GovernorLayer`",
+            Variant::GovernorHeaders => "tower_governor `GovernorLayer`, `.use_headers()`",
             Variant::TollgateRedisLeased => {
                 "tollgate `RateLimitLayer`, Redis backend, quota leases on"
             }
@@ -90,6 +94,7 @@ impl Variant {
             Variant::TollgateRedisSingle => "tollgate-redis-single",
             Variant::TollgateMemoryNoHeaders => "tollgate-memory-no-headers",
             Variant::Governor => "governor",
+            Variant::GovernorHeaders => "governor-headers",
             Variant::TollgateRedisLeased => "tollgate-redis-leased",
             Variant::Sketch => "sketch",
         }
@@ -175,6 +180,15 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
             let config = GovernorConfigBuilder::default()
                 .per_nanosecond(1_000_000_000 / RATE)
                 .burst_size(RATE as u32)
+                .finish()
+                .ok_or("invalid governor configuration")?;
+            router.layer(GovernorLayer::new(Arc::new(config)))
+        }
+        Variant::GovernorHeaders => {
+            let config = GovernorConfigBuilder::default()
+                .per_nanosecond(1_000_000_000 / RATE)
+                .burst_size(RATE as u32)
+                .use_headers()
                 .finish()
                 .ok_or("invalid governor configuration")?;
             router.layer(GovernorLayer::new(Arc::new(config)))

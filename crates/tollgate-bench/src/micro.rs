@@ -151,6 +151,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
             "over no limiter",
             "requests/s ÷ tower_governor",
             "added ns ÷ tower_governor's (per round)",
+            "added ns ÷ tower_governor's with its headers on",
         ],
         &stack,
     );
@@ -168,12 +169,13 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
         Variant::TollgateMemory,
         Variant::TollgateMemoryNoHeaders,
         Variant::Governor,
+        Variant::GovernorHeaders,
     ];
     let mut routers = Vec::new();
     for v in variants {
         routers.push(in_process_router(v).await?);
     }
-    let k = variants.len();
+    let (gov, gov_headers) = (3, 4);
     let ns = time_routers(
         opts.rounds,
         |round| progress!("micro: router round {}/{}", round + 1, opts.rounds),
@@ -184,11 +186,18 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
     )
     .await?;
     let base = median(&ns[0]);
-    let gov = median(&ns[k - 1]);
+    let gov_m = median(&ns[gov]);
     // What each layer adds to a request, per round: its time less the
     // same round's "no limiter".
     let added = |c: usize| -> Vec<f64> { ns[c].iter().zip(&ns[0]).map(|(x, b)| x - b).collect() };
-    Ok((0..k)
+    let over = |c: usize, g: usize| {
+        if c == 0 {
+            "—".to_owned()
+        } else {
+            crate::stats::ratio_cell(&crate::stats::ratios(&added(c), &added(g)))
+        }
+    };
+    Ok((0..variants.len())
         .map(|c| {
             let (lo, hi) = crate::stats::range(&ns[c]);
             let m = median(&ns[c]);
@@ -196,12 +205,9 @@ async fn stack(opts: &Opts) -> BenchResult<Vec<Vec<String>>> {
                 variants[c].label().to_owned(),
                 format!("**{m:.0}** ({lo:.0}–{hi:.0})"),
                 format!("{:+.0} ns", m - base),
-                format!("{:.2}×", gov / m),
-                if c == 0 {
-                    "—".to_owned()
-                } else {
-                    crate::stats::ratio_cell(&crate::stats::ratios(&added(c), &added(k - 1)))
-                },
+                format!("{:.2}×", gov_m / m),
+                over(c, gov),
+                over(c, gov_headers),
             ]
         })
         .collect())
