@@ -209,13 +209,16 @@ impl Held<'_> {
     }
 
     /// The slot came during a block: given back now, before waiting on.
+    /// The charge stays held until the refund has answered: dropped
+    /// meanwhile, the guard sends it again (a charge is refunded once).
     async fn give_back(mut self) {
-        let Some(charge) = self.charge.take() else {
+        let Some(charge) = self.charge else {
             return;
         };
         if let Err(e) = self.limiter.refund(self.subject.clone(), &charge).await {
             tracing::warn!(policy = self.limiter.keyspace().policy(), error = %e, "a slot that came during a block could not be given back");
         }
+        self.charge = None;
     }
 }
 
