@@ -56,7 +56,12 @@ impl Answer {
         // gRPC request's rejection, as the default response would.
         let rejection = rejection.for_protocol(self.protocol, &parts.headers);
         match &self.responder {
-            Some(r) => r(&rejection, parts),
+            // A custom answer is a refusal all the same: marked as one.
+            Some(r) => {
+                let mut res = r(&rejection, parts);
+                res.extensions_mut().insert(rejection.refused());
+                res
+            }
             None => rejection.default_response(),
         }
     }

@@ -53,6 +53,9 @@ use crate::key::KeyError;
 
 mod idempotency;
 mod problem;
+mod refused;
+
+pub use refused::Refused;
 
 /// The problem type of a rate limit's 429 body: draft-10's quota-exceeded
 /// (its `violated-policies` member names the denying policies).
@@ -554,15 +557,23 @@ impl Rejection {
         self.grpc
     }
 
-    /// The response tollgate sends for this rejection.
+    /// The mark its response carries in the extensions.
+    pub fn refused(&self) -> Refused {
+        Refused::new(self.reason, self.middleware)
+    }
+
+    /// The response tollgate sends for this rejection, marked [`Refused`]
+    /// in its extensions.
     pub fn default_response(&self) -> Response<Bytes> {
         if self.grpc {
-            return trailers_only(
+            let mut res = trailers_only(
                 self.reason.grpc_code(),
                 &self.message,
                 self.retry_after,
                 &self.headers,
             );
+            res.extensions_mut().insert(self.refused());
+            return res;
         }
         let status = self.reason.status();
         let violated = (self.reason == RejectionReason::RateLimited).then_some(&self.violated[..]);
@@ -578,6 +589,7 @@ impl Rejection {
             CONTENT_TYPE,
             HeaderValue::from_static(problem::CONTENT_TYPE),
         );
+        res.extensions_mut().insert(self.refused());
         res
     }
 }

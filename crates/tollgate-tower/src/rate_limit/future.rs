@@ -224,11 +224,15 @@ where
                     let outcome = ready!(fut.poll(cx));
                     let (outcome, settling) = match (outcome, reservation.take()) {
                         (outcome, None) => (outcome, None),
-                        (Ok(res), Some(r)) => {
+                        (Ok(res), Some(r)) if r.reads_head() => {
                             // The head is read in place: moved out and back.
                             let (head, body) = res.into_parts();
                             let settling = r.settle(&head);
                             (Ok(Response::from_parts(head, body)), settling)
+                        }
+                        (Ok(res), Some(r)) => {
+                            let settling = r.settle_refused(res.extensions());
+                            (Ok(res), settling)
                         }
                         // No response: counted or refunded as the layer's
                         // count_unfinished says.
@@ -300,7 +304,11 @@ fn decided(
         Ok(d) if d.allowed || shadow => {
             let headers = shared.admitted_headers(entry, &d);
             let counting = &shared.options.counting;
-            if let (Some(charge), true) = (d.charge, counting.holds_charge()) {
+            // Held by every admission that charged: a rate limit inside
+            // this layer may refuse the request, and then it does not
+            // count here (several limits never burn one's unit on
+            // another's refusal).
+            if let Some(charge) = d.charge {
                 let report = Report {
                     shared: Arc::clone(shared),
                     selected: selected.clone(),

@@ -71,6 +71,18 @@
 //! [`Charge`](tollgate_core::Charge) in the [`Decision`] and
 //! [`RateLimiter::refund`](tollgate_core::RateLimiter::refund).
 //!
+//! # Stacked limits
+//!
+//! Limits of one subject belong in one limiter (several quotas: admitted
+//! only if every one admits, taken from all at once). Limits of different
+//! subjects — every client's IP outside, each user inside — stack as
+//! layers, and then a request the inner limit refuses does not count on the
+//! outer one: every refusal tollgate answers carries
+//! [`Refused`](crate::rejection::Refused) in its extensions, and a layer
+//! whose inner service answers a rate limit's refusal gives its own charge
+//! back (whatever `count_if` says) before the answer leaves, so its
+//! `RateLimit` item shows the figure after the give-back. Other refusals
+//! (a lock, a concurrency limit, the handler's own 429) count as responses.
 //!
 //! # Settling the real cost, waiting for a slot
 //!

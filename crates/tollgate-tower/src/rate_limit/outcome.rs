@@ -20,6 +20,7 @@ use tollgate_core::{Charge, Decision, RateLimiter, Subject};
 use super::service::{Entry, Shared};
 use super::ResponseCost;
 use crate::headers::DecisionHeaders;
+use crate::rejection::Refused;
 
 /// Which responses count against the limit; see
 /// [`RateLimitLayer::count_if`](super::RateLimitLayer::count_if).
@@ -107,10 +108,11 @@ impl Counting {
         }));
     }
 
-    /// Whether the charge can change after the check: only then does an
-    /// admitted request hold a reservation (the default path clones
-    /// nothing).
-    pub(crate) fn holds_charge(&self) -> bool {
+    /// Whether the response's head decides the charge (`count_if`,
+    /// `settle_from`) or a request without one is refunded
+    /// (`count_unfinished(false)`); else only a refusal by a rate limit
+    /// inside this layer gives the charge back.
+    fn reads_head(&self) -> bool {
         self.counts.is_some() || !self.unfinished || self.actual.is_some()
     }
 
@@ -174,16 +176,36 @@ impl fmt::Debug for Reservation {
 }
 
 impl Reservation {
+    /// Whether [`settle`](Self::settle) reads more of the response than
+    /// its extensions (else [`settle_refused`](Self::settle_refused) is
+    /// all it takes, and the response is not taken apart).
+    pub(crate) fn reads_head(&self) -> bool {
+        self.counting.reads_head()
+    }
+
+    /// The refund to await when a rate limit inside this layer refused the
+    /// request (its response is marked [`Refused`]): it was not served, so
+    /// it does not count here either, whatever `count_if` says.
+    pub(crate) fn settle_refused(mut self, extensions: &http::Extensions) -> Option<Settling> {
+        if !refused_inside(extensions) {
+            return None;
+        }
+        let taken = self.taken.take()?;
+        Some(Settling::new(taken, 0, self.report.take()))
+    }
+
     /// The settlement to await before the response with head `res` goes
-    /// out: the whole charge given back if the response does not count,
-    /// else the charge corrected to the actual cost the response says;
-    /// `None` when the charge stands as taken.
+    /// out: the whole charge given back if the response does not count
+    /// (or a rate limit inside refused it), else the charge corrected to
+    /// the actual cost the response says; `None` when the charge stands as
+    /// taken.
     pub(crate) fn settle(mut self, res: &response::Parts) -> Option<Settling> {
         let taken = self.taken.take()?;
-        let counts = match &self.counting.counts {
-            Some(counts) => counts.counts(res.status, &res.headers),
-            None => true,
-        };
+        let counts = !refused_inside(&res.extensions)
+            && match &self.counting.counts {
+                Some(counts) => counts.counts(res.status, &res.headers),
+                None => true,
+            };
         let actual = if counts {
             let actual = self.counting.actual.as_ref().and_then(|a| a(res))?;
             // Already what was taken: nothing to correct, no round trip.
@@ -203,6 +225,13 @@ impl Reservation {
         let taken = self.taken.take()?;
         (!self.counting.unfinished).then(|| Settling::new(taken, 0, None))
     }
+}
+
+/// Whether a rate limit inside this layer refused the request.
+fn refused_inside(extensions: &http::Extensions) -> bool {
+    extensions
+        .get::<Refused>()
+        .is_some_and(Refused::by_a_rate_limit)
 }
 
 impl Drop for Reservation {
