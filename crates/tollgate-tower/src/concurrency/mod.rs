@@ -16,7 +16,9 @@
 //!    extensions and the inner service is called; the permit is renewed
 //!    by its watchdog and held until the response body has been sent to the
 //!    end or dropped ([`HoldUntil::BodyEnd`], the default here), then
-//!    released — however long that takes (see below);
+//!    released — however long that takes (see below); when the inner
+//!    service fails instead, the release is awaited before its error is
+//!    returned;
 //! 4. all taken: **429** with `Retry-After` (until the earliest permit
 //!    expires, rounded up; 1 when unknown) and
 //!    `RateLimit-Policy: "<name>";q=<N>;qu="concurrent-requests"`; gRPC

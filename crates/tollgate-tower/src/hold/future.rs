@@ -71,9 +71,11 @@ pin_project! {
             head: Option<http::request::Parts>,
             shared: Arc<Shared>,
         },
+        // The inner service's answer, a response or an error, waits for
+        // the release: a retry at once finds the lock free either way.
         Releasing {
             release: BoxFuture<'static, ()>,
-            response: Option<S::Response>,
+            outcome: Option<Result<S::Response, S::Error>>,
         },
         Reply {
             reply: Reply,
@@ -191,9 +193,19 @@ where
                             }
                         }
                     }
-                    let response = ready!(fut.poll(cx))?;
+                    let outcome = ready!(fut.poll(cx));
                     let Some(lease) = lease.take() else {
-                        return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                        return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new)));
+                    };
+                    let response = match outcome {
+                        Ok(response) => response,
+                        Err(e) => {
+                            this.state.set(State::Releasing {
+                                release: release(lease),
+                                outcome: Some(Err(e)),
+                            });
+                            continue;
+                        }
                     };
                     match shared.hold {
                         HoldUntil::BodyEnd => {
@@ -210,15 +222,15 @@ where
                         _ => {
                             this.state.set(State::Releasing {
                                 release: release(lease),
-                                response: Some(response),
+                                outcome: Some(Ok(response)),
                             });
                         }
                     }
                 }
-                StateProj::Releasing { release, response } => {
+                StateProj::Releasing { release, outcome } => {
                     ready!(release.as_mut().poll(cx));
-                    let response = response.take().expect("polled after completion");
-                    return Poll::Ready(Ok(response.map(ResponseBody::new)));
+                    let outcome = outcome.take().expect("polled after completion");
+                    return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new)));
                 }
                 StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
             }

@@ -12,8 +12,8 @@
 //!    inner service is called; the lease is renewed by its watchdog
 //!    while the inner future runs (and, with [`HoldUntil::BodyEnd`], until
 //!    the response body ends), then released — and the release is awaited
-//!    before the response is returned, so the next request finds the lock
-//!    free;
+//!    before the response (or the inner service's error) is returned, so
+//!    the next request finds the lock free;
 //! 4. busy: **409** with `Retry-After` from the holder's remaining TTL
 //!    (rounded up), gRPC ABORTED with retry information; the backend down:
 //!    **503**, gRPC UNAVAILABLE.
