@@ -126,6 +126,32 @@ fn invalid_lock_options_are_a_configuration_error() {
         .is_ok());
 }
 
+/// A concurrency limit's permit is renewed with no hold cap, whatever its
+/// options say: a hold cap it ignores is not checked either (a cap of 0
+/// or one shorter than the TTL is refused by a lock layer, not by this).
+#[test]
+fn a_concurrency_limit_ignores_the_hold_cap_it_does_not_use() {
+    use std::time::Duration;
+    use tollgate_core::{LockOptions, Semaphore};
+    use tollgate_tower::key::GlobalKey;
+    use tollgate_tower::ConcurrencyLimitLayer;
+
+    let permits = Semaphore::new(MemoryBackend::new(), 2).unwrap();
+    let layer =
+        |o: LockOptions| ConcurrencyLimitLayer::new(permits.clone(), GlobalKey).try_options(o);
+    for ignored in [
+        LockOptions::new().max_hold(Duration::ZERO),
+        LockOptions::new()
+            .ttl(Duration::from_secs(5))
+            .max_hold(Duration::from_micros(1)),
+    ] {
+        assert!(layer(ignored).is_ok());
+    }
+    // What it does use is checked.
+    let err = layer(LockOptions::new().ttl(Duration::ZERO)).unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig(_)), "{err}");
+}
+
 /// Invalid options given without a `Result` panic when given — at
 /// startup — and never when the layer is applied.
 #[test]

@@ -48,7 +48,10 @@ impl Gate {
     pub(crate) fn check_options(&self, options: &LockOptions) -> Result<(), Error> {
         match self {
             Gate::Lock(locker) => locker.check_options(options),
-            Gate::Permits { semaphore, .. } => semaphore.check_options(options),
+            // Checked as they are used: renewed, with no hold cap.
+            Gate::Permits { semaphore, .. } => {
+                semaphore.check_options(&crate::concurrency::for_a_request(options))
+            }
         }
     }
 
