@@ -82,7 +82,8 @@
 //! - `metrics`: counters through the `metrics` facade:
 //!   `tollgate_decisions_total{policy, outcome, source}` (outcome `allowed`,
 //!   `denied`, `shadow_denied`, `too_costly`, `unavailable`, `key_error`;
-//!   source `backend`, `deny_cache`, `fail_open`, `fallback`, `none`) and
+//!   source `backend`, `deny_cache`, `fail_open`, `fallback`, `lease` —
+//!   served from a quota lease —, `none`) and
 //!   `tollgate_lock_requests_total{outcome}` (`acquired`, `busy`,
 //!   `unavailable`, `lost`, `error`, `key_error`) and
 //!   `tollgate_concurrency_requests_total{outcome}` (the same, plus

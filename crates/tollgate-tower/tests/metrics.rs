@@ -82,6 +82,41 @@ async fn decisions_are_counted_by_policy_outcome_and_source() {
     assert_eq!(decisions(&costly, "too_costly", "none"), 1);
 }
 
+/// A decision served from a quota lease is counted as such.
+#[tokio::test]
+async fn decisions_served_from_a_lease_are_counted_as_such() {
+    use std::time::Duration;
+    use tollgate_core::{ManualClock, QuotaLeases};
+
+    recorder();
+    let policy = unique("m-lease");
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(
+            RateLimiter::builder(
+                MemoryBackend::with_clock(clock.clone()),
+                Algorithm::FixedWindow,
+            )
+            .quota(Quota::per_hour(100_000))
+            .name(&policy)
+            .clock(clock)
+            .quota_leases(
+                QuotaLeases::default()
+                    .hot_checks(5)
+                    .target(Duration::from_secs(60))
+                    .max_age(Duration::from_secs(60)),
+            )
+            .build()
+            .unwrap(),
+        ));
+    for _ in 0..50 {
+        send(&app, common::get("/")).await;
+    }
+    assert!(decisions(&policy, "allowed", "lease") > 0);
+    assert_eq!(decisions(&policy, "allowed", "other"), 0);
+}
+
 #[tokio::test]
 async fn lock_requests_are_counted_by_outcome() {
     let backend = MemoryBackend::new();

@@ -250,6 +250,8 @@ fn source_label(source: DecisionSource) -> &'static str {
         DecisionSource::DenyCache => "deny_cache",
         DecisionSource::FailOpen => "fail_open",
         DecisionSource::Fallback => "fallback",
+        DecisionSource::Lease => "lease",
+        // A source a later tollgate-core adds, until it is named here.
         _ => "other",
     }
 }
