@@ -385,7 +385,9 @@ impl<S: Send + Sync> FromRequestParts<S> for RateLimitStatus {
     type Rejection = Rejection;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Rejection> {
-        Self::find(parts).ok_or_else(|| Rejection::misconfigured(MISSING_LAYER))
+        Self::find(parts).ok_or_else(|| {
+            Rejection::misconfigured(MISSING_LAYER).for_protocol(Protocol::Auto, &parts.headers)
+        })
     }
 }
 

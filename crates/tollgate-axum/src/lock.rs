@@ -94,8 +94,8 @@ impl<S> LockResource<S> for RouteParams {
 /// Rejections ([`Rejection`]): **409** with `Retry-After` when the resource is
 /// held by someone else beyond the wait bound; **503** when the backend is
 /// unavailable (the acquire is bounded by the locker's timeout); **500** for
-/// invalid options; whatever `R::name` answers when the request does not name
-/// a resource.
+/// invalid options; the key extractor's status when it fails on the
+/// request (`R::key`), and **500** when it names no resource for it.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

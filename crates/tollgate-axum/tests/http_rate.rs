@@ -163,6 +163,17 @@ async fn layer_decision_is_readable() {
     assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
     let detail = problem_detail(&r);
     assert!(detail.contains("RateLimitLayer"), "{detail}");
+    // A gRPC request gets the same refusal shaped for gRPC (INTERNAL, in
+    // a trailers-only response), as every other extractor answers.
+    let r = send(
+        srv.addr,
+        Method::GET,
+        "/unlayered",
+        &[("content-type", "application/grpc")],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["grpc-status"], "13");
     let r = send(srv.addr, Method::GET, "/maybe", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body, "None");
