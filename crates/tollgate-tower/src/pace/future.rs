@@ -22,7 +22,8 @@ pin_project! {
     /// budget, calls the inner service, learns from its response.
     ///
     /// Nothing is taken until it is polled. Dropped while waiting for its
-    /// slot, it makes no call and gives the slot back; dropped (or failed)
+    /// slot, it makes no call and gives the slot back (while no later call
+    /// is reserved behind it; else the slot passes unused); dropped (or failed)
     /// after, its charge stays: the call may have reached the upstream.
     /// Dropped while the block or settle its response asked for is being
     /// made, that work still completes (it runs in a task of its own).

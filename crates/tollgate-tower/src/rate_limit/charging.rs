@@ -135,15 +135,22 @@ impl<K, C> RateLimitLayer<K, C> {
     }
 
     /// Lets a request wait up to `max_wait` for its slot instead of being
-    /// refused: when the limit would admit it within `max_wait`, the slot
-    /// is reserved on the store at once ([`RateLimiter::acquire`]; waiters
-    /// across all instances are served in reservation order and never
-    /// over-admitted) and the request goes to the inner service when the
-    /// slot comes. When the wait is longer, it is refused as without
-    /// waiting: 429 with the honest `Retry-After`. A request dropped while
-    /// it waits (the client went away, a timeout layer gave up) gives its
-    /// slot back. `Duration::ZERO` (the default) never waits; shadow mode,
-    /// which never refuses, never waits either.
+    /// refused: on a token bucket or GCRA, when the limit would admit it
+    /// within `max_wait`, the slot is reserved on the store at once
+    /// ([`RateLimiter::acquire`]; waiters across all instances are served
+    /// in reservation order and never over-admitted) and the request goes
+    /// to the inner service when the slot comes. The window algorithms
+    /// reserve nothing: a request waits out the announced retry-after when
+    /// it fits and is checked again, unordered — at a contended window
+    /// boundary another caller may take the unit first, and the request is
+    /// then refused if its wait is spent. When the wait is longer, it is
+    /// refused as without waiting: 429 with the honest `Retry-After`. A
+    /// request dropped while it waits (the client went away, a timeout
+    /// layer gave up) gives its slot back while it is the last one
+    /// reserved; with others reserved behind it, the slot passes unused
+    /// (an under-admission, never two requests on one slot).
+    /// `Duration::ZERO` (the default) never waits; shadow mode, which never
+    /// refuses, never waits either.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -136,9 +136,12 @@
 //!
 //! [`RateLimitLayer::wait_up_to`] lets a request wait for its slot instead
 //! of a 429 when the wait fits ([`RateLimiter::acquire`](tollgate_core::RateLimiter::acquire)):
-//! the slot is reserved on the store at once, so waiters across instances
-//! are served in order and never over-admitted, and a request whose client
-//! goes away while it waits gives the slot back.
+//! on a token bucket or GCRA the slot is reserved on the store at once, so
+//! waiters across instances are served in order and never over-admitted,
+//! and a request whose client goes away while it waits gives the slot back
+//! (while no other waiter is reserved behind it). The window algorithms
+//! reserve nothing: a waiter checks again when its retry-after has passed,
+//! unordered.
 //!
 //! [`Decision`]: tollgate_core::Decision
 
