@@ -108,8 +108,11 @@ impl AdminBackend for RedisBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<()>> {
         async move {
+            // One transaction: a connection cut between the two commands
+            // must not leave the hash without its TTL.
             let mut pipe = redis::pipe();
-            pipe.cmd("HSET")
+            pipe.atomic()
+                .cmd("HSET")
                 .arg(key)
                 .arg(field)
                 .arg(value)
@@ -269,8 +272,10 @@ impl AdminBackend for RedisBackend {
             // One hash per ten seconds, each with its own TTL: a limiter that
             // never stops leaves no ever-growing key.
             let bucket = traffic_bucket(key, second);
+            // One transaction, so no count is ever written without the TTL.
             let mut pipe = redis::pipe();
-            pipe.cmd("HINCRBY")
+            pipe.atomic()
+                .cmd("HINCRBY")
                 .arg(&bucket)
                 .arg(format!("{second}:a"))
                 .arg(admitted)
