@@ -194,8 +194,9 @@ list when its lease runs out."
     },
 }
 
-/// A block longer than ten years is a typo, not a policy.
-const MAX_BLOCK_SECONDS: u64 = 10 * 365 * 24 * 3600;
+/// The longest block the store takes: longer is a usage error, said by the
+/// parser (exit 2), not a store failure.
+const MAX_BLOCK_SECONDS: u64 = tollgate::admin::LONGEST_BLOCK.as_secs();
 
 fn parse_subject(id: &str) -> Result<Subject, String> {
     Subject::from_encoded(id).map_err(|e| e.to_string())

@@ -540,6 +540,8 @@ async fn mistakes_exit_non_zero_with_a_message() {
     for args in [
         &["--redis", &url, "block", "login", "alice", "soon"][..],
         &["--redis", &url, "block", "login", "alice", "0"][..],
+        // Past the longest block the store takes (366 days).
+        &["--redis", &url, "block", "login", "alice", "31622401"][..],
         &["--redis", &url, "inspect", "login", "a{b"][..],
         &["--redis", &url, "throttled", "--limit", "0"][..],
         &["--redis", &url, "frobnicate"][..],

@@ -22,7 +22,7 @@ use super::AdminRouter;
 
 /// The longest block the API accepts: longer is a typo, not a penalty box
 /// (an operator who means it blocks again later).
-pub(super) const MAX_BLOCK_SECONDS: u64 = 366 * 24 * 3600;
+pub(super) const MAX_BLOCK_SECONDS: u64 = tollgate_core::admin::LONGEST_BLOCK.as_secs();
 
 /// The longest an admin request waits for the store: a store that does
 /// not answer is a 503 the operator can retry, not a page that hangs.

@@ -49,6 +49,7 @@ pub use crate::plane::views::{
     Holder, HolderKind, InFlightKey, LimiterInfo, QuotaInfo, Registered, SubjectState,
     ThrottledSubject, Traffic,
 };
+pub use crate::rate::admin::LONGEST_BLOCK;
 pub use crate::store::VERSION_POLL;
 
 use crate::backend::Backend;

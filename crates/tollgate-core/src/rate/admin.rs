@@ -16,8 +16,9 @@ use crate::plane::registry::keep_registered;
 use crate::plane::views::{LimiterInfo, QuotaInfo, Registered, SubjectState};
 use crate::store::{RateRequest, EVERYTHING};
 
-/// The longest block (a year): longer is a typo, not a policy.
-const LONGEST_BLOCK: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The longest block [`RateLimiter::block`] and the operator's tools take
+/// (366 days): longer is a typo, not a policy.
+pub const LONGEST_BLOCK: Duration = Duration::from_secs(366 * 24 * 3600);
 
 impl RateLimiter {
     /// The key that blocks `subject` on this limiter (same hash tag as its

@@ -41,7 +41,7 @@
 use std::time::Duration;
 
 mod acquire;
-mod admin;
+pub(crate) mod admin;
 pub(crate) mod builder;
 mod charge;
 mod deny_cache;
