@@ -26,8 +26,16 @@ pub(crate) struct MemoryAdmin {
     registries: Mutex<HashMap<String, BTreeMap<String, String>>>,
     listeners: Mutex<HashMap<String, Vec<AdminListener>>>,
     versions: Mutex<HashMap<String, u64>>,
-    throttled: Mutex<HashMap<String, BTreeMap<String, DenialCount>>>,
+    throttled: Mutex<HashMap<String, Denials>>,
     traffic: Mutex<HashMap<String, Seconds>>,
+}
+
+/// A throttled list: its subjects, and when it expires (µs, the backend's
+/// clock) — a list per window would otherwise be kept forever.
+#[derive(Default)]
+struct Denials {
+    expires_at: u64,
+    subjects: BTreeMap<String, DenialCount>,
 }
 
 /// A traffic key's counts: second → (admitted, refused).
@@ -182,11 +190,17 @@ impl AdminBackend for MemoryBackend {
         &'a self,
         key: &'a str,
         counts: &'a [DenialCount],
-        _ttl: Duration,
+        ttl: Duration,
         keep: usize,
     ) -> BoxFuture<'a, Result<()>> {
+        let now = self.now();
         let mut all = guard(&self.inner.admin.throttled);
-        let list = all.entry(key.to_owned()).or_default();
+        // Expired lists go as a store's keys would (a few per limiter).
+        all.retain(|_, l| l.expires_at > now);
+        let entry = all.entry(key.to_owned()).or_default();
+        // Every write sets the TTL again, as the script's PEXPIRE does.
+        entry.expires_at = now.saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        let list = &mut entry.subjects;
         for c in counts {
             let e = list
                 .entry(c.subject.clone())
@@ -254,9 +268,11 @@ impl AdminBackend for MemoryBackend {
         key: &'a str,
         n: usize,
     ) -> BoxFuture<'a, Result<Vec<DenialCount>>> {
+        let now = self.now();
         let mut top: Vec<DenialCount> = guard(&self.inner.admin.throttled)
             .get(key)
-            .map(|l| l.values().cloned().collect())
+            .filter(|l| l.expires_at > now)
+            .map(|l| l.subjects.values().cloned().collect())
             .unwrap_or_default();
         top.sort_by(|a, b| b.denied.cmp(&a.denied).then(a.subject.cmp(&b.subject)));
         top.truncate(n);
