@@ -12,8 +12,12 @@
 local kind = redis.call('TYPE', KEYS[1]).ok
 local n = 0
 if kind == 'string' then
-  redis.call('DEL', KEYS[1])
-  n = 1
+  -- Only a lock's value (`token|fence|since_ms|holder`, lock_acquire.lua):
+  -- a name that reaches another key (a block, a rate state) breaks nothing.
+  if string.find(redis.call('GET', KEYS[1]), '^%x+|%d+|%d+|') then
+    redis.call('DEL', KEYS[1])
+    n = 1
+  end
 elseif kind == 'zset' then
   local t = redis.call('TIME')
   local after = string.format('(%d', t[1] * 1000000 + t[2])
