@@ -411,7 +411,23 @@ async fn watch(backend: RedisBackend, running: Running, version_key: String) {
             pubsub.subscribe(channel.as_str()).await?;
             redis::RedisResult::Ok(pubsub.into_on_message())
         };
-        let subscribed = tokio::time::timeout(VERSION_POLL * 4, subscribed).await;
+        // The stamp is read on its schedule while the subscription is made:
+        // a node that takes its time to answer must not stretch how long a
+        // missed message goes unnoticed.
+        let subscribed = tokio::time::timeout(VERSION_POLL * 4, subscribed);
+        tokio::pin!(subscribed);
+        let mut polls = tokio::time::interval(VERSION_POLL);
+        polls.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let subscribed = loop {
+            tokio::select! {
+                subscribed = &mut subscribed => break subscribed,
+                _ = polls.tick() => {
+                    if !poll_once(&backend, &watchers, &channel, &version_key, &mut last).await {
+                        return;
+                    }
+                }
+            }
+        };
         // Subscribed or not, what happened meanwhile is unknown until read.
         if !poll_once(&backend, &watchers, &channel, &version_key, &mut last).await {
             return;
