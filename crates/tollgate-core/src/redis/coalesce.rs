@@ -514,16 +514,17 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) -> Vec<RateRequ
     } = batch;
     // A check whose caller gave up while it waited (its timeout, a dropped
     // future) was answered without it: it is never sent, so takes nothing.
-    if replies.iter().any(oneshot::Sender::is_closed) {
-        let mut kept = Batch::default();
-        for (request, reply) in requests.into_iter().zip(replies) {
-            if !reply.is_closed() {
-                kept.requests.push(request);
-                kept.replies.push(reply);
-            }
+    // Both lists are compacted together in place, keeping arrival order.
+    let mut kept = 0;
+    for i in 0..replies.len() {
+        if !replies[i].is_closed() {
+            requests.swap(kept, i);
+            replies.swap(kept, i);
+            kept += 1;
         }
-        (requests, replies) = (kept.requests, kept.replies);
     }
+    requests.truncate(kept);
+    replies.truncate(kept);
     if requests.is_empty() {
         return requests;
     }

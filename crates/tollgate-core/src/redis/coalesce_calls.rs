@@ -34,13 +34,6 @@ pub(super) fn one_tag(requests: &[RateRequest]) -> bool {
 /// call of the batch script when there are enough of them, else alone.
 /// Parts are listed by their first check; each part keeps arrival order.
 fn parts<S: Sender>(sender: &S, requests: &[RateRequest]) -> Vec<(Option<LeanGroup>, Vec<usize>)> {
-    // Most batches are one part (a hot limiter): found in one pass.
-    if let [first, rest @ ..] = requests {
-        let group = sender.lean_group(first);
-        if rest.iter().all(|r| sender.lean_group(r) == group) {
-            return vec![(group, (0..requests.len()).collect())];
-        }
-    }
     let mut parts: Vec<(Option<LeanGroup>, Vec<usize>)> = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         let group = sender.lean_group(r);
