@@ -35,7 +35,7 @@ use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
 use super::lean::LeanGroup;
-use super::unclaimed::{finish_detached, Awaited, OwnedCall, QueuedReply};
+use super::unclaimed::{finish_detached, spawn_at_home, Awaited, OwnedCall, QueuedReply};
 use crate::error::{redis_error, Result};
 use crate::keyspace::hash_tag;
 use crate::store::{RateReply, RateRequest, Unclaimed};
@@ -569,12 +569,9 @@ async fn send<S: Sender>(coalescer: &Coalescer<S>, batch: Batch) -> Vec<RateRequ
     }
     if !unclaimed.is_empty() {
         // On their own: the turn goes on meanwhile.
-        let runtime = coalescer
-            .home()
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
-        if let Some(runtime) = runtime {
-            runtime.spawn(join_all(unclaimed));
-        }
+        spawn_at_home(coalescer.home(), async move {
+            join_all(unclaimed).await;
+        });
     }
     requests
 }

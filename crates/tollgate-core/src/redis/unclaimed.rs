@@ -57,17 +57,11 @@ impl Drop for Awaited {
         let Some(call) = self.call.take() else {
             return;
         };
-        let runtime = self
-            .home
-            .take()
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
-        if let Some(runtime) = runtime {
-            runtime.spawn(async move {
-                if let Ok((request, Ok(reply))) = tokio::time::timeout(KEPT_AT_MOST, call).await {
-                    give_back(&request, &reply).await;
-                }
-            });
-        }
+        spawn_at_home(self.home.take(), async move {
+            if let Ok((request, Ok(reply))) = tokio::time::timeout(KEPT_AT_MOST, call).await {
+                give_back(&request, &reply).await;
+            }
+        });
     }
 }
 
@@ -110,16 +104,20 @@ impl Drop for QueuedReply<'_> {
         let Ok(Ok(reply)) = self.reply.try_recv() else {
             return;
         };
-        let Some(refund) = Unclaimed::give_back(self.request, &reply) else {
-            return;
-        };
-        let runtime = self
-            .home
-            .take()
-            .or_else(|| tokio::runtime::Handle::try_current().ok());
-        if let Some(runtime) = runtime {
-            runtime.spawn(refund);
+        if let Some(refund) = Unclaimed::give_back(self.request, &reply) {
+            spawn_at_home(self.home.take(), refund);
         }
+    }
+}
+
+/// Runs `task` on `home`, the backend's runtime, else on the current one;
+/// without either (a runtime shutting down) it is dropped.
+pub(crate) fn spawn_at_home(
+    home: Option<tokio::runtime::Handle>,
+    task: impl Future<Output = ()> + Send + 'static,
+) {
+    if let Some(runtime) = home.or_else(|| tokio::runtime::Handle::try_current().ok()) {
+        runtime.spawn(task);
     }
 }
 
@@ -136,10 +134,7 @@ pub(crate) fn finish_detached(
     call: BoxFuture<'static, (Vec<RateRequest>, Vec<Result<RateReply>>)>,
     runtime: Option<tokio::runtime::Handle>,
 ) {
-    let Some(runtime) = runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) else {
-        return;
-    };
-    runtime.spawn(async move {
+    spawn_at_home(runtime, async move {
         if let Ok((requests, replies)) = tokio::time::timeout(KEPT_AT_MOST, call).await {
             let admitted = requests.iter().zip(replies).filter_map(|(r, reply)| {
                 let reply = reply.ok()?;
