@@ -7,6 +7,8 @@
 //! so they are the same; the decision itself is the script's, never
 //! derived here.
 
+use std::time::Duration;
+
 use redis::{Cmd, Value};
 
 use crate::error::{Error, Result};
@@ -110,26 +112,14 @@ impl LeanGroup {
         };
     }
 
-    /// [`parse_each`](Self::parse_each) keeping each answer as it is.
-    #[cfg(test)]
+    /// Each check's answer from the call's reply, with the server time the
+    /// call ran at. A check that came after its deadline took nothing: its
+    /// answer is the timeout its caller already gave up on.
     pub(crate) fn parse(
         &self,
         value: Value,
         requests: &[RateRequest],
-    ) -> Result<(u64, Vec<Option<RateReply>>)> {
-        self.parse_each(value, requests, |reply| reply)
-    }
-
-    /// Each check's answer from the call's reply, passed through `each` as
-    /// it is read (no second list to map it into): `None` for a check that
-    /// came after its deadline (it took nothing); with the server time the
-    /// call ran at.
-    pub(crate) fn parse_each<T>(
-        &self,
-        value: Value,
-        requests: &[RateRequest],
-        each: impl Fn(Option<RateReply>) -> T,
-    ) -> Result<(u64, Vec<T>)> {
+    ) -> Result<(u64, Vec<Result<RateReply>>)> {
         let Value::Array(items) = value else {
             return Err(Error::Protocol(format!("a lean batch replied {value:?}")));
         };
@@ -153,13 +143,13 @@ impl LeanGroup {
                 // Anything else is a reply no script gives: a state Redis
                 // cut to an integer would be re-derived wrongly.
                 Value::Int(v) if (-STATE_BOUND..STATE_BOUND).contains(&(v >> 1)) => {
-                    each(Some(self.derive(now, r.cost, v >> 1, v & 1 == 1)))
+                    Ok(self.derive(now, r.cost, v >> 1, v & 1 == 1))
                 }
-                Value::Array(a) if a.is_empty() => each(None),
+                Value::Array(a) if a.is_empty() => Err(Error::Timeout(Duration::ZERO)),
                 Value::Array(a) => match a.as_slice() {
-                    [Value::Int(left)] => each(Some(
-                        RateReply::blocked(1, (*left).max(1) as u64).at(now.max(0) as u64),
-                    )),
+                    [Value::Int(left)] => {
+                        Ok(RateReply::blocked(1, (*left).max(1) as u64).at(now.max(0) as u64))
+                    }
                     _ => return Err(Error::Protocol(format!("a lean check replied {a:?}"))),
                 },
                 other => return Err(Error::Protocol(format!("a lean check replied {other:?}"))),

@@ -148,8 +148,7 @@ impl RateCalls {
         value: Value,
         requests: &[RateRequest],
     ) -> Vec<Result<RateReply>> {
-        let answer = |r: Option<RateReply>| r.ok_or(Error::Timeout(Duration::ZERO));
-        match group.parse_each(value, requests, answer) {
+        match group.parse(value, requests) {
             Ok((now, replies)) => {
                 if requests.iter().any(|r| r.now_micros.is_none()) {
                     self.clock.observe(now);
