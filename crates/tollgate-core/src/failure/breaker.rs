@@ -5,7 +5,11 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
+use std::future::Future;
+
+use super::is_outage;
 use crate::clock::monotonic_micros;
+use crate::error::{Error, Result};
 
 /// Skips the backend after repeated failures, for a short cooldown.
 pub(crate) struct Breaker {
@@ -43,6 +47,22 @@ impl Breaker {
                     Ordering::Acquire,
                 )
                 .is_ok()
+    }
+
+    /// Runs `call` unless the backend is being skipped (then
+    /// [`Error::CircuitOpen`] at once), and counts its outcome: an outage
+    /// is a failure, anything else (an answer, an error about the request's
+    /// own data) a success.
+    pub(crate) async fn call<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
+        if !self.admits() {
+            return Err(Error::CircuitOpen);
+        }
+        let result = call.await;
+        match &result {
+            Err(e) if is_outage(e) => self.failure(monotonic_micros()),
+            _ => self.success(),
+        }
+        result
     }
 
     pub(crate) fn success(&self) {

@@ -5,13 +5,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
 use crate::failure::breaker::Breaker;
 use crate::failure::{is_outage, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD};
 use crate::keyspace::Subject;
 use crate::lock::core::Core;
-use crate::lock::settings::Settings;
+use crate::lock::settings::{Settings, IDEMPOTENCY_POLICY};
 use crate::lock::util::{instant_after, join, new_token};
 use crate::lock::{FencingToken, Lease, LeaseLost, LockOptions};
 use crate::lock::{LockBackend, LockKeys, DEFAULT_FENCE_TTL, FENCE_TTL_TTLS};
@@ -105,7 +104,7 @@ impl IdempotencyStore {
         IdempotencyStoreBuilder {
             backend: Arc::new(backend),
             settings: Settings {
-                policy: "idem",
+                policy: IDEMPOTENCY_POLICY,
                 ..Settings::default()
             },
             lease: LockOptions::new(),
@@ -146,15 +145,9 @@ impl IdempotencyStore {
     /// claim fails at once with [`Error::CircuitOpen`] until one probe finds
     /// the backend again. Completions and abandons never skip the backend.
     pub async fn claim(&self, key: Subject, fingerprint: Fingerprint) -> Result<Claim> {
-        if !self.breaker.admits() {
-            return Err(Error::CircuitOpen);
-        }
-        let result = self.claim_on_backend(key, fingerprint).await;
-        match &result {
-            Err(e) if is_outage(e) => self.breaker.failure(monotonic_micros()),
-            _ => self.breaker.success(),
-        }
-        result
+        self.breaker
+            .call(self.claim_on_backend(key, fingerprint))
+            .await
     }
 
     /// [`claim`](Self::claim)'s round trip.

@@ -9,7 +9,6 @@ use super::lease::Lease;
 use super::locker::{Built, Engine, LockerBuilder};
 use super::options::LockOptions;
 use super::settings::Settings;
-use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
 use crate::failure::breaker::Breaker;
 use crate::failure::{
@@ -221,16 +220,10 @@ impl Semaphore {
         // (which fails open) or into a local permit's refusal.
         self.core.check_weight(weight)?;
         self.core.first_ttl(options)?;
-        let result = if self.breaker.admits() {
-            let result = self.core.acquire(name.clone(), options, wait, weight).await;
-            match &result {
-                Err(e) if is_outage(e) => self.breaker.failure(monotonic_micros()),
-                _ => self.breaker.success(),
-            }
-            result
-        } else {
-            Err(Error::CircuitOpen)
-        };
+        let result = self
+            .breaker
+            .call(self.core.acquire(name.clone(), options, wait, weight))
+            .await;
         match (result, self.fallback.as_ref()) {
             (Err(e), Some(local)) if is_outage(&e) => {
                 tracing::debug!(error = %e, "semaphore backend unavailable; taking a local permit");
