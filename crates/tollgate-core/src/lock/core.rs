@@ -11,7 +11,9 @@ use tokio::runtime::Handle;
 use super::instances::{Attempt, Instances};
 use super::lease::Lease;
 use super::options::{LockOptions, MAX_LOCK_DURATION};
-use super::settings::{Settings, FENCE_TTL_TTLS};
+use super::settings::{
+    Settings, FENCE_TTL_TTLS, IDEMPOTENCY_POLICY, LOCK_POLICY, SEMAPHORE_POLICY,
+};
 use super::util::{instant_after, join, new_token, unit_random};
 use super::waiters::Waiters;
 use crate::error::{Error, Result};
@@ -134,21 +136,22 @@ impl Core {
                 )));
             }
         }
+        let default = match s.permits {
+            Some(_) => SEMAPHORE_POLICY,
+            None => s.policy,
+        };
         if let Some(name) = &s.name {
             // Another kind's default policy would put this one on its keys.
-            let own = if s.permits.is_some() { "sem" } else { "lock" };
-            if name != own && ["lock", "sem", "idem"].contains(&name.as_str()) {
+            let taken = [LOCK_POLICY, SEMAPHORE_POLICY, IDEMPOTENCY_POLICY];
+            if name != default && taken.contains(&name.as_str()) {
                 return Err(Error::InvalidConfig(format!(
-                    "{name:?} is the default name of another kind (locks `lock`, semaphores \
-                     `sem`, idempotency `idem`): their keys would be shared"
+                    "{name:?} is the default name of another kind (locks `{LOCK_POLICY}`, \
+                     semaphores `{SEMAPHORE_POLICY}`, idempotency `{IDEMPOTENCY_POLICY}`): \
+                     their keys would be shared"
                 )));
             }
         }
-        let policy = match (&s.name, s.permits) {
-            (Some(name), _) => name.as_str(),
-            (None, Some(_)) => "sem",
-            (None, None) => s.policy,
-        };
+        let policy = s.name.as_deref().unwrap_or(default);
         if policy.contains(':') {
             // The operator's listing tells a lock's key from a rate
             // limiter's (`<policy>:<algorithm>:{…}`) by it.

@@ -30,6 +30,12 @@ pub const FENCE_TTL_TTLS: u32 = 10;
 /// reports "not held".
 pub const RELEASE_MARKER_TTL: Duration = Duration::from_secs(5);
 /// Default drift allowance: 1 % of the TTL plus 2 ms.
+/// The default names (keyspace policies) of each kind that holds keys
+/// through the lock engine; a named locker may not take another kind's.
+pub(crate) const LOCK_POLICY: &str = "lock";
+pub(crate) const SEMAPHORE_POLICY: &str = "sem";
+pub(crate) const IDEMPOTENCY_POLICY: &str = "idem";
+
 pub(crate) const DEFAULT_DRIFT_RATIO: f64 = 0.01;
 pub(crate) const DEFAULT_DRIFT_FIXED: Duration = Duration::from_millis(2);
 
@@ -70,7 +76,7 @@ impl Default for Settings {
             permits: None,
             fair: false,
             failure: FailurePolicy::Allow,
-            policy: "lock",
+            policy: LOCK_POLICY,
             name: None,
         }
     }
