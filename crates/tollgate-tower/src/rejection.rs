@@ -565,16 +565,23 @@ impl Rejection {
     /// The response tollgate sends for this rejection, marked [`Refused`]
     /// in its extensions.
     pub fn default_response(&self) -> Response<Bytes> {
-        if self.grpc {
-            let mut res = trailers_only(
+        let mut res = if self.grpc {
+            trailers_only(
                 self.reason.grpc_code(),
                 &self.message,
                 self.retry_after,
                 &self.headers,
-            );
-            res.extensions_mut().insert(self.refused());
-            return res;
-        }
+            )
+        } else {
+            self.problem_response()
+        };
+        res.extensions_mut().insert(self.refused());
+        res
+    }
+
+    /// The HTTP answer: the status, an RFC 9457 problem document, the
+    /// `Retry-After` and the rate-limit headers.
+    fn problem_response(&self) -> Response<Bytes> {
         let status = self.reason.status();
         let violated = (self.reason == RejectionReason::RateLimited).then_some(&self.violated[..]);
         let body = problem::document(status, &self.message, violated);
@@ -589,7 +596,6 @@ impl Rejection {
             CONTENT_TYPE,
             HeaderValue::from_static(problem::CONTENT_TYPE),
         );
-        res.extensions_mut().insert(self.refused());
         res
     }
 }
