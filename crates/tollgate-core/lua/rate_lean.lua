@@ -22,10 +22,12 @@
 -- each one's, 'c1,c2,…'. ARGV[7]: the earliest deadline (server µs) or '':
 -- when now is past it, ARGV[8] holds each check's deadline, 'd1,d2,…' (0:
 -- none), as rate_deadline.lua reads it.
--- Returns {now, then per check: 2 × the state it decided from, + 1 when it
--- was admitted (the decision itself, never re-derived by the client), {}
--- when it came after its deadline (it takes nothing), {µs left} when its
--- subject is blocked}.
+-- Returns now, then per check: 2 × the state it decided from, + 1 when it
+-- was admitted (the decision itself, never re-derived by the client);
+-- 2^53 + 2 × the ms left when its subject is blocked; 2^54 when it came
+-- after its deadline (it takes nothing). All as little-endian doubles in
+-- one string: Redis packs it for less than it writes an array of integers,
+-- and a client reads it in a fraction of the array's cost.
 now = ARGV[1] ~= '' and tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -67,11 +69,11 @@ local blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS
 local out = {now, unpack(KEYS, 1, count)}
 for c = 1, count do
   if late and late[c] then
-    out[c + 1] = {}
+    out[c + 1] = 18014398509481984
   else
     local left = blocks and redis.call('PTTL', KEYS[first + at * (c - 1)]) or 0
     if left > 0 then
-      out[c + 1] = {left * 1000}
+      out[c + 1] = 9007199254740992 + 2 * math.min(left, 2251799813685247)
     else
       local key = KEYS[at * (c - 1) + 1]
       local state, after, stored = step(key, same or costs[c], held and held[key], held ~= nil)
@@ -93,4 +95,4 @@ end
 if dirty then
   for key in pairs(dirty) do write(key, held[key]) end
 end
-return out
+return struct.pack('<' .. string.rep('d', count + 1), unpack(out))

@@ -14,10 +14,14 @@ use redis::{Cmd, Value};
 use crate::error::{Error, Result};
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
 
-/// States a lean reply carries exactly: the scripts read no stored state
-/// 2^52 or more from zero, and reply twice the state (plus one for an
-/// admission), below 2^53 where a Lua number is an exact integer.
-const STATE_BOUND: i64 = 1 << 52;
+/// A lean reply's figures are exact integers below this (2^53, where a Lua
+/// number stops being one): the scripts read no stored state 2^52 or more
+/// from zero, and reply twice the state (plus one for an admission). From
+/// here a figure is a blocked subject's: 2^53 + 2 × the ms left.
+const EXACT: f64 = 9_007_199_254_740_992.0;
+
+/// The figure of a check that came after its deadline (2^54).
+const LATE: f64 = 18_014_398_509_481_984.0;
 
 /// The most checks in one lean call (Lua's `unpack` returns at most about
 /// 8000 values); more go to the batch script.
@@ -112,50 +116,53 @@ impl LeanGroup {
         };
     }
 
-    /// Each check's answer from the call's reply, with the server time the
-    /// call ran at. A check that came after its deadline took nothing: its
-    /// answer is the timeout its caller already gave up on.
+    /// Each check's answer from the call's reply (little-endian doubles,
+    /// see `lua/rate_lean.lua`), with the server time the call ran at. A
+    /// check that came after its deadline took nothing: its answer is the
+    /// timeout its caller already gave up on.
     pub(crate) fn parse(
         &self,
         value: Value,
         requests: &[RateRequest],
     ) -> Result<(u64, Vec<Result<RateReply>>)> {
-        let Value::Array(items) = value else {
+        let Value::BulkString(bytes) = value else {
             return Err(Error::Protocol(format!("a lean batch replied {value:?}")));
         };
-        if items.len() != requests.len() + 1 {
+        if bytes.len() != 8 * (requests.len() + 1) {
             return Err(Error::Protocol(format!(
-                "a lean batch of {} replied {} figures",
+                "a lean batch of {} replied {} bytes",
                 requests.len(),
-                items.len()
+                bytes.len()
             )));
         }
-        let mut items = items.into_iter();
-        let now = match items.next() {
-            Some(Value::Int(now)) => now,
+        let mut figures = bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")));
+        let now = match figures.next() {
+            Some(now) if (0.0..EXACT).contains(&now) && now.fract() == 0.0 => now as u64,
             other => return Err(Error::Protocol(format!("a lean batch's time: {other:?}"))),
         };
         // Filled in place: collecting a `Result` would grow the list from
         // empty, knowing no size.
         let mut replies = Vec::with_capacity(requests.len());
-        for (item, r) in items.zip(requests) {
-            replies.push(match item {
-                // Anything else is a reply no script gives: a state Redis
-                // cut to an integer would be re-derived wrongly.
-                Value::Int(v) if (-STATE_BOUND..STATE_BOUND).contains(&(v >> 1)) => {
-                    Ok(self.derive(now, r.cost, v >> 1, v & 1 == 1))
+        for (v, r) in figures.zip(requests) {
+            replies.push(match v {
+                // Anything else is a figure no script gives: a state Lua
+                // rounded would be re-derived wrongly.
+                v if v.abs() < EXACT && v.fract() == 0.0 => {
+                    let v = v as i64;
+                    Ok(self.derive(now as i64, r.cost, v >> 1, v & 1 == 1))
                 }
-                Value::Array(a) if a.is_empty() => Err(Error::Timeout(Duration::ZERO)),
-                Value::Array(a) => match a.as_slice() {
-                    [Value::Int(left)] => {
-                        Ok(RateReply::blocked(1, (*left).max(1) as u64).at(now.max(0) as u64))
-                    }
-                    _ => return Err(Error::Protocol(format!("a lean check replied {a:?}"))),
-                },
-                other => return Err(Error::Protocol(format!("a lean check replied {other:?}"))),
+                v if v == LATE => Err(Error::Timeout(Duration::ZERO)),
+                // Every double from 2^53 to 2^54 is even: a whole ms count.
+                v if v > EXACT && v < LATE => {
+                    let left_ms = ((v - EXACT) / 2.0) as u64;
+                    Ok(RateReply::blocked(1, (left_ms * 1000).max(1)).at(now))
+                }
+                other => return Err(Error::Protocol(format!("a lean check replied {other}"))),
             });
         }
-        Ok((now.max(0) as u64, replies))
+        Ok((now, replies))
     }
 
     /// The reply a single call of the algorithm's script gives for a check
@@ -285,6 +292,11 @@ mod tests {
         assert_eq!(joined(std::iter::empty::<u64>()), "");
     }
 
+    /// A reply as the lean script packs it.
+    fn packed(figures: &[f64]) -> Value {
+        Value::BulkString(figures.iter().flat_map(|f| f.to_le_bytes()).collect())
+    }
+
     /// The decision is the script's (the low bit), never re-derived: an
     /// idle subject's state with the bit clear is a refusal.
     #[test]
@@ -292,35 +304,54 @@ mod tests {
         let (group, r) = gcra();
         let reply = |v| {
             let (_, mut got) = group
-                .parse(
-                    Value::Array(vec![Value::Int(7), Value::Int(v)]),
-                    std::slice::from_ref(&r),
-                )
+                .parse(packed(&[7.0, v]), std::slice::from_ref(&r))
                 .unwrap();
             got.pop().unwrap().unwrap()
         };
-        assert!(reply(1).allowed);
-        assert!(!reply(0).allowed);
+        assert!(reply(1.0).allowed);
+        assert!(!reply(0.0).allowed);
     }
 
-    /// A state a Lua number cut to an integer could give (beyond ±2^52, or
-    /// i64::MIN for one beyond 2^63) is a protocol error, not a decision.
+    /// A blocked subject's figure carries the ms left; a late check's is a
+    /// timeout (it took nothing).
     #[test]
-    fn a_state_beyond_exact_integers_is_a_protocol_error() {
+    fn blocked_and_late_figures_are_read() {
         let (group, r) = gcra();
-        for v in [i64::MIN, i64::MAX, 1 << 53, -(1 << 53) - 1] {
-            let got = group.parse(
-                Value::Array(vec![Value::Int(7), Value::Int(v)]),
-                std::slice::from_ref(&r),
-            );
+        let (now, got) = group
+            .parse(
+                packed(&[7.0, EXACT + 2.0 * 1500.0, LATE]),
+                &[r.clone(), r.clone()],
+            )
+            .unwrap();
+        assert_eq!(now, 7);
+        let blocked = got[0].as_ref().unwrap();
+        assert!(!blocked.allowed);
+        assert_eq!(blocked.outcomes[0].retry_after_micros, 1_500_000);
+        assert!(matches!(got[1], Err(Error::Timeout(_))));
+    }
+
+    /// A figure a Lua number could not hold exactly (beyond 2^53, between
+    /// the markers, a fraction, not a number) is a protocol error, not a
+    /// decision; so is a reply of the wrong size or shape.
+    #[test]
+    fn a_figure_no_script_gives_is_a_protocol_error() {
+        let (group, r) = gcra();
+        for v in [EXACT, LATE * 2.0, -EXACT, 0.5, f64::NAN, f64::INFINITY] {
+            let got = group.parse(packed(&[7.0, v]), std::slice::from_ref(&r));
             assert!(matches!(got, Err(Error::Protocol(_))), "{v}: {got:?}");
         }
-        let edge = (1 << 53) - 1;
+        let edge = EXACT - 1.0;
         assert!(group
-            .parse(
-                Value::Array(vec![Value::Int(7), Value::Int(edge)]),
-                std::slice::from_ref(&r)
-            )
+            .parse(packed(&[7.0, edge]), std::slice::from_ref(&r))
             .is_ok());
+        for bad in [
+            packed(&[7.0]),
+            packed(&[7.0, 1.0, 1.0]),
+            packed(&[-1.0, 1.0]),
+            Value::Array(vec![Value::Int(7), Value::Int(1)]),
+        ] {
+            let got = group.parse(bad, std::slice::from_ref(&r));
+            assert!(matches!(got, Err(Error::Protocol(_))), "{got:?}");
+        }
     }
 }
