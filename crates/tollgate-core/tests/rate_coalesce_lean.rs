@@ -397,3 +397,59 @@ async fn a_late_check_in_a_lean_batch_takes_nothing() {
         );
     }
 }
+
+/// The largest lean call (4000 checks: `unpack`'s limit leaves room for
+/// little more) is one call of the lean script, and its packed reply
+/// answers every check in order: 1000 subjects checked 4 times each
+/// against a quota of 3, one of them blocked for an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_lean_call_answers_every_check() {
+    let server = server();
+    let backend = RedisBackend::from_connection(server.connection_manager().await);
+    let mut conn = server.connection_manager().await;
+    for alg in [
+        Algorithm::Gcra,
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+    ] {
+        let prefix = unique_prefix();
+        let base: Vec<RateRequest> = (0..1000)
+            .map(|i| {
+                let mut r = request_for(alg, &[q(3, 3600)], &format!("s{i}"), &prefix);
+                let block = format!("{}:block", r.keys[0]);
+                r.keys.push(block);
+                r
+            })
+            .collect();
+        let _: () = conn
+            .pset_ex(&base[7].keys[1], "1", 3_600_000)
+            .await
+            .unwrap();
+        let batch: Vec<RateRequest> = (0..4).flat_map(|_| base.iter().cloned()).collect();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let answers = backend.check_rate_batch(&batch).await.expect("a call");
+        let loaded: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(lean_sha(alg))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(loaded, [true], "{alg:?}: no lean call");
+        assert_eq!(answers.len(), 4000, "{alg:?}");
+        for (i, answer) in answers.iter().enumerate() {
+            let (round, s) = (i / 1000, i % 1000);
+            let r = answer.as_ref().expect("a decision");
+            if s == 7 {
+                assert!(blocked(r), "{alg:?}: check {i} {r:?}");
+            } else {
+                assert_eq!(r.allowed, round < 3, "{alg:?}: check {i} {r:?}");
+                let left = 2u64.saturating_sub(round as u64);
+                assert_eq!(r.outcomes[0].remaining, left, "{alg:?}: check {i} {r:?}");
+            }
+        }
+    }
+}
