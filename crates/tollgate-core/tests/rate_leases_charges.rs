@@ -353,3 +353,114 @@ async fn a_take_in_flight_during_a_revocation_installs_nothing() {
     let next = limiter.check(subject.clone()).await.unwrap();
     assert_ne!(next.source, DecisionSource::Lease, "{next:?}");
 }
+
+/// The check whose call took the slice has a charge of its own: settled
+/// over after the slice was given back, it still owes the store (its
+/// marker is not the slice's, which the give-back used).
+#[tokio::test]
+async fn the_taking_checks_charge_is_its_own() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(cap),
+            &clock,
+            long_leases(),
+        );
+        let mut taking = None;
+        for _ in 0..10 {
+            let d = limiter.check("first").await.unwrap();
+            if taking.is_none() && d.source == DecisionSource::Backend && d.charge.is_some() {
+                let next = limiter.check("first").await.unwrap();
+                if next.source == DecisionSource::Lease {
+                    taking = d.charge;
+                    break;
+                }
+            }
+        }
+        let taking = taking.expect("a check took a slice");
+        limiter.return_leases().await;
+        let before = remaining(&peer, "first").await;
+        let s = limiter.settle("first", &taking, 10).await.unwrap();
+        assert!(s.applied, "{kind}: {s:?}");
+        assert_eq!(remaining(&peer, "first").await, before - 9, "{kind}");
+    }
+}
+
+/// A reset of one subject leaves another's slice alone: its unused units
+/// and what settles over its charges owe still reach the store.
+#[tokio::test]
+async fn a_revocation_of_one_subject_spares_the_others() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(cap),
+            &clock,
+            long_leases(),
+        );
+        let mut served = None;
+        for _ in 0..50 {
+            let d = limiter.check("kept").await.unwrap();
+            if d.source == DecisionSource::Lease {
+                served = d.charge;
+            }
+        }
+        let served = served.expect("a served charge");
+        let left = limiter.check_n("kept", 0).await.unwrap().remaining;
+        // More than the slice holds: 50 owed to the store at its end.
+        let s = limiter
+            .settle("kept", &served, 1 + left + 50)
+            .await
+            .unwrap();
+        assert!(s.applied, "{kind}: {s:?}");
+        limiter.reset(&Subject::new("other")).await.unwrap();
+        limiter.return_leases().await;
+        // 50 checks and 50 owed, the slice's unused units back.
+        assert_eq!(
+            remaining(&peer, "kept").await,
+            cap - 50 - left - 50,
+            "{kind}"
+        );
+    }
+}
+
+/// A slice ages on the clock that times the store's decisions: a fixed
+/// window's slice ends with its window though the limiter has no clock of
+/// its own, so the window admits no more than its limit.
+#[tokio::test]
+async fn a_slice_ages_on_the_stores_clock() {
+    let clock = ManualClock::new(1_700_000_040_000_000);
+    let limiter = RateLimiter::builder(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+    )
+    .quota(Quota::per_minute(100))
+    .quota_leases(long_leases())
+    .build()
+    .unwrap();
+    let mut admitted = 0;
+    for _ in 0..30 {
+        admitted += usize::from(limiter.check("w").await.unwrap().allowed);
+    }
+    assert!(
+        limiter.check_n("w", 0).await.unwrap().source == DecisionSource::Lease,
+        "a slice is held"
+    );
+    // The next window: the slice's units were counted in the last one.
+    clock.advance(Duration::from_secs(60));
+    let mut next = 0;
+    for _ in 0..200 {
+        next += usize::from(limiter.check("w").await.unwrap().allowed);
+    }
+    assert_eq!(admitted, 30);
+    assert!(next <= 100, "{next} admitted in one window of 100");
+}

@@ -472,8 +472,9 @@ impl RateLimiter {
         }
     }
 
-    /// The deny cache's time: the clock that times decisions, else this
-    /// process's monotonic clock.
+    /// The deny cache's and the quota leases' time: the clock that times
+    /// decisions (a slice then ages as the store's windows move), else
+    /// this process's monotonic clock.
     pub(super) fn cache_now(&self) -> u64 {
         match &self.inner.timing {
             Some(c) => c.now_micros(),

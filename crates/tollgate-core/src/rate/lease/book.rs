@@ -38,9 +38,48 @@ struct Book {
     subjects: Mutex<HashMap<String, Tracker>>,
     /// The window of the last sweep (one per window: bounded work).
     swept: AtomicU64,
-    /// Bumped by every revocation: a take sent before one installs nothing,
-    /// a give-back sent after one is skipped.
-    revoked: Arc<AtomicU64>,
+    /// The revocations heard: a take sent before one of its subject
+    /// installs nothing, a give-back sent after one is skipped.
+    revocations: Arc<Revocations>,
+}
+
+/// The most subjects whose revocations are told apart; past it, the next
+/// one counts as a revocation of every subject (admin actions are rare).
+const REVOKED_SUBJECTS: usize = 4096;
+
+/// Revocations heard, per subject and of every subject: a reset or block
+/// of one subject leaves the others' takes and give-backs alone.
+#[derive(Default)]
+struct Revocations {
+    all: AtomicU64,
+    subjects: Mutex<HashMap<String, u64>>,
+}
+
+/// Where a take or a slice stands in the revocations of its subject: a
+/// revocation since changes it.
+type Epoch = (u64, u64);
+
+impl Revocations {
+    fn epoch(&self, subject: &Subject) -> Epoch {
+        let one = lock(&self.subjects)
+            .get(subject.as_encoded())
+            .copied()
+            .unwrap_or(0);
+        (self.all.load(Ordering::Acquire), one)
+    }
+
+    fn revoke(&self, subject: Option<&Subject>) {
+        let Some(subject) = subject else {
+            self.all.fetch_add(1, Ordering::AcqRel);
+            return;
+        };
+        let mut map = lock(&self.subjects);
+        if map.len() >= REVOKED_SUBJECTS && !map.contains_key(subject.as_encoded()) {
+            map.clear();
+            self.all.fetch_add(1, Ordering::AcqRel);
+        }
+        *map.entry(subject.as_encoded().to_owned()).or_insert(0) += 1;
+    }
 }
 
 /// One subject on this instance: its recent checks and its slice.
@@ -65,10 +104,11 @@ struct Slice {
     extra: u64,
     /// The served charges settled or refunded (each at most once).
     settled: HashSet<u64>,
-    /// The revocation count when it was taken (see [`Book::revoked`]).
-    epoch: u64,
-    revoked: Arc<AtomicU64>,
-    /// Local time (the limiter's clock) before the take was sent.
+    /// Its subject's revocations when it was taken (see [`Book::revocations`]).
+    epoch: Epoch,
+    revocations: Arc<Revocations>,
+    /// Local time (the clock that times decisions, else the monotonic one)
+    /// before the take was sent.
     taken_at: u64,
     expires_at: u64,
     /// The store's figures as of the take.
@@ -141,13 +181,13 @@ impl Leases {
                 most,
                 subjects: Mutex::new(HashMap::new()),
                 swept: AtomicU64::new(u64::MAX),
-                revoked: Arc::new(AtomicU64::new(0)),
+                revocations: Arc::default(),
             }),
             returner,
         }
     }
 
-    /// Counts a check of `subject` at `now` (the limiter's local time) and
+    /// Counts a check of `subject` at `now` (the limiter's decision time) and
     /// answers it from the subject's live slice when that holds `cost`. A
     /// slice that aged out or holds too little ends here (its unused units
     /// go back in the background).
@@ -220,7 +260,7 @@ impl Leases {
                 want,
                 least: (want / 4).max(cost).max(1),
             },
-            epoch: book.revoked.load(Ordering::Acquire),
+            epoch: book.revocations.epoch(subject),
             started: now,
             installed: AtomicU64::new(0),
         })
@@ -230,7 +270,7 @@ impl Leases {
     /// it back, and voids the takes on their way.
     pub(in crate::rate) fn revoke(&self, subject: Option<&Subject>) {
         let book = &self.book;
-        book.revoked.fetch_add(1, Ordering::AcqRel);
+        book.revocations.revoke(subject);
         let mut map = lock(&book.subjects);
         match subject {
             Some(s) => {
@@ -377,7 +417,7 @@ pub(in crate::rate) struct Taking {
     book: Arc<Book>,
     subject: Subject,
     size: LeaseSize,
-    epoch: u64,
+    epoch: Epoch,
     started: u64,
     /// The id of the slice it installed (0: none).
     installed: AtomicU64,
@@ -445,7 +485,7 @@ impl Taking {
             extra: 0,
             settled: HashSet::new(),
             epoch: self.epoch,
-            revoked: Arc::clone(&book.revoked),
+            revocations: Arc::clone(&book.revocations),
             taken_at: self.started,
             expires_at: self.started.saturating_add(age),
             outcomes: reply.outcomes.clone(),
@@ -456,7 +496,7 @@ impl Taking {
         }
         let mut map = lock(&book.subjects);
         // A revocation since the take was sent: its units are dropped.
-        if left > 0 && book.revoked.load(Ordering::Acquire) == self.epoch {
+        if left > 0 && book.revocations.epoch(&self.subject) == self.epoch {
             if let Some(t) = map.get_mut(self.subject.as_encoded()) {
                 self.installed.store(slice.id, Ordering::Relaxed);
                 t.slice = Some(slice);
@@ -473,8 +513,12 @@ impl Taking {
             .as_ref()
             .map_or(0, |t| t.installed.load(Ordering::Relaxed));
         if installed != 0 {
+            // An id of its own, as every served charge has: the take's id
+            // is the slice's charge on the store, whose marker its
+            // give-back settles under.
             d.charge = d.charge.map(|c| Charge {
                 slice: installed,
+                id: next_id(),
                 ..c
             });
         }
@@ -509,7 +553,7 @@ fn give_back_later(limiter: &RateLimiter, s: Slice) {
 /// since the take (the units were not counted there any more).
 async fn give_back(limiter: RateLimiter, s: Slice) {
     let used = s.used();
-    if used == s.charge.cost || s.revoked.load(Ordering::Acquire) != s.epoch {
+    if used == s.charge.cost || s.revocations.epoch(&s.subject) != s.epoch {
         return;
     }
     let digest = s.subject.digest();

@@ -191,7 +191,7 @@ impl RateLimiter {
                 "this charge was served from another limiter's quota lease".into(),
             ));
         };
-        if let Some(done) = leases.settle_in_slice(&subject, charge, actual, self.local_now()) {
+        if let Some(done) = leases.settle_in_slice(&subject, charge, actual, self.cache_now()) {
             return Ok(done);
         }
         let owed = Charge {
@@ -214,7 +214,7 @@ impl RateLimiter {
     ) -> std::result::Result<Decision, (bool, u64)> {
         match &self.inner.leases {
             Some(leases) => {
-                let now = self.local_now();
+                let now = self.cache_now();
                 match leases.serve(self, subject, cost, max_wait_micros, now) {
                     Served::Yes(d) => Ok(d),
                     Served::No { hot } => Err((hot, now)),
