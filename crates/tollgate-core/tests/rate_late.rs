@@ -131,3 +131,61 @@ async fn standalone_admissions_replied_too_late_are_given_back() {
         assert_eq!(d.remaining, 20, "{name}: {d:?}");
     }
 }
+
+/// A quota lease's take decided in time but replied after its caller gave
+/// up is given back whole: the check's cost and the slice it took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_replied_too_late_is_given_back() {
+    let server = RedisServer::start().unwrap();
+    let relay = ReplyDelay::start(&server.addr()).await.unwrap();
+    let cap = 100_000;
+    let leased = |backend: RedisBackend| {
+        RateLimiter::builder(backend, Algorithm::FixedWindow)
+            .quota(Quota::per_hour(cap))
+            .name("take")
+            .timeout(Duration::from_millis(100))
+            .failure_policy(FailurePolicy::Allow)
+            .quota_leases(
+                tollgate_core::QuotaLeases::default()
+                    .hot_checks(5)
+                    .target(Duration::from_secs(60))
+                    .max_age(Duration::from_secs(60)),
+            )
+            .build()
+            .unwrap()
+    };
+    let l = leased(RedisBackend::connect(&relay.url()).await.unwrap());
+    let peer = RateLimiter::builder(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Algorithm::FixedWindow,
+    )
+    .quota(Quota::per_hour(cap))
+    .name("take")
+    .build()
+    .unwrap();
+    // Unrelayed, the fifth check of a subject takes a slice: the sixth is
+    // served from it.
+    for _ in 0..5 {
+        l.check("control").await.unwrap();
+    }
+    assert_eq!(
+        l.check("control").await.unwrap().source,
+        DecisionSource::Lease
+    );
+    for _ in 0..4 {
+        assert_eq!(
+            l.check("late").await.unwrap().source,
+            DecisionSource::Backend
+        );
+    }
+    relay.set(Duration::from_millis(400));
+    let d = l.check("late").await.unwrap();
+    assert_eq!(d.source, DecisionSource::FailOpen, "{d:?}");
+    relay.set(Duration::ZERO);
+    let left = tollgate_testkit::eventually(Duration::from_secs(10), "given back", || async {
+        let left = peer.check_n("late", 0).await.ok()?.remaining;
+        (left == cap - 4).then_some(left)
+    })
+    .await;
+    assert_eq!(left, cap - 4);
+}

@@ -1,10 +1,12 @@
 //! Quota leases on a [`RedisBackend`]: one call of `lua/rate_lease.lua`
 //! over the algorithm's own check script (see [`scripts::lease`]).
 
+use futures_util::FutureExt;
 use redis::Value;
 
 use super::rate::{fill_args, fill_keys};
 use super::scripts;
+use super::unclaimed::Awaited;
 use super::RedisBackend;
 use crate::error::{Error, Result};
 use crate::store::{LeaseReply, LeaseSize, RateRequest};
@@ -12,7 +14,22 @@ use crate::store::{LeaseReply, LeaseSize, RateRequest};
 impl RedisBackend {
     /// Takes up to `size.want` units of the request's quotas (see
     /// [`RateBackend::lease_rate`](crate::store::RateBackend::lease_rate)).
+    /// The call owns a copy of its request: a caller that stops waiting
+    /// leaves it to a task that gives back what the take got, as a check's
+    /// round trip does.
     pub(super) async fn lease(&self, req: &RateRequest, size: LeaseSize) -> Result<LeaseReply> {
+        let (backend, request) = (self.clone(), req.clone());
+        let call = async move {
+            let reply = backend.take(&request, size).await;
+            (request, reply)
+        }
+        .boxed();
+        let home = self.coalescer.as_ref().and_then(|c| c.home());
+        Awaited::new(call, home).await
+    }
+
+    /// The take's round trip.
+    async fn take(&self, req: &RateRequest, size: LeaseSize) -> Result<LeaseReply> {
         let deadline = self.rate.deadline(req);
         let value = self
             .invoke(scripts::lease(req.algorithm), |cmd| {

@@ -14,26 +14,54 @@ use futures_util::FutureExt;
 use tokio::sync::oneshot;
 
 use crate::error::Result;
-use crate::store::{RateReply, RateRequest, Unclaimed};
+use crate::store::{LeaseReply, RateReply, RateRequest, Unclaimed};
 
 /// The longest a call nobody waits for is kept: a connection that hangs
 /// longer takes its replies with it (the charges stay).
 const KEPT_AT_MOST: Duration = Duration::from_secs(60);
 
 /// One call sent for a caller; dropped before its reply, it is finished by
-/// a task that gives back an admission (see the module).
-pub(crate) struct Awaited {
-    call: Option<OwnedCall>,
+/// a task that gives back what it took (see the module).
+pub(crate) struct Awaited<T: Taken = RateReply> {
+    call: Option<OwnedCall<T>>,
     home: Option<tokio::runtime::Handle>,
 }
 
 /// A call that owns its request and gives it back with the reply.
-pub(crate) type OwnedCall = BoxFuture<'static, (RateRequest, Result<RateReply>)>;
+pub(crate) type OwnedCall<T = RateReply> = BoxFuture<'static, (RateRequest, Result<T>)>;
 
-impl Awaited {
+/// A reply that may have taken units, which go back when nobody received
+/// it.
+pub(crate) trait Taken: Send + 'static {
+    /// What gives back what `self`, the reply to `request`, took.
+    fn give_back(&self, request: &RateRequest) -> Option<BoxFuture<'static, ()>>;
+}
+
+impl Taken for RateReply {
+    fn give_back(&self, request: &RateRequest) -> Option<BoxFuture<'static, ()>> {
+        Unclaimed::give_back(request, self)
+    }
+}
+
+impl Taken for LeaseReply {
+    /// A take charged the units it granted under the check's id; with none
+    /// granted, the reply is the check's own, of its cost.
+    fn give_back(&self, request: &RateRequest) -> Option<BoxFuture<'static, ()>> {
+        if self.granted == 0 {
+            return Unclaimed::give_back(request, &self.reply);
+        }
+        let taken = RateRequest {
+            cost: self.granted,
+            ..request.clone()
+        };
+        Unclaimed::give_back(&taken, &self.reply)
+    }
+}
+
+impl<T: Taken> Awaited<T> {
     /// Awaits `call` for its caller; `home`: where a call left by its
     /// caller is finished (else the current runtime).
-    pub(crate) fn new(call: OwnedCall, home: Option<tokio::runtime::Handle>) -> Self {
+    pub(crate) fn new(call: OwnedCall<T>, home: Option<tokio::runtime::Handle>) -> Self {
         Awaited {
             call: Some(call),
             home,
@@ -41,8 +69,8 @@ impl Awaited {
     }
 }
 
-impl Future for Awaited {
-    type Output = Result<RateReply>;
+impl<T: Taken> Future for Awaited<T> {
+    type Output = Result<T>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let call = self.call.as_mut().expect("polled after completion");
@@ -52,14 +80,16 @@ impl Future for Awaited {
     }
 }
 
-impl Drop for Awaited {
+impl<T: Taken> Drop for Awaited<T> {
     fn drop(&mut self) {
         let Some(call) = self.call.take() else {
             return;
         };
         spawn_at_home(self.home.take(), async move {
             if let Ok((request, Ok(reply))) = tokio::time::timeout(KEPT_AT_MOST, call).await {
-                give_back(&request, &reply).await;
+                if let Some(back) = reply.give_back(&request) {
+                    back.await;
+                }
             }
         });
     }
@@ -118,13 +148,6 @@ pub(crate) fn spawn_at_home(
 ) {
     if let Some(runtime) = home.or_else(|| tokio::runtime::Handle::try_current().ok()) {
         runtime.spawn(task);
-    }
-}
-
-/// Gives back what `reply` admitted for `request`, whose caller is gone.
-pub(crate) async fn give_back(request: &RateRequest, reply: &RateReply) {
-    if let Some(refund) = Unclaimed::give_back(request, reply) {
-        refund.await;
     }
 }
 
