@@ -130,7 +130,10 @@ impl Future for QueuedReply<'_> {
 
 impl Drop for QueuedReply<'_> {
     fn drop(&mut self) {
-        // A reply already read leaves nothing here.
+        // Closed first: a reply sent from now on fails and stays with its
+        // sender (which gives it back); one sent before is read here. A
+        // reply already read leaves nothing.
+        self.reply.close();
         let Ok(Ok(reply)) = self.reply.try_recv() else {
             return;
         };
