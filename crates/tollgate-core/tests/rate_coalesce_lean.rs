@@ -455,3 +455,25 @@ async fn the_largest_lean_call_answers_every_check() {
         }
     }
 }
+
+/// A limiter's clock past what a lean reply's doubles hold exactly (2^53
+/// µs) still gets decisions when its checks are coalesced, as single calls
+/// do: they go in the batch script's call, not a lean one.
+#[tokio::test(flavor = "current_thread")]
+async fn a_clock_past_exact_doubles_is_decided_coalesced() {
+    let server = server();
+    let backend = RedisBackend::from_connection(server.connection_manager().await);
+    let limiter = tollgate_core::RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(q(100, 3600))
+        .prefix(unique_prefix())
+        .clock(tollgate_core::ManualClock::new((1 << 53) + 10))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let answers =
+        futures_util::future::join_all((0..8).map(|i| limiter.check(format!("s{}", i % 3)))).await;
+    for a in answers {
+        let d = a.expect("a decision");
+        assert!(d.allowed, "{d:?}");
+    }
+}
