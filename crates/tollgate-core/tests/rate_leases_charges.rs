@@ -464,3 +464,46 @@ async fn a_slice_ages_on_the_stores_clock() {
     assert_eq!(admitted, 30);
     assert!(next <= 100, "{next} admitted in one window of 100");
 }
+
+/// A block ends the subject's slice, and the store, which still counts
+/// the slice's units, gets back the ones it did not serve.
+#[tokio::test]
+async fn a_block_gives_back_what_the_slice_did_not_serve() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(cap),
+            &clock,
+            long_leases(),
+        );
+        let subject = Subject::new("blocked");
+        let mut served = None;
+        for _ in 0..50 {
+            let d = limiter.check(subject.clone()).await.unwrap();
+            if d.source == DecisionSource::Lease {
+                served = d.charge;
+            }
+        }
+        let served = served.expect("a served charge");
+        // Ten more than the charge, held by the slice.
+        let s = limiter.settle(subject.clone(), &served, 11).await.unwrap();
+        assert!(s.applied, "{kind}: {s:?}");
+        limiter
+            .block(&subject, Duration::from_secs(3600))
+            .await
+            .unwrap();
+        let_spawned_run().await;
+        limiter.unblock(&subject).await.unwrap();
+        let left = tollgate_testkit::eventually(Duration::from_secs(10), "given back", || async {
+            let left = remaining(&peer, "blocked").await;
+            (left == cap - 60).then_some(left)
+        })
+        .await;
+        assert_eq!(left, cap - 60, "{kind}");
+    }
+}

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::lease::Revocation;
 use super::limiter::{Inner, Operated, BLOCK_KIND};
 use super::RateLimiter;
 use crate::error::{Error, Result};
@@ -80,7 +81,7 @@ impl RateLimiter {
             }
             // Whatever was missed may have been a reset or a block.
             if let Some(leases) = &inner.leases {
-                leases.revoke(None);
+                leases.revoke(None, Revocation::Unknown);
             }
             return;
         }
@@ -96,10 +97,10 @@ impl RateLimiter {
         if let Some(cache) = &inner.deny_cache {
             cache.remove(&self.keys_for(&subject)[0]);
         }
-        // A reset or block ends the subject's quota leases (their units were
-        // taken before it: not given back); an unblock leaves none to end.
-        if let (Some(leases), Action::Reset | Action::Block) = (&inner.leases, notice.action) {
-            leases.revoke(Some(&subject));
+        // A reset or block ends the subject's quota leases; an unblock
+        // leaves none to end.
+        if let (Some(leases), Some(why)) = (&inner.leases, revocation(notice.action)) {
+            leases.revoke(Some(&subject), why);
         }
         // The local fallback decides while the store is down: it gets the
         // same reset or block (its store is in process: done at once).
@@ -120,9 +121,9 @@ impl RateLimiter {
 
     /// Ends this instance's quota leases of `subject` at once (the others
     /// hear the action's message).
-    fn revoke_leases(&self, subject: &Subject) {
+    fn revoke_leases(&self, subject: &Subject, why: Revocation) {
         if let Some(leases) = &self.inner.leases {
-            leases.revoke(Some(subject));
+            leases.revoke(Some(subject), why);
         }
     }
 
@@ -237,7 +238,7 @@ impl RateLimiter {
         self.traced(Action::Reset, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store.delete(&self.keys_for(subject)).await?;
-            self.revoke_leases(subject);
+            self.revoke_leases(subject, Revocation::Reset);
             self.announce(Action::Reset, subject, None).await
         })
         .await
@@ -258,7 +259,7 @@ impl RateLimiter {
             store
                 .set_block(&self.block_key_for(subject), duration)
                 .await?;
-            self.revoke_leases(subject);
+            self.revoke_leases(subject, Revocation::Block);
             self.announce(Action::Block, subject, Some(duration)).await
         })
         .await
@@ -336,5 +337,14 @@ fn describe(limiter: &RateLimiter) -> LimiterInfo {
             })
             .collect(),
         traffic: None,
+    }
+}
+
+/// What an admin action does to its subject's quota leases, if anything.
+fn revocation(action: Action) -> Option<Revocation> {
+    match action {
+        Action::Reset => Some(Revocation::Reset),
+        Action::Block => Some(Revocation::Block),
+        Action::Unblock => None,
     }
 }

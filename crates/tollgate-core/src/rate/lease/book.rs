@@ -266,19 +266,44 @@ impl Leases {
         })
     }
 
-    /// Drops `subject`'s slice (every subject's, for `None`) without giving
-    /// it back, and voids the takes on their way.
-    pub(in crate::rate) fn revoke(&self, subject: Option<&Subject>) {
+    /// Ends `subject`'s slice (every subject's, for `None`) and voids the
+    /// takes on their way; what the slices took and owe becomes what
+    /// `why` says.
+    pub(in crate::rate) fn revoke(&self, subject: Option<&Subject>, why: Revocation) {
         let book = &self.book;
         book.revocations.revoke(subject);
-        let mut map = lock(&book.subjects);
-        match subject {
-            Some(s) => {
-                if let Some(t) = map.get_mut(s.as_encoded()) {
-                    t.slice = None;
-                }
+        let ended: Vec<Slice> = {
+            let mut map = lock(&book.subjects);
+            match subject {
+                Some(s) => map
+                    .get_mut(s.as_encoded())
+                    .and_then(|t| t.slice.take())
+                    .into_iter()
+                    .collect(),
+                None => map.values_mut().filter_map(|t| t.slice.take()).collect(),
             }
-            None => map.values_mut().for_each(|t| t.slice = None),
+        };
+        let settles: Vec<(Slice, u64)> = ended
+            .into_iter()
+            .filter_map(|s| {
+                let to = match why {
+                    Revocation::Reset => return None,
+                    Revocation::Block => s.used(),
+                    Revocation::Unknown => s.used().max(s.charge.cost),
+                };
+                (to != s.charge.cost).then_some((s, to))
+            })
+            .collect();
+        if settles.is_empty() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let returner = self.returner.clone();
+            runtime.spawn(async move {
+                for (s, to) in settles {
+                    settle_slice(&returner, s, to).await;
+                }
+            });
         }
     }
 
@@ -409,6 +434,20 @@ impl Book {
             DecisionSource::Lease,
         )
     }
+}
+
+/// Why slices are revoked, which says what becomes of the units they took
+/// and of the debts settled over their charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::rate) enum Revocation {
+    /// Their subject was reset: the store forgot what they took and owe.
+    Reset,
+    /// Their subject was blocked: the store still counts their units, so
+    /// the unused ones go back and the debts are charged.
+    Block,
+    /// A message may have been missed (it may have been a reset): their
+    /// debts are charged, their unused units are not given back.
+    Unknown,
 }
 
 /// A take on its way: the lease call of one check. Dropped, it lets the
@@ -556,8 +595,14 @@ async fn give_back(limiter: RateLimiter, s: Slice) {
     if used == s.charge.cost || s.revocations.epoch(&s.subject) != s.epoch {
         return;
     }
+    settle_slice(&limiter, s, used).await;
+}
+
+/// Settles the slice's charge on the store to `to` units (at most once:
+/// the charge's marker).
+async fn settle_slice(limiter: &RateLimiter, s: Slice, to: u64) {
     let digest = s.subject.digest();
-    match limiter.settle(s.subject, &s.charge, used).await {
+    match limiter.settle(s.subject, &s.charge, to).await {
         Ok(done) => {
             tracing::debug!(policy = limiter.keyspace().policy(), subject = %digest, left = s.left, applied = done.applied, "gave back a quota lease");
         }

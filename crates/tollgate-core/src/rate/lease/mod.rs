@@ -27,7 +27,7 @@ mod book;
 
 use std::time::Duration;
 
-pub(super) use book::{Leases, Taking};
+pub(super) use book::{Leases, Revocation, Taking};
 
 use futures_util::future::BoxFuture;
 
@@ -75,13 +75,17 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// Slices that aged out are given back once per 100 ms window by whichever
 /// check comes next (any subject's), without waiting for their own
 /// subject's, and their trackers are then evictable. A give-back not yet
-/// sent when any revocation is heard is skipped (the store may have been
-/// reset since the take); one already sent when a reset lands may still
-/// be applied after it, and a fixed window may then admit up to that
-/// slice's unused units more in the window of the reset.
+/// sent when a revocation of its subject is heard is skipped (the store
+/// may have been reset since the take); one already sent when a reset
+/// lands may still be applied after it, and a fixed window may then admit
+/// up to that slice's unused units more in the window of the reset.
 ///
-/// An operator's reset or block (and a missed admin message) drops the
-/// subject's slices on every instance, without giving them back.
+/// An operator's reset or block ends the subject's slices on every
+/// instance: after a reset nothing of them goes back (the store forgot
+/// what they took and owe); after a block, which leaves the quota counted,
+/// their unused units go back and their debts are charged. A possibly
+/// missed admin message (it may have been a reset) ends every slice: its
+/// debts are charged, its unused units are not given back.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
