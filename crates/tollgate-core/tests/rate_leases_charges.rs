@@ -465,6 +465,30 @@ async fn a_slice_ages_on_the_stores_clock() {
     assert!(next <= 100, "{next} admitted in one window of 100");
 }
 
+/// A hot subject's take that leases nothing (fewer units than a slice's
+/// least) reports what the store holds, for a check of cost 0 too.
+#[tokio::test]
+async fn a_take_that_leases_nothing_reports_the_stores_figures() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(1_000),
+            &clock,
+            long_leases(),
+        );
+        assert!(peer.check_n("few", 995).await.unwrap().allowed, "{kind}");
+        for _ in 0..10 {
+            let d = limiter.check_n("few", 0).await.unwrap();
+            assert_eq!(d.remaining, 5, "{kind}: {d:?}");
+        }
+        assert_eq!(remaining(&peer, "few").await, 5, "{kind}");
+    }
+}
+
 /// A block ends the subject's slice, and the store, which still counts
 /// the slice's units, gets back the ones it did not serve.
 #[tokio::test]

@@ -491,7 +491,8 @@ impl Taking {
     fn install(&self, lease: LeaseReply, request: &RateRequest) -> RateReply {
         let book = &self.book;
         let mut reply = lease.reply;
-        if !reply.allowed || lease.granted < request.cost {
+        // Nothing leased: the reply is the check's own, as the store says.
+        if !reply.allowed || lease.granted == 0 || lease.granted < request.cost {
             return reply;
         }
         let left = lease.granted - request.cost;
@@ -530,15 +531,16 @@ impl Taking {
             outcomes: reply.outcomes.clone(),
             charge,
         };
-        for o in &mut reply.outcomes {
-            o.remaining = left;
-        }
         let mut map = lock(&book.subjects);
-        // A revocation since the take was sent: its units are dropped.
+        // A revocation since the take was sent: its units are dropped, and
+        // the reply stays the store's.
         if left > 0 && book.revocations.epoch(&self.subject) == self.epoch {
             if let Some(t) = map.get_mut(self.subject.as_encoded()) {
                 self.installed.store(slice.id, Ordering::Relaxed);
                 t.slice = Some(slice);
+                for o in &mut reply.outcomes {
+                    o.remaining = left;
+                }
             }
         }
         reply
