@@ -531,3 +531,45 @@ async fn a_block_gives_back_what_the_slice_did_not_serve() {
         assert_eq!(left, cap - 60, "{kind}");
     }
 }
+
+/// A slice is given back once it has aged out though no check comes
+/// after it on its instance (its checks went elsewhere): units are held
+/// in slices for at most their age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aged_slice_is_given_back_with_no_check_after_it() {
+    let server = RedisServer::start().unwrap();
+    let standalone = RedisBackend::connect(&server.url()).await.unwrap();
+    let backends: [Backend; 2] = [MemoryBackend::new().into(), standalone.into()];
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let build = |b: tollgate_core::RateLimiterBuilder| {
+            b.quota(Quota::per_hour(cap))
+                .name("idle")
+                .timeout(Duration::from_secs(5))
+        };
+        let limiter = build(RateLimiter::builder(
+            backend.clone(),
+            Algorithm::FixedWindow,
+        ))
+        .quota_leases(long_leases().max_age(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+        let peer = build(RateLimiter::builder(backend, Algorithm::FixedWindow))
+            .build()
+            .unwrap();
+        for _ in 0..40 {
+            limiter.check("idle").await.unwrap();
+        }
+        assert!(
+            remaining(&peer, "idle").await < cap - 40,
+            "{kind}: a slice is held"
+        );
+        let left = tollgate_testkit::eventually(Duration::from_secs(10), "given back", || async {
+            let left = remaining(&peer, "idle").await;
+            (left == cap - 40).then_some(left)
+        })
+        .await;
+        assert_eq!(left, cap - 40, "{kind}");
+    }
+}

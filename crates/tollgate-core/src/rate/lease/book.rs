@@ -24,9 +24,6 @@ const WINDOW_MICROS: u64 = 100_000;
 /// A limiter's quota leases: cheap to share with the takes in flight.
 pub(in crate::rate) struct Leases {
     book: Arc<Book>,
-    /// The same policy without leases, registration or deny cache: gives
-    /// back what the slices hold once the limiter is dropped.
-    returner: RateLimiter,
 }
 
 struct Book {
@@ -41,6 +38,10 @@ struct Book {
     /// The revocations heard: a take sent before one of its subject
     /// installs nothing, a give-back sent after one is skipped.
     revocations: Arc<Revocations>,
+    /// The same policy without leases, registration or deny cache: gives
+    /// back what the slices hold when nobody checks (they aged out, the
+    /// limiter was dropped, they were revoked).
+    returner: RateLimiter,
 }
 
 /// The most subjects whose revocations are told apart; past it, the next
@@ -182,8 +183,8 @@ impl Leases {
                 subjects: Mutex::new(HashMap::new()),
                 swept: AtomicU64::new(u64::MAX),
                 revocations: Arc::default(),
+                returner,
             }),
-            returner,
         }
     }
 
@@ -298,7 +299,7 @@ impl Leases {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let returner = self.returner.clone();
+            let returner = self.book.returner.clone();
             runtime.spawn(async move {
                 for (s, to) in settles {
                     settle_slice(&returner, s, to).await;
@@ -365,7 +366,7 @@ impl Drop for Leases {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let returner = self.returner.clone();
+            let returner = self.book.returner.clone();
             runtime.spawn(async move {
                 for s in slices {
                     give_back(returner.clone(), s).await;
@@ -536,11 +537,13 @@ impl Taking {
         // the reply stays the store's.
         if left > 0 && book.revocations.epoch(&self.subject) == self.epoch {
             if let Some(t) = map.get_mut(self.subject.as_encoded()) {
-                self.installed.store(slice.id, Ordering::Relaxed);
+                let id = slice.id;
+                self.installed.store(id, Ordering::Relaxed);
                 t.slice = Some(slice);
                 for o in &mut reply.outcomes {
                     o.remaining = left;
                 }
+                end_when_aged(book, &self.subject, id, age);
             }
         }
         reply
@@ -574,6 +577,41 @@ impl Drop for Taking {
             t.taking = false;
         }
     }
+}
+
+/// Gives back slice `id` of `subject` once it has aged out (`age` µs),
+/// if it is still held then: an instance whose checks went elsewhere
+/// holds no units past a slice's age. A slice that is not yet aged on
+/// the decision clock then (a clock of its own) is left to the checks'
+/// sweep. Nothing without a runtime: the sweep alone.
+fn end_when_aged(book: &Arc<Book>, subject: &Subject, id: u64, age: u64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    // Weak: a timer keeps no limiter alive (its drop gives back the rest).
+    let (book, subject) = (Arc::downgrade(book), subject.clone());
+    runtime.spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_micros(age)).await;
+        let Some(book) = book.upgrade() else {
+            return;
+        };
+        let now = book.returner.cache_now();
+        let aged = {
+            let mut map = lock(&book.subjects);
+            map.get_mut(subject.as_encoded()).and_then(|t| {
+                t.slice
+                    .as_ref()
+                    .is_some_and(|s| s.id == id && now >= s.expires_at)
+                    .then(|| t.slice.take())
+                    .flatten()
+            })
+        };
+        if let Some(s) = aged {
+            if s.used() != s.charge.cost {
+                give_back(book.returner.clone(), s).await;
+            }
+        }
+    });
 }
 
 /// Gives back `s`'s unused units in the background (nothing without a

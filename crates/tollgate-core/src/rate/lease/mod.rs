@@ -72,9 +72,10 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// [`acquire`](RateLimiter::acquire) never leases nor is served from a
 /// slice: its wait and order are the store's.
 ///
-/// Slices that aged out are given back once per 100 ms window by whichever
-/// check comes next (any subject's), without waiting for their own
-/// subject's, and their trackers are then evictable. A give-back not yet
+/// A slice that aged out is given back by a timer set when it was taken
+/// (with a tokio runtime), even when no check comes after it; and once per
+/// 100 ms window by whichever check comes next (any subject's), which also
+/// makes idle trackers evictable. A give-back not yet
 /// sent when a revocation of its subject is heard is skipped (the store
 /// may have been reset since the take); one already sent when a reset
 /// lands may still be applied after it, and a fixed window may then admit
