@@ -22,7 +22,9 @@
 //! A batch is sent by a task of its own, so a caller that gives up (its
 //! timeout, a dropped future) takes nothing down with it; the task stops
 //! waiting for Redis once every check in the batch has given up, so a hung
-//! connection holds no turn for ever.
+//! connection holds no turn for ever. A check that goes out alone is sent
+//! by its caller's future, which gives the turn back when it is polled
+//! after the reply (see [`Coalescing`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::pin;
@@ -64,6 +66,14 @@ pub(crate) trait Sender: Clone + Send + Sync + 'static {
 
 /// How a [`RedisBackend`](crate::RedisBackend) coalesces rate-limit checks: on by default
 /// ([`Coalescing::default`]); [`Coalescing::off`] sends each check alone.
+///
+/// A check that finds its lane idle goes out at once from its own future
+/// (no task, no extra hop), and holds the lane's turn until that future is
+/// polled after the reply. Poll check futures to their end (`.await`,
+/// `join`, `select`): one left unpolled while its reply waits (one of many
+/// in a `buffer_unordered` whose consumer is busy) holds back the checks
+/// queued behind it until it is polled or dropped, or their own timeouts
+/// answer them by the failure policy.
 ///
 /// ```
 /// use tollgate::Coalescing;
