@@ -573,3 +573,70 @@ async fn an_aged_slice_is_given_back_with_no_check_after_it() {
         assert_eq!(left, cap - 40, "{kind}");
     }
 }
+
+/// A slice the sweep ends goes back even when the check that swept it is
+/// of a subject beyond the tracked ones (checked as a cold one).
+#[tokio::test]
+async fn a_swept_slice_goes_back_when_no_room_is_left() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let cap = 100_000;
+    let (limiter, peer) = pair(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+        Quota::per_hour(cap),
+        &clock,
+        long_leases()
+            .max_age(Duration::from_millis(50))
+            .tracked_subjects(1),
+    );
+    for _ in 0..40 {
+        limiter.check("a").await.unwrap();
+    }
+    assert!(remaining(&peer, "a").await < cap - 40, "a holds a slice");
+    // The next 100 ms window: a's slice aged, a's tracker still recent.
+    clock.advance(Duration::from_millis(110));
+    let d = limiter.check("b").await.unwrap();
+    assert_eq!(d.source, DecisionSource::Backend);
+    let_spawned_run().await;
+    assert_eq!(
+        remaining(&peer, "a").await,
+        cap - 40,
+        "a's slice given back"
+    );
+}
+
+/// A settle of a served charge replayed after its slice ended is refused,
+/// as the slice refused it: the debt is owed once.
+#[tokio::test]
+async fn a_settle_replayed_after_its_slice_ended_is_refused() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(cap),
+            &clock,
+            long_leases(),
+        );
+        let mut served = None;
+        for _ in 0..50 {
+            let d = limiter.check("replay").await.unwrap();
+            if d.source == DecisionSource::Lease {
+                served = d.charge;
+            }
+        }
+        let served = served.expect("a served charge");
+        assert!(limiter.settle("replay", &served, 5).await.unwrap().applied);
+        limiter.return_leases().await;
+        let before = remaining(&peer, "replay").await;
+        assert_eq!(before, cap - 54, "{kind}: 50 checks and 4 more");
+        let again = limiter.settle("replay", &served, 5).await.unwrap();
+        assert!(!again.applied, "{kind}: {again:?}");
+        let refund = limiter.refund("replay", &served).await.unwrap();
+        assert!(!refund, "{kind}");
+        assert_eq!(remaining(&peer, "replay").await, before, "{kind}");
+    }
+}

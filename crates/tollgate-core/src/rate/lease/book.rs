@@ -42,6 +42,44 @@ struct Book {
     /// back what the slices hold when nobody checks (they aged out, the
     /// limiter was dropped, they were revoked).
     returner: RateLimiter,
+    /// The served charges settled in slices that have ended.
+    retired: Retired,
+}
+
+/// The most ended slices whose settled charges are remembered; past it, a
+/// settle replayed after its slice ended may be applied again on the store.
+const RETIRED_SLICES: usize = 4096;
+
+/// The served charges settled in slices that have ended, by slice, kept as
+/// long as a settle of them could still apply on the store: a settle
+/// replayed after its slice ended is refused, as the slice refused it.
+#[derive(Default)]
+struct Retired {
+    slices: Mutex<HashMap<u64, (HashSet<u64>, u64)>>,
+}
+
+impl Retired {
+    /// Keeps what `s`, ending at `now`, settled until `until`.
+    fn keep(&self, s: &mut Slice, now: u64, until: u64) {
+        if s.settled.is_empty() {
+            return;
+        }
+        let mut map = lock(&self.slices);
+        if map.len() >= RETIRED_SLICES {
+            map.retain(|_, (_, kept)| *kept > now);
+        }
+        if map.len() < RETIRED_SLICES {
+            map.insert(s.id, (std::mem::take(&mut s.settled), until));
+        }
+    }
+
+    /// Whether `charge`, served from `slice`, was settled before its slice
+    /// ended.
+    fn settled(&self, slice: u64, charge: u64, now: u64) -> bool {
+        lock(&self.slices)
+            .get(&slice)
+            .is_some_and(|(ids, kept)| *kept > now && ids.contains(&charge))
+    }
 }
 
 /// The most subjects whose revocations are told apart; past it, the next
@@ -184,6 +222,7 @@ impl Leases {
                 swept: AtomicU64::new(u64::MAX),
                 revocations: Arc::default(),
                 returner,
+                retired: Retired::default(),
             }),
         }
     }
@@ -208,28 +247,19 @@ impl Leases {
             if book.swept.swap(w, Ordering::Relaxed) != w {
                 ended = sweep(&mut map, now, book.settings.subjects);
             }
-            let Some(t) = tracker(&mut map, subject, book) else {
-                return Served::No { hot: false };
+            // A subject beyond the tracked ones is checked as a cold one
+            // (the slices the sweep ended still go back).
+            let served = match tracker(&mut map, subject, book) {
+                None => Served::No { hot: false },
+                Some(t) => {
+                    t.count(now);
+                    serve_from(book, t, cost, max_wait_micros, now, &mut ended)
+                }
             };
-            t.count(now);
-            match &mut t.slice {
-                // A reservation is the store's to order: never served from
-                // a slice, never leased.
-                _ if max_wait_micros > 0 => Served::No { hot: false },
-                Some(s) if now < s.expires_at && s.left >= cost => {
-                    s.left -= cost;
-                    let mut d = book.decision(s, now);
-                    d.charge = (cost > 0).then(|| s.served(cost));
-                    Served::Yes(d)
-                }
-                Some(_) => {
-                    ended.extend(t.slice.take());
-                    Served::No { hot: true }
-                }
-                None => Served::No {
-                    hot: !t.taking && t.seen() >= u64::from(book.settings.hot_checks),
-                },
+            for s in &mut ended {
+                book.retire(s, now);
             }
+            served
         };
         for s in ended {
             give_back_later(limiter, s);
@@ -273,16 +303,19 @@ impl Leases {
     pub(in crate::rate) fn revoke(&self, subject: Option<&Subject>, why: Revocation) {
         let book = &self.book;
         book.revocations.revoke(subject);
+        let now = book.returner.cache_now();
         let ended: Vec<Slice> = {
             let mut map = lock(&book.subjects);
-            match subject {
+            let mut ended: Vec<Slice> = match subject {
                 Some(s) => map
                     .get_mut(s.as_encoded())
                     .and_then(|t| t.slice.take())
                     .into_iter()
                     .collect(),
                 None => map.values_mut().filter_map(|t| t.slice.take()).collect(),
-            }
+            };
+            ended.iter_mut().for_each(|s| book.retire(s, now));
+            ended
         };
         let settles: Vec<(Slice, u64)> = ended
             .into_iter()
@@ -319,10 +352,19 @@ impl Leases {
         charge: &Charge,
         actual: u64,
         now: u64,
-    ) -> Option<Settlement> {
+    ) -> InSlice {
         let mut map = lock(&self.book.subjects);
-        let s = map.get_mut(subject.as_encoded())?.slice.as_mut();
-        let s = s.filter(|s| s.id == charge.slice)?;
+        let live = map
+            .get_mut(subject.as_encoded())
+            .and_then(|t| t.slice.as_mut())
+            .filter(|s| s.id == charge.slice);
+        let Some(s) = live else {
+            return if self.book.retired.settled(charge.slice, charge.id, now) {
+                InSlice::SettledBefore
+            } else {
+                InSlice::Ended
+            };
+        };
         let applied = actual != charge.cost && s.settled.insert(charge.id);
         if applied && actual < charge.cost {
             let back = charge.cost - actual;
@@ -337,14 +379,17 @@ impl Leases {
         }
         let mut decision = self.book.decision(s, now);
         decision.allowed = s.extra == 0;
-        Some(Settlement { applied, decision })
+        InSlice::Settled(Settlement { applied, decision })
     }
 
     /// Gives back every slice's unused units, and waits for it.
     pub(in crate::rate) async fn return_all(&self, limiter: &RateLimiter) {
+        let now = limiter.cache_now();
         let slices: Vec<Slice> = {
             let mut map = lock(&self.book.subjects);
-            map.values_mut().filter_map(|t| t.slice.take()).collect()
+            let mut slices: Vec<Slice> = map.values_mut().filter_map(|t| t.slice.take()).collect();
+            slices.iter_mut().for_each(|s| self.book.retire(s, now));
+            slices
         };
         let backs = slices.into_iter().map(|s| give_back(limiter.clone(), s));
         futures_util::future::join_all(backs).await;
@@ -373,6 +418,37 @@ impl Drop for Leases {
                 }
             });
         }
+    }
+}
+
+/// Serves a check of `cost` from `t`'s slice when it is live and holds the
+/// cost; else ends a slice that aged out or holds too little (into
+/// `ended`) and tells whether the subject is hot enough to lease.
+fn serve_from(
+    book: &Book,
+    t: &mut Tracker,
+    cost: u64,
+    max_wait_micros: u64,
+    now: u64,
+    ended: &mut Vec<Slice>,
+) -> Served {
+    match &mut t.slice {
+        // A reservation is the store's to order: never served from
+        // a slice, never leased.
+        _ if max_wait_micros > 0 => Served::No { hot: false },
+        Some(s) if now < s.expires_at && s.left >= cost => {
+            s.left -= cost;
+            let mut d = book.decision(s, now);
+            d.charge = (cost > 0).then(|| s.served(cost));
+            Served::Yes(d)
+        }
+        Some(_) => {
+            ended.extend(t.slice.take());
+            Served::No { hot: true }
+        }
+        None => Served::No {
+            hot: !t.taking && t.seen() >= u64::from(book.settings.hot_checks),
+        },
     }
 }
 
@@ -409,7 +485,30 @@ fn sweep(map: &mut HashMap<String, Tracker>, now: u64, most: usize) -> Vec<Slice
     aged
 }
 
+/// Where a settle of a served charge belongs (see
+/// [`Leases::settle_in_slice`]).
+// Moved, not boxed, as `Served`: settles of served charges are frequent.
+#[allow(clippy::large_enum_variant)]
+pub(in crate::rate) enum InSlice {
+    /// Settled in its live slice.
+    Settled(Settlement),
+    /// Its slice ended after settling it: a replay, refused.
+    SettledBefore,
+    /// Its slice ended without settling it: the store's.
+    Ended,
+}
+
 impl Book {
+    /// Keeps what the slice `s`, ending at `now` (local time), settled, as
+    /// long as a settle over its charges could apply on the store: the
+    /// charge's refund span or the longest quota period, whichever is
+    /// longer.
+    fn retire(&self, s: &mut Slice, now: u64) {
+        let longest = self.quotas.iter().map(|q| q.period_micros()).max();
+        let keep = s.charge.span_micros.max(longest.unwrap_or(0));
+        self.retired.keep(s, now, now.saturating_add(keep));
+    }
+
     /// A check served from `s` at `now`: what this instance knows — the
     /// units left in the slice, the store's times as of the take less the
     /// time since.
@@ -598,13 +697,17 @@ fn end_when_aged(book: &Arc<Book>, subject: &Subject, id: u64, age: u64) {
         let now = book.returner.cache_now();
         let aged = {
             let mut map = lock(&book.subjects);
-            map.get_mut(subject.as_encoded()).and_then(|t| {
+            let mut aged = map.get_mut(subject.as_encoded()).and_then(|t| {
                 t.slice
                     .as_ref()
                     .is_some_and(|s| s.id == id && now >= s.expires_at)
                     .then(|| t.slice.take())
                     .flatten()
-            })
+            });
+            if let Some(s) = &mut aged {
+                book.retire(s, now);
+            }
+            aged
         };
         if let Some(s) = aged {
             if s.used() != s.charge.cost {

@@ -27,7 +27,7 @@ mod book;
 
 use std::time::Duration;
 
-pub(super) use book::{Leases, Revocation, Taking};
+pub(super) use book::{InSlice, Leases, Revocation, Taking};
 
 use futures_util::future::BoxFuture;
 
@@ -63,8 +63,10 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// Once the slice has ended, a settle over the charge is a debt on the
 /// store at once, and a give-back is dropped (`applied == false`: an
 /// under-admission, never an over-admission). Each served charge is
-/// settled at most once while its slice lives, and a debt on the store at
-/// most once afterwards.
+/// settled at most once, whether its slice lives or has ended: a settle
+/// replayed after its slice ended is refused as long as a settle could
+/// still apply on the store (for up to 4 096 ended slices that settled
+/// charges at once; past that, the oldest may be settled again).
 ///
 /// A check whose take installs no slice (too few units were available: it
 /// was an ordinary check of its cost) carries its own charge on the store,
@@ -196,14 +198,22 @@ impl RateLimiter {
                 "this charge was served from another limiter's quota lease".into(),
             ));
         };
-        if let Some(done) = leases.settle_in_slice(&subject, charge, actual, self.cache_now()) {
-            return Ok(done);
-        }
+        let replayed = match leases.settle_in_slice(&subject, charge, actual, self.cache_now()) {
+            InSlice::Settled(done) => return Ok(done),
+            InSlice::SettledBefore => true,
+            InSlice::Ended => false,
+        };
         let owed = Charge {
             cost: 0,
             slice: 0,
             ..*charge
         };
+        if replayed {
+            // The store's figures (a settle that changes nothing), refused.
+            let mut done = Box::pin(self.settle_charge(subject, &owed, 0)).await?;
+            done.applied = false;
+            return Ok(done);
+        }
         let more = actual.saturating_sub(charge.cost);
         Box::pin(self.settle_charge(subject, &owed, more)).await
     }
