@@ -24,10 +24,14 @@
 //! than the limit into some period-long window.
 
 mod book;
+mod revoke;
+mod take;
 
 use std::time::Duration;
 
-pub(super) use book::{InSlice, Leases, Revocation, Taking};
+pub(super) use book::{InSlice, Leases};
+pub(super) use revoke::Revocation;
+pub(super) use take::Taking;
 
 use futures_util::future::BoxFuture;
 

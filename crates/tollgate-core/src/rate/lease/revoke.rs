@@ -1,0 +1,105 @@
+//! What an instance remembers of revocations ([`Revocations`]: a reset or
+//! block of one subject, or of every subject when a message may have been
+//! missed) and of the slices that ended ([`Retired`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::keyspace::Subject;
+
+/// Why slices are revoked, which says what becomes of the units they took
+/// and of the debts settled over their charges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::rate) enum Revocation {
+    /// Their subject was reset: the store forgot what they took and owe.
+    Reset,
+    /// Their subject was blocked: the store still counts their units, so
+    /// the unused ones go back and the debts are charged.
+    Block,
+    /// A message may have been missed (it may have been a reset): their
+    /// debts are charged, their unused units are not given back.
+    Unknown,
+}
+
+/// The most ended slices whose settled charges are remembered; past it, a
+/// settle replayed after its slice ended may be applied again on the store.
+pub(super) const RETIRED_SLICES: usize = 4096;
+
+/// The served charges settled in slices that have ended, by slice, kept as
+/// long as a settle of them could still apply on the store: a settle
+/// replayed after its slice ended is refused, as the slice refused it.
+#[derive(Default)]
+pub(super) struct Retired {
+    slices: Mutex<HashMap<u64, (HashSet<u64>, u64)>>,
+}
+
+impl Retired {
+    /// Keeps the charges `settled` in `slice`, which ended at `now`, until
+    /// `until`.
+    pub(super) fn keep(&self, slice: u64, settled: HashSet<u64>, now: u64, until: u64) {
+        if settled.is_empty() {
+            return;
+        }
+        let mut map = lock(&self.slices);
+        if map.len() >= RETIRED_SLICES {
+            map.retain(|_, (_, kept)| *kept > now);
+        }
+        if map.len() < RETIRED_SLICES {
+            map.insert(slice, (settled, until));
+        }
+    }
+
+    /// Whether `charge`, served from `slice`, was settled before its slice
+    /// ended.
+    pub(super) fn settled(&self, slice: u64, charge: u64, now: u64) -> bool {
+        lock(&self.slices)
+            .get(&slice)
+            .is_some_and(|(ids, kept)| *kept > now && ids.contains(&charge))
+    }
+}
+
+/// The most subjects whose revocations are told apart; past it, the next
+/// one counts as a revocation of every subject (admin actions are rare).
+pub(super) const REVOKED_SUBJECTS: usize = 4096;
+
+/// Revocations heard, per subject and of every subject: a reset or block
+/// of one subject leaves the others' takes and give-backs alone.
+#[derive(Default)]
+pub(super) struct Revocations {
+    all: AtomicU64,
+    subjects: Mutex<HashMap<String, u64>>,
+}
+
+/// Where a take or a slice stands in the revocations of its subject: a
+/// revocation since changes it.
+pub(super) type Epoch = (u64, u64);
+
+impl Revocations {
+    pub(super) fn epoch(&self, subject: &Subject) -> Epoch {
+        let one = lock(&self.subjects)
+            .get(subject.as_encoded())
+            .copied()
+            .unwrap_or(0);
+        (self.all.load(Ordering::Acquire), one)
+    }
+
+    pub(super) fn revoke(&self, subject: Option<&Subject>) {
+        let Some(subject) = subject else {
+            self.all.fetch_add(1, Ordering::AcqRel);
+            return;
+        };
+        let mut map = lock(&self.subjects);
+        if map.len() >= REVOKED_SUBJECTS && !map.contains_key(subject.as_encoded()) {
+            map.clear();
+            self.all.fetch_add(1, Ordering::AcqRel);
+        }
+        *map.entry(subject.as_encoded().to_owned()).or_insert(0) += 1;
+    }
+}
+
+/// Locks `m`, taking over a lock poisoned by a panic elsewhere (as the
+/// rest of the crate does).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
