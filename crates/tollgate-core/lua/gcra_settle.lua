@@ -35,7 +35,7 @@ if applied then
       end
     else
       tat = math.max(tat or 0, 0)
-      local most = math.min((ARGV[7 + 2 * i] + debt_of(i)) * interval, MOST_AHEAD * per)
+      local most = math.min((ARGV[7 + 2 * i] + debt_of(i)) * interval, most_ahead(per))
       tat = math.min(tat + owe * interval, math.max(tat, most))
       redis.call('SET', key, instant(tat, per), 'PX',
         string.format('%d', math.max(math.ceil(ceil_us(tat, per) / 1000), 1)))

@@ -44,9 +44,14 @@ local function still_held(i, give, interval, per)
   if left <= 0 then return 0 end
   return math.min(give * interval, left * per)
 end
--- The furthest ahead of now a debt may move a bucket's instant (µs, 2^40,
--- about 12 days): stored instants stay exact (below 2^53).
-local MOST_AHEAD = 1099511627776
+-- The furthest ahead of now a debt may move a bucket's instant: 2^40 µs
+-- (about 12 days), and at most 2^51 units of 1/per µs, so that a stored
+-- instant is read back (stored_instant reads none 2^52 units or more from
+-- now, and a quota whose unit is a small fraction of a µs reaches that
+-- well before 2^40 µs).
+local function most_ahead(per)
+  return math.min(1099511627776 * per, 2251799813685248)
+end
 -- Rewrites a window's value under its current TTL (KEEPTTL needs Redis 6).
 local function rewrite(key, value)
   local pttl = redis.call('PTTL', key)

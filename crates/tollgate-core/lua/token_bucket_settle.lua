@@ -36,7 +36,7 @@ if applied then
       end
     else
       empty = math.max(empty or -full, -full)
-      local most = math.min(debt_of(i) * interval, MOST_AHEAD * per - full)
+      local most = math.min(debt_of(i) * interval, most_ahead(per) - full)
       empty = math.min(empty + owe * interval, math.max(empty, most))
       redis.call('SET', key, instant(empty, per), 'PX',
         string.format('%d', math.max(math.ceil(ceil_us(empty + full, per) / 1000), 1)))

@@ -376,3 +376,31 @@ async fn a_huge_debt_is_kept_and_bounded() {
         }
     }
 }
+
+/// A bucket's huge debt is kept on a quota whose time unit is a small
+/// fraction of a µs (10 007 per minute: 1/10 007 µs), where 2^40 µs ahead
+/// is beyond the 2^52 units a stored instant is read within: the debt is
+/// bounded to what is read back, so it is kept on Redis as in memory.
+#[tokio::test]
+async fn a_huge_debt_is_kept_on_a_fine_unit() {
+    for kind in KINDS {
+        for alg in [Algorithm::Gcra, Algorithm::TokenBucket] {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::new(T0);
+            let t = Target::new(kind, &clock).await;
+            let quota = Quota::per_minute(10_007).with_burst(10_007).unwrap();
+            for debt in [u64::MAX, 100_000_000] {
+                let l = limiter(&t, alg, &[quota], &prefix(), &clock, Some(debt));
+                let a = l.check_n("s", 1).await.unwrap();
+                let s = l.settle("s", &a.charge.unwrap(), u64::MAX).await.unwrap();
+                assert!(s.applied, "{what}");
+                assert!(!s.decision.allowed, "{what} {debt}: in debt {s:?}");
+                let next = l.check_n("s", 1).await.unwrap();
+                assert!(
+                    next.is_denied(),
+                    "{what} {debt}: the debt was kept {next:?}"
+                );
+            }
+        }
+    }
+}

@@ -162,7 +162,9 @@ impl RateLimiterBuilder {
     /// every overrun: a settle then only gives back. At most
     /// [`MAX_LOG_LIMIT`](super::MAX_LOG_LIMIT) for the sliding log (one
     /// entry per unit owed) and 2^40 for the others; a bucket's debt also
-    /// ends at most 2^40 µs (about 12 days) ahead.
+    /// ends at most 2^40 µs (about 12 days) ahead, and sooner on a quota
+    /// whose rate divides a µs into more than 2^11 parts (2^51 of them:
+    /// about 2.6 days for 10 007 per minute).
     pub fn max_debt(mut self, units: u64) -> Self {
         self.max_debt = Some(units);
         self

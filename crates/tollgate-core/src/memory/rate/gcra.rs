@@ -7,8 +7,7 @@
 //! ([`Interval`]): no rate is rounded.
 
 use super::{
-    ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
-    MOST_AHEAD_MICROS,
+    ceil_micros, div_euclid, most_ahead, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
 };
 use crate::quota::Interval;
 
@@ -80,8 +79,7 @@ pub(crate) fn settle(
         tat
     } else {
         let tat = tat.unwrap_or(0).max(0);
-        let most = ((i128::from(burst) + i128::from(s.debt)) * interval)
-            .min(MOST_AHEAD_MICROS * i128::from(per));
+        let most = ((i128::from(burst) + i128::from(s.debt)) * interval).min(most_ahead(per));
         (tat + i128::from(s.owe()) * interval).min(tat.max(most))
     };
     *slot = Some(Slot::At(Instant::at(s.now, tat, per)));

@@ -8,8 +8,7 @@
 //! (≤ 0) while it counts.
 
 use super::{
-    ceil_micros, div_euclid, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
-    MOST_AHEAD_MICROS,
+    ceil_micros, div_euclid, most_ahead, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
 };
 use crate::quota::Interval;
 
@@ -95,7 +94,7 @@ pub(crate) fn settle(
         empty
     } else {
         let empty = empty.unwrap_or(-full).max(-full);
-        let most = (i128::from(s.debt) * interval).min(MOST_AHEAD_MICROS * i128::from(per) - full);
+        let most = (i128::from(s.debt) * interval).min(most_ahead(per) - full);
         (empty + i128::from(s.owe()) * interval).min(empty.max(most))
     };
     *slot = Some(Slot::At(Instant::at(s.now, empty, per)));

@@ -107,9 +107,13 @@ pub(crate) struct Settle {
     pub(crate) span: u64,
 }
 
-/// The furthest ahead of now a debt may move a bucket's instant (µs, 2^40,
-/// about 12 days), as the settle scripts bound it.
-pub(crate) const MOST_AHEAD_MICROS: i128 = 1 << 40;
+/// The furthest ahead of now a debt may move a bucket's instant, in units
+/// of 1/`per` µs: 2^40 µs (about 12 days), and at most 2^51 units, so that
+/// the instant is read back (none is read 2^52 units or more from now), as
+/// `settle_prelude.lua`'s `most_ahead`.
+pub(crate) fn most_ahead(per: u64) -> i128 {
+    ((1i128 << 40) * i128::from(per)).min(1 << 51)
+}
 
 impl Settle {
     /// Units to give back (under the estimate).
