@@ -78,13 +78,16 @@ impl LeaseGuard {
         let Some(lost) = self.lost.as_mut() else {
             return false;
         };
-        if Pin::new(lost).poll(cx).is_pending() {
+        // The deadline too: the watchdog that signals a loss may not have
+        // run yet.
+        let signalled = Pin::new(lost).poll(cx).is_ready();
+        if !self.lease.as_ref().is_some_and(Lease::is_lost) {
+            if signalled {
+                self.lost = None;
+            }
             return false;
         }
         self.lost = None;
-        if !self.lease.as_ref().is_some_and(Lease::is_lost) {
-            return false;
-        }
         self.gate.lost(self.cancel);
         self.cancel
     }

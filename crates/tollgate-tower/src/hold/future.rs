@@ -172,31 +172,56 @@ where
                     shared,
                 } => {
                     // The lease first: once it is lost, the handler must not
-                    // run another step.
+                    // run another step. Its deadline is read too: the
+                    // watchdog that signals a loss may not have run yet (a
+                    // starved runtime, a handler that blocked the thread).
                     if let Some(l) = lost.as_mut() {
-                        if Pin::new(l).poll(cx).is_ready() {
+                        let signalled = Pin::new(l).poll(cx).is_ready();
+                        if lease.as_ref().is_some_and(Lease::is_lost) {
                             *lost = None;
-                            if lease.as_ref().is_some_and(Lease::is_lost) {
-                                let Some(head) = head.take() else {
-                                    // OnLeaseLost::Continue: reported, not cancelled.
-                                    shared.gate.lost(false);
-                                    continue;
-                                };
-                                shared.gate.lost(true);
-                                let response =
-                                    shared.answer.reject(&head, shared.gate.lost_rejection());
-                                // Dropping the state drops the inner future.
-                                this.state.set(State::Reply {
-                                    reply: Reply::new(response),
-                                });
+                            let Some(head) = head.take() else {
+                                // OnLeaseLost::Continue: reported, not cancelled.
+                                shared.gate.lost(false);
                                 continue;
-                            }
+                            };
+                            shared.gate.lost(true);
+                            let response =
+                                shared.answer.reject(&head, shared.gate.lost_rejection());
+                            // Dropping the state drops the inner future.
+                            this.state.set(State::Reply {
+                                reply: Reply::new(response),
+                            });
+                            continue;
+                        }
+                        if signalled {
+                            // Released: nothing to watch any more.
+                            *lost = None;
                         }
                     }
                     let outcome = ready!(fut.poll(cx));
                     let Some(lease) = lease.take() else {
                         return Poll::Ready(outcome.map(|r| r.map(ResponseBody::new)));
                     };
+                    // The handler's last step may have run past the lease's
+                    // deadline: its answer was not made under the lock.
+                    if lost.is_some() && lease.is_lost() {
+                        *lost = None;
+                        match head.take() {
+                            Some(head) => {
+                                shared.gate.lost(true);
+                                let response =
+                                    shared.answer.reject(&head, shared.gate.lost_rejection());
+                                // A lost lease holds nothing to release
+                                // (its drop ends its watchdog).
+                                drop(lease);
+                                this.state.set(State::Reply {
+                                    reply: Reply::new(response),
+                                });
+                                continue;
+                            }
+                            None => shared.gate.lost(false),
+                        }
+                    }
                     let response = match outcome {
                         Ok(response) => response,
                         Err(e) => {
