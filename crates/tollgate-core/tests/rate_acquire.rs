@@ -467,3 +467,54 @@ async fn twins_reserve_as_the_scripts_do() {
         }
     }
 }
+
+/// The block read at a reserved slot is bounded by the limiter's timeout,
+/// as every round trip of a check: on a connection with no response
+/// timeout of its own, a Redis frozen while the waiter waits for its slot
+/// does not hang the waiter (its slot is kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_store_at_the_slot_does_not_hang_the_waiter() {
+    let server = tollgate_testkit::RedisServer::start().unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let l = RateLimiter::builder(RedisBackend::from_connection(conn), Algorithm::Gcra)
+        .quota(tenth())
+        .name("frozen")
+        .timeout(Duration::from_millis(50))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let peer = RateLimiter::builder(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+        Algorithm::Gcra,
+    )
+    .quota(tenth())
+    .name("frozen")
+    .deny_cache(0)
+    .build()
+    .unwrap();
+    assert!(
+        l.acquire("s", 1, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let waiter = {
+        let l = l.clone();
+        tokio::spawn(async move { l.acquire("s", 1, Duration::from_secs(1)).await })
+    };
+    // Reserved: the subject is full again only two intervals ahead.
+    until(&peer, "s", "the waiter reserved", |d| {
+        d.reset_after > 150 * MS
+    })
+    .await;
+    server.pause();
+    let done = tokio::time::timeout(Duration::from_secs(3), waiter).await;
+    server.resume();
+    let d = done.expect("the waiter hung").unwrap().unwrap();
+    assert!(d.allowed, "{d:?}");
+}

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{Charge, Decision, DecisionSource, RateLimiter};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keyspace::Subject;
 
 /// The longest wait a store is asked to reserve (µs, about 12 days): the
@@ -147,7 +147,8 @@ impl RateLimiter {
     }
 
     /// Whether `subject` is blocked now, on a store that holds blocks (one
-    /// read of its block key); a failed read lets the reserved slot go.
+    /// read of its block key, bounded by the limiter's timeout); a failed
+    /// read keeps the reserved slot.
     async fn blocked_at_slot(&self, subject: &Subject) -> bool {
         if !self
             .inner
@@ -157,7 +158,10 @@ impl RateLimiter {
         {
             return false;
         }
-        match self.blocked_for(subject).await {
+        // Bounded as every round trip of a check: a store that hangs lets
+        // the slot be kept, not the waiter hang.
+        let read = tokio::time::timeout(self.inner.timeout, self.blocked_for(subject)).await;
+        match read.unwrap_or(Err(Error::Timeout(self.inner.timeout))) {
             Ok(left) => left.is_some(),
             Err(e) => {
                 tracing::debug!(policy = self.inner.keyspace.policy(), error = %e, "could not read the block at a reserved slot");
