@@ -246,6 +246,32 @@ async fn a_block_is_capped(fleet: Fleet) {
     );
 }
 
+/// A `Retry-After` beyond any number of seconds, under a cap beyond the
+/// year a limiter blocks at most: the block is the longest one the
+/// limiter takes, never none.
+async fn the_longest_block_is_kept_within_a_year(fleet: Fleet) {
+    let huge = "99999999999999999999999";
+    let upstream = Upstream::start(First::new(429, &[("retry-after", huge)]), &[]).await;
+    let prefix = unique("pace");
+    let quota = Quota::per_second(100);
+    let uri = upstream.uri("/");
+    let layer = |backend: &Backend| {
+        PaceLayer::new(budget(backend, &prefix, quota))
+            .max_block(Duration::from_secs(400 * 86_400))
+            .max_wait(Duration::ZERO)
+    };
+    let a = layer(&fleet.a).layer(client());
+    let b = layer(&fleet.b).layer(client());
+
+    assert_eq!(call(&a, &uri, "a").await.unwrap(), 429);
+    let wait = throttled(call(&b, &uri, "b").await).retry_after().unwrap();
+    let year = tollgate_core::admin::LONGEST_BLOCK;
+    assert!(
+        wait > year - Duration::from_secs(60) && wait <= year,
+        "{wait:?}"
+    );
+}
+
 /// A call whose slot is further off than `max_wait` is refused at once
 /// with the honest wait, and never made; one within it waits for its slot.
 async fn a_slot_beyond_max_wait_is_throttled(fleet: Fleet) {
@@ -421,6 +447,7 @@ on_every_backend!(memory, redis, cluster; [
     an_exhausted_ratelimit_header_blocks,
     retry_after_as_an_http_date_blocks,
     a_block_is_capped,
+    the_longest_block_is_kept_within_a_year,
     a_slot_beyond_max_wait_is_throttled,
     the_clients_errors_pass_through,
     settle_from_settles_to_the_reported_cost,

@@ -100,9 +100,14 @@ impl<K, C> PaceLayer<K, C> {
     }
 
     /// The longest block a response can set (default 10 min): a longer wait
-    /// asked for is cut to it.
+    /// asked for is cut to it. Kept between 1 ms and
+    /// [`LONGEST_BLOCK`](tollgate_core::admin::LONGEST_BLOCK), the blocks a
+    /// limiter accepts (turn learning off with [`learn`](Self::learn)).
     pub fn max_block(mut self, max_block: Duration) -> Self {
-        self.shared.max_block = max_block;
+        self.shared.max_block = max_block.clamp(
+            Duration::from_millis(1),
+            tollgate_core::admin::LONGEST_BLOCK,
+        );
         self
     }
 

@@ -14,6 +14,10 @@ use crate::rate_limit::decimal;
 /// number of seconds from now.
 const EPOCH_RESET_FROM: u64 = 1_000_000_000;
 
+/// A reset this large is a Unix time in milliseconds (no time in seconds
+/// reaches it before the year 33 000).
+const EPOCH_MILLIS_FROM: u64 = 1_000_000_000_000;
+
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
@@ -46,6 +50,10 @@ fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if let Some(secs) = decimal(value) {
         return Some(Duration::from_secs(secs));
     }
+    // Digits beyond any u64: as long as can be (the block is cut anyway).
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::MAX);
+    }
     let at = httpdate::parse_http_date(value).ok()?;
     // A date already past asks for no wait.
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
@@ -76,7 +84,8 @@ fn exhausted_ratelimit(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset` in seconds from now
-/// (or, when as large as a Unix time, the instant of the reset).
+/// (or, when as large as a Unix time, the instant of the reset, in seconds
+/// or milliseconds).
 fn exhausted_legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let remaining = decimal(headers.get(X_REMAINING)?.to_str().ok()?.trim())?;
     if remaining != 0 {
@@ -86,7 +95,12 @@ fn exhausted_legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if reset < EPOCH_RESET_FROM {
         return Some(Duration::from_secs(reset));
     }
-    let at = UNIX_EPOCH.checked_add(Duration::from_secs(reset))?;
+    let since_epoch = if reset >= EPOCH_MILLIS_FROM {
+        Duration::from_millis(reset)
+    } else {
+        Duration::from_secs(reset)
+    };
+    let at = UNIX_EPOCH.checked_add(since_epoch)?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
@@ -117,6 +131,9 @@ mod tests {
         assert_eq!(wait(429, &[("retry-after", "2")]), Some(2));
         assert_eq!(wait(503, &[("retry-after", "120")]), Some(120));
         assert_eq!(wait(200, &[("retry-after", "2")]), None);
+        // More seconds than a u64 holds: the longest wait, not none.
+        let huge = "99999999999999999999999";
+        assert_eq!(wait(429, &[("retry-after", huge)]), Some(u64::MAX));
         assert_eq!(wait(301, &[("retry-after", "2")]), None);
         assert_eq!(wait(429, &[]), None);
         for bad in ["", "0", "-1", "+2", "1.5", "soon", "2 s"] {
@@ -177,6 +194,9 @@ mod tests {
         // A Unix time (GitHub's form).
         let epoch = (NOW + 60).to_string();
         assert_eq!(wait(403, &h("0", &epoch)), Some(60));
+        // A Unix time in milliseconds.
+        let millis = ((NOW + 60) * 1000).to_string();
+        assert_eq!(wait(200, &h("0", &millis)), Some(60));
         assert_eq!(wait(200, &h("0", "1.5")), None);
         assert_eq!(wait(200, &[("x-ratelimit-remaining", "0")]), None);
     }
