@@ -45,6 +45,50 @@ impl Clock for SystemClock {
     }
 }
 
+/// The wall clock read once, then this process's monotonic clock: µs
+/// since the Unix epoch that never step when the wall clock does (an NTP
+/// step, a resumed virtual machine). What an in-process store is timed by
+/// by default ([`MemoryBackend::new`](crate::MemoryBackend::new)): its
+/// lock and permit expiries then agree with the leases' safe deadlines,
+/// which are monotonic, so a wall-clock step never lets a second holder in.
+///
+/// ```
+/// use tollgate::{Clock, MonotonicClock};
+///
+/// let clock = MonotonicClock::new();
+/// let (a, b) = (clock.now_micros(), clock.now_micros());
+/// assert!(b >= a);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+    origin_micros: u64,
+}
+
+impl MonotonicClock {
+    /// A clock reading the wall-clock time now, then moving with the
+    /// monotonic clock.
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+            origin_micros: SystemClock.now_micros(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_micros(&self) -> u64 {
+        let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.origin_micros.saturating_add(elapsed)
+    }
+}
+
 /// A clock that only moves when told to; clones share the same time.
 ///
 /// ```

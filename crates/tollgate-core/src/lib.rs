@@ -39,7 +39,7 @@ mod redis;
 pub mod store;
 
 pub use backend::Backend;
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, MonotonicClock, SystemClock};
 pub use error::{BackendError, Error, Result};
 pub use failure::FailurePolicy;
 pub use keyspace::{Keyspace, Subject};

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use self::rate::Slot;
 use self::state::MemoryLocks;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, MonotonicClock};
 
 mod admin;
 mod holders;
@@ -97,9 +97,11 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// A backend timed by the system clock.
+    /// A backend timed by a [`MonotonicClock`]: the wall clock read once,
+    /// then the monotonic one, so a step of the wall clock never expires a
+    /// lock or permit before its holder's lease says it may have.
     pub fn new() -> Self {
-        Self::with_clock(SystemClock)
+        Self::with_clock(MonotonicClock::new())
     }
 
     /// A backend timed by `clock` (a [`ManualClock`](crate::ManualClock) in tests).
