@@ -275,8 +275,12 @@ async fn memory_twins_match_the_refund_scripts() {
             let cost = rand(4);
             let mut da = a.check_n("s", cost).await.unwrap();
             let mut db = b.check_n("s", cost).await.unwrap();
+            // A check of cost 0 has a charge of 0 units too; its refund is
+            // a no-op on both, so only charges that took units are kept.
             if let (Some(ca), Some(cb)) = (da.charge.take(), db.charge.take()) {
-                charges.push((ca, cb));
+                if ca.cost() > 0 {
+                    charges.push((ca, cb));
+                }
             }
             assert_eq!(da, db, "{alg:?} step {step}");
         }

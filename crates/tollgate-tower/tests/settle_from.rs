@@ -234,7 +234,29 @@ async fn shadow_mode_settles_what_it_admitted(backend: Backend) {
     assert_eq!(left(&limiter, &key).await, 40);
 }
 
+/// An estimate of 0 (the work's size unknown until it is done) is not a
+/// free pass: every algorithm charges what the response reports.
+async fn an_estimate_of_zero_is_settled_too(backend: Backend) {
+    let clock = clock();
+    for alg in Algorithm::ALL {
+        let limiter = limiter(&backend, alg, 100, &clock);
+        let svc = RateLimitLayer::new(limiter.clone())
+            .key(HeaderKey::new("x-api-key").plain())
+            .cost(|_: &Parts| 0)
+            .settle_from(CostHeader::new("x-tokens-used"))
+            .layer(service_fn(answer));
+        let key = unique("key");
+        for left_after in [70, 40] {
+            let res = send(&svc, chat(&key, 0, Some(30))).await;
+            assert_eq!(res.status, StatusCode::OK, "{alg:?}: {res:?}");
+            assert_eq!(r(&res), left_after, "{alg:?}: {res:?}");
+            assert_eq!(left(&limiter, &key).await, left_after, "{alg:?}");
+        }
+    }
+}
+
 on_every_backend!(memory, redis, cluster; [
+    an_estimate_of_zero_is_settled_too,
     headers_show_what_is_left_after_settling,
     every_algorithm_settles_under_the_estimate,
     a_response_that_does_not_count_is_given_back_whole,

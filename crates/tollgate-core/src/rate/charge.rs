@@ -82,14 +82,16 @@ pub(crate) fn next_id() -> u64 {
     BASE.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// The charge an admission took (none for a denial or a cost of 0).
+/// The charge an admission took (none for a denial). A cost of 0 has one
+/// too, of 0 units: a settle can still charge what the work turned out to
+/// cost (an estimate of 0 is not a free pass); its refund is a no-op.
 pub(super) fn charge_of(
     algorithm: Algorithm,
     request: &RateRequest,
     reply: &RateReply,
     d: &Decision,
 ) -> Option<Charge> {
-    (reply.allowed && request.cost > 0).then(|| Charge {
+    reply.allowed.then(|| Charge {
         cost: request.cost,
         at_micros: reply.now_micros,
         id: request.nonce,

@@ -590,5 +590,9 @@ fn deny_oversized(cost: u64, mut d: Decision) -> Decision {
         d.retry_after = s.retry_after;
     }
     d.source = DecisionSource::Fallback;
+    // A peek's charge of 0 units: nothing of this refusal to settle.
+    if !d.allowed {
+        d.charge = None;
+    }
     d
 }

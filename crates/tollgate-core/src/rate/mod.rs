@@ -179,9 +179,11 @@ pub struct Decision {
     pub quotas: QuotaDecisions,
     /// Where the decision came from (the backend, a failure policy, a cache).
     pub source: DecisionSource,
-    /// What an admitted check took, for [`RateLimiter::refund`]; `None` when
-    /// denied, for a cost of 0, or when a failure policy admitted without
-    /// taking anything.
+    /// What an admitted check took, for [`RateLimiter::refund`] and
+    /// [`RateLimiter::settle`]; `None` when denied, or when a failure
+    /// policy admitted without taking anything. A check of cost 0 has a
+    /// charge of 0 units (a settle can charge what the work cost), except
+    /// one served from a quota lease.
     pub charge: Option<Charge>,
     /// How long [`RateLimiter::acquire`] waited before this decision (for
     /// its slot, or for a retry-after that fit); zero for a check.
