@@ -51,7 +51,10 @@ fn limiter(
 
 /// The figures a check of cost 0 reports now.
 async fn peek(l: &RateLimiter, subject: &str) -> Decision {
-    l.check_n(subject, 0).await.unwrap()
+    // Its figures: the peek's own charge (of 0 units) is not a settle's.
+    let mut d = l.check_n(subject, 0).await.unwrap();
+    d.charge = None;
+    d
 }
 
 /// A window-aligned start: 10 s windows begin at it.
