@@ -299,3 +299,34 @@ async fn a_failed_refund_still_answers() {
     .expect("the response comes although the refund cannot be made");
     assert_eq!(r.status, StatusCode::OK, "{r:?}");
 }
+
+/// A request of cost 0 under `count_if` costs its check and nothing more:
+/// a response that does not count has nothing to give back, so no settle
+/// goes to Redis (one script call per request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_of_cost_zero_sends_no_settle() {
+    let server = tollgate_testkit::RedisServer::start().unwrap();
+    let backend = tollgate_core::RedisBackend::connect(&server.url())
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(Quota::per_minute(100))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let svc = RateLimitLayer::new(limiter)
+        .cost(|_: &http::request::Parts| 0)
+        .count_if(|s: StatusCode| s == StatusCode::UNAUTHORIZED)
+        .layer(service_fn(|_: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::empty()))
+        }));
+    // The first request loads the script (a NOSCRIPT, then the call).
+    let r = send(&svc, Request::get("/").body(Body::empty()).unwrap()).await;
+    assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    let before = server.command_calls("evalsha");
+    for _ in 0..20 {
+        let r = send(&svc, Request::get("/").body(Body::empty()).unwrap()).await;
+        assert_eq!(r.status, StatusCode::OK, "{r:?}");
+    }
+    assert_eq!(server.command_calls("evalsha") - before, 20);
+}

@@ -308,7 +308,7 @@ fn decided(
             // this layer may refuse the request, and then it does not
             // count here (several limits never burn one's unit on
             // another's refusal).
-            if let Some(charge) = d.charge {
+            if let Some(charge) = d.charge.filter(|c| counting.holds(c)) {
                 let report = Report {
                     shared: Arc::clone(shared),
                     selected: selected.clone(),

@@ -116,6 +116,14 @@ impl Counting {
         self.counts.is_some() || !self.unfinished || self.actual.is_some()
     }
 
+    /// Whether a request admitted with `charge` is held until its response:
+    /// a charge of 0 units only when the response may say what it cost
+    /// (nothing else could change it, and holding it would cost a round
+    /// trip per request for nothing).
+    pub(crate) fn holds(&self, charge: &Charge) -> bool {
+        charge.cost() > 0 || self.actual.is_some()
+    }
+
     /// The reservation of a request admitted with `charge` by `limiter`;
     /// `report` makes the headers of the figures after settling.
     pub(crate) fn reserve(
@@ -190,7 +198,7 @@ impl Reservation {
         if !refused_inside(extensions) {
             return None;
         }
-        let taken = self.taken.take()?;
+        let taken = self.taken.take().filter(|t| t.charge.cost() > 0)?;
         Some(Settling::new(taken, 0, self.report.take()))
     }
 
@@ -207,22 +215,21 @@ impl Reservation {
                 None => true,
             };
         let actual = if counts {
-            let actual = self.counting.actual.as_ref().and_then(|a| a(res))?;
-            // Already what was taken: nothing to correct, no round trip.
-            if actual == taken.charge.cost() {
-                return None;
-            }
-            actual
+            self.counting.actual.as_ref().and_then(|a| a(res))?
         } else {
             0
         };
+        // Already what was taken: nothing to correct, no round trip.
+        if actual == taken.charge.cost() {
+            return None;
+        }
         Some(Settling::new(taken, actual, self.report.take()))
     }
 
     /// The refund to await before an inner error is returned, if requests
     /// without a response do not count.
     pub(crate) fn fail(mut self) -> Option<Settling> {
-        let taken = self.taken.take()?;
+        let taken = self.taken.take().filter(|t| t.charge.cost() > 0)?;
         (!self.counting.unfinished).then(|| Settling::new(taken, 0, None))
     }
 }
@@ -236,7 +243,7 @@ fn refused_inside(extensions: &http::Extensions) -> bool {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(taken) = self.taken.take() {
+        if let Some(taken) = self.taken.take().filter(|t| t.charge.cost() > 0) {
             if !self.counting.unfinished {
                 // Dropping a settlement under way finishes it in a task.
                 drop(Settling::new(taken, 0, None));
