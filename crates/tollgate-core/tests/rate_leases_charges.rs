@@ -640,3 +640,36 @@ async fn a_settle_replayed_after_its_slice_ended_is_refused() {
         assert_eq!(remaining(&peer, "replay").await, before, "{kind}");
     }
 }
+
+/// Checks of cost 0 (an estimate not known yet) served from a slice carry
+/// a charge too: settled to what the work cost, every unit is charged,
+/// in the slice or on the store.
+#[tokio::test]
+async fn checks_of_cost_zero_are_settled_from_slices_too() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (_servers, backends) = stores(&clock).await;
+    for backend in backends {
+        let kind = backend.kind();
+        let cap = 100_000;
+        let (limiter, peer) = pair(
+            backend,
+            Algorithm::FixedWindow,
+            Quota::per_hour(cap),
+            &clock,
+            long_leases(),
+        );
+        let mut served = 0;
+        for _ in 0..50 {
+            let d = limiter.check_n("zero", 0).await.unwrap();
+            served += usize::from(d.source == DecisionSource::Lease);
+            let charge = d.charge.expect("a charge of 0 units");
+            assert!(
+                limiter.settle("zero", &charge, 3).await.unwrap().applied,
+                "{kind}"
+            );
+        }
+        assert!(served > 30, "{kind}: {served} served from slices");
+        limiter.return_leases().await;
+        assert_eq!(remaining(&peer, "zero").await, cap - 150, "{kind}");
+    }
+}

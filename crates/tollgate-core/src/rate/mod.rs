@@ -182,8 +182,7 @@ pub struct Decision {
     /// What an admitted check took, for [`RateLimiter::refund`] and
     /// [`RateLimiter::settle`]; `None` when denied, or when a failure
     /// policy admitted without taking anything. A check of cost 0 has a
-    /// charge of 0 units (a settle can charge what the work cost), except
-    /// one served from a quota lease.
+    /// charge of 0 units (a settle can charge what the work cost).
     pub charge: Option<Charge>,
     /// How long [`RateLimiter::acquire`] waited before this decision (for
     /// its slot, or for a retry-after that fit); zero for a check.

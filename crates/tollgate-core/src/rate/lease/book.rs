@@ -327,7 +327,8 @@ fn serve_from(
         Some(s) if now < s.expires_at && s.left >= cost => {
             s.left -= cost;
             let mut d = book.decision(s, now);
-            d.charge = (cost > 0).then(|| s.served(cost));
+            // A charge of 0 units too: a settle charges what the work cost.
+            d.charge = Some(s.served(cost));
             Served::Yes(d)
         }
         Some(_) => {
