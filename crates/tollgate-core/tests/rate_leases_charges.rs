@@ -532,14 +532,16 @@ async fn a_block_gives_back_what_the_slice_did_not_serve() {
     }
 }
 
-/// A slice is given back once it has aged out though no check comes
-/// after it on its instance (its checks went elsewhere): units are held
-/// in slices for at most their age.
+/// A slice taken over a round trip is given back once it has aged out
+/// though no check comes after it on its instance (its checks went
+/// elsewhere): units are held in slices for at most their age. (An
+/// in-process store's slices go back with the next check's sweep: its
+/// runtime may have no timers.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aged_slice_is_given_back_with_no_check_after_it() {
     let server = RedisServer::start().unwrap();
     let standalone = RedisBackend::connect(&server.url()).await.unwrap();
-    let backends: [Backend; 2] = [MemoryBackend::new().into(), standalone.into()];
+    let backends: [Backend; 1] = [standalone.into()];
     for backend in backends {
         let kind = backend.kind();
         let cap = 100_000;

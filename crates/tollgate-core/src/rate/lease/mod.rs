@@ -78,10 +78,10 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// [`acquire`](RateLimiter::acquire) never leases nor is served from a
 /// slice: its wait and order are the store's.
 ///
-/// A slice that aged out is given back by a timer set when it was taken
-/// (with a tokio runtime), even when no check comes after it; and once per
-/// 100 ms window by whichever check comes next (any subject's), which also
-/// makes idle trackers evictable. A give-back not yet
+/// A slice taken over a round trip (Redis) is given back by a timer set
+/// when it was taken, even when no check comes after it; and, on every
+/// store, once per 100 ms window by whichever check comes next (any
+/// subject's), which also makes idle trackers evictable. A give-back not yet
 /// sent when a revocation of its subject is heard is skipped (the store
 /// may have been reset since the take); one already sent when a reset
 /// lands may still be applied after it, and a fixed window may then admit

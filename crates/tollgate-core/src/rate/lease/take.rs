@@ -74,7 +74,7 @@ impl Taking {
         request: &RateRequest,
     ) -> Option<Result<RateReply>> {
         let done = backend.lease_rate_now(request, self.size)?;
-        Some(done.map(|lease| self.install(lease, request)))
+        Some(done.map(|lease| self.install(lease, request, false)))
     }
 
     /// The take's round trip.
@@ -85,14 +85,14 @@ impl Taking {
     ) -> BoxFuture<'a, Result<RateReply>> {
         Box::pin(async move {
             let lease = backend.lease_rate(request, self.size).await?;
-            Ok(self.install(lease, request))
+            Ok(self.install(lease, request, true))
         })
     }
 
     /// Keeps what the take granted beyond the check's own cost as the
     /// subject's slice, and returns the check's reply as a served check
     /// reports it (the units left in the slice).
-    fn install(&self, lease: LeaseReply, request: &RateRequest) -> RateReply {
+    fn install(&self, lease: LeaseReply, request: &RateRequest, timed: bool) -> RateReply {
         let book = &self.book;
         let mut reply = lease.reply;
         // Nothing leased: the reply is the check's own, as the store says.
@@ -146,7 +146,11 @@ impl Taking {
                 for o in &mut reply.outcomes {
                     o.remaining = left;
                 }
-                end_when_aged(book, &self.subject, id, age);
+                // A round trip ran under the limiter's timeout: the runtime
+                // has timers. A take in process may run on one without.
+                if timed {
+                    end_when_aged(book, &self.subject, id, age);
+                }
             }
         }
         reply
