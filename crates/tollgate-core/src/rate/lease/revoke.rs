@@ -2,7 +2,7 @@
 //! block of one subject, or of every subject when a message may have been
 //! missed) and of the slices that ended ([`Retired`]).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,8 +22,9 @@ pub(in crate::rate) enum Revocation {
     Unknown,
 }
 
-/// The most ended slices whose settled charges are remembered; past it, a
-/// settle replayed after its slice ended may be applied again on the store.
+/// The most ended slices whose settled charges are remembered; past it,
+/// the oldest is forgotten, and a settle replayed after it ended may be
+/// applied again on the store.
 pub(super) const RETIRED_SLICES: usize = 4096;
 
 /// The served charges settled in slices that have ended, by slice, kept as
@@ -31,7 +32,15 @@ pub(super) const RETIRED_SLICES: usize = 4096;
 /// replayed after its slice ended is refused, as the slice refused it.
 #[derive(Default)]
 pub(super) struct Retired {
-    slices: Mutex<HashMap<u64, (HashSet<u64>, u64)>>,
+    slices: Mutex<Ended>,
+}
+
+/// The ended slices' settled charges and until when each is kept, with
+/// the slices in the order they ended (the oldest goes first when full).
+#[derive(Default)]
+struct Ended {
+    by_slice: HashMap<u64, (HashSet<u64>, u64)>,
+    order: VecDeque<u64>,
 }
 
 impl Retired {
@@ -41,19 +50,26 @@ impl Retired {
         if settled.is_empty() {
             return;
         }
-        let mut map = lock(&self.slices);
-        if map.len() >= RETIRED_SLICES {
-            map.retain(|_, (_, kept)| *kept > now);
+        let mut ended = lock(&self.slices);
+        let Ended { by_slice, order } = &mut *ended;
+        // Those kept long enough, then the oldest while there is no room.
+        while let Some(&first) = order.front() {
+            let expired = by_slice.get(&first).is_none_or(|(_, kept)| *kept <= now);
+            if !expired && by_slice.len() < RETIRED_SLICES {
+                break;
+            }
+            order.pop_front();
+            by_slice.remove(&first);
         }
-        if map.len() < RETIRED_SLICES {
-            map.insert(slice, (settled, until));
-        }
+        by_slice.insert(slice, (settled, until));
+        order.push_back(slice);
     }
 
     /// Whether `charge`, served from `slice`, was settled before its slice
     /// ended.
     pub(super) fn settled(&self, slice: u64, charge: u64, now: u64) -> bool {
         lock(&self.slices)
+            .by_slice
             .get(&slice)
             .is_some_and(|(ids, kept)| *kept > now && ids.contains(&charge))
     }
@@ -102,4 +118,30 @@ impl Revocations {
 /// rest of the crate does).
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Full, the record forgets the slice that ended first, never the one
+    /// that ends now.
+    #[test]
+    fn a_full_record_forgets_the_oldest_slice() {
+        let retired = Retired::default();
+        let n = RETIRED_SLICES as u64;
+        for slice in 1..=n + 1 {
+            retired.keep(slice, HashSet::from([slice * 10]), 5, 1_000);
+        }
+        assert!(!retired.settled(1, 10, 6), "the oldest is forgotten");
+        assert!(retired.settled(2, 20, 6));
+        assert!(
+            retired.settled(n + 1, (n + 1) * 10, 6),
+            "the newest is kept"
+        );
+        assert!(
+            !retired.settled(n + 1, (n + 1) * 10, 1_000),
+            "until its time"
+        );
+    }
 }
