@@ -95,7 +95,7 @@ impl RateLimiter {
         loop {
             let left = until.saturating_sub(self.local_now());
             let mut d = self
-                .check_for_slot(&subject, cost, left.min(MOST_WAIT_MICROS))
+                .check_for_slot(&subject, cost, left.min(self.most_wait()))
                 .await?;
             // The store's reply says how far ahead a reservation's slot is;
             // the decision says how long this acquire waited in all.
@@ -144,6 +144,18 @@ impl RateLimiter {
                 _ => return Ok(d),
             }
         }
+    }
+
+    /// The longest wait a store is asked to reserve (µs): 2^40, and no
+    /// further than 2^51 units of any quota's 1/per µs, so that a reserved
+    /// instant is read back (none is read 2^52 units or more from now).
+    fn most_wait(&self) -> u64 {
+        let inner = &self.inner;
+        inner
+            .quotas
+            .iter()
+            .map(|q| (1u64 << 51) / inner.algorithm.params(q).1.per_micro.max(1))
+            .fold(MOST_WAIT_MICROS, u64::min)
     }
 
     /// Whether `subject` is blocked now, on a store that holds blocks (one
