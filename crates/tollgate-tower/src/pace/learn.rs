@@ -91,7 +91,12 @@ fn exhausted_legacy(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if remaining != 0 {
         return None;
     }
-    let reset = decimal(headers.get(X_RESET)?.to_str().ok()?.trim())?;
+    let reset = headers.get(X_RESET)?.to_str().ok()?.trim();
+    let Some(reset) = decimal(reset) else {
+        // Digits beyond any u64: as far off as can be (the block is cut).
+        let digits = !reset.is_empty() && reset.bytes().all(|b| b.is_ascii_digit());
+        return digits.then_some(Duration::MAX);
+    };
     if reset < EPOCH_RESET_FROM {
         return Some(Duration::from_secs(reset));
     }
@@ -194,6 +199,11 @@ mod tests {
         // A Unix time (GitHub's form).
         let epoch = (NOW + 60).to_string();
         assert_eq!(wait(403, &h("0", &epoch)), Some(60));
+        // Beyond a u64: the longest wait.
+        assert_eq!(
+            wait(200, &h("0", "99999999999999999999999")),
+            Some(u64::MAX)
+        );
         // A Unix time in milliseconds.
         let millis = ((NOW + 60) * 1000).to_string();
         assert_eq!(wait(200, &h("0", &millis)), Some(60));
