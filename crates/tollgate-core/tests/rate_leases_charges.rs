@@ -61,6 +61,53 @@ async fn stores(clock: &ManualClock) -> ((RedisServer, RedisCluster), [Backend; 
     ((server, cluster), backends)
 }
 
+/// The cap of [`hourly`]'s quota.
+const CAP: u64 = 100_000;
+
+/// A fixed window of [`CAP`] an hour with long leases on `backend`, and its
+/// peer without them.
+fn hourly(backend: Backend, clock: &ManualClock) -> (RateLimiter, RateLimiter) {
+    pair(
+        backend,
+        Algorithm::FixedWindow,
+        Quota::per_hour(CAP),
+        clock,
+        long_leases(),
+    )
+}
+
+/// Fifty checks of `subject`: the charge of the last one a slice served.
+async fn last_served(limiter: &RateLimiter, subject: &Subject) -> tollgate_core::Charge {
+    let mut served = None;
+    for _ in 0..50 {
+        let d = limiter.check(subject.clone()).await.unwrap();
+        if d.source == DecisionSource::Lease {
+            served = d.charge;
+        }
+    }
+    served.expect("a served charge")
+}
+
+/// A memory limiter of [`CAP`] an hour that tracks one subject, with
+/// 50 ms slices, after 40 checks of "a" (which then holds a slice), and
+/// its peer.
+async fn one_tracked_holding_a_slice(clock: &ManualClock) -> (RateLimiter, RateLimiter) {
+    let (limiter, peer) = pair(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+        Quota::per_hour(CAP),
+        clock,
+        long_leases()
+            .max_age(Duration::from_millis(50))
+            .tracked_subjects(1),
+    );
+    for _ in 0..40 {
+        limiter.check("a").await.unwrap();
+    }
+    assert!(remaining(&peer, "a").await < CAP - 40, "a holds a slice");
+    (limiter, peer)
+}
+
 async fn remaining(peer: &RateLimiter, subject: &str) -> u64 {
     peer.check_n(subject, 0).await.unwrap().remaining
 }
@@ -226,14 +273,8 @@ async fn served_charges_after_their_slice_ended() {
     let (_servers, backends) = stores(&clock).await;
     for backend in backends {
         let kind = backend.kind();
-        let cap = 100_000;
-        let (limiter, peer) = pair(
-            backend,
-            Algorithm::FixedWindow,
-            Quota::per_hour(cap),
-            &clock,
-            long_leases(),
-        );
+        let cap = CAP;
+        let (limiter, peer) = hourly(backend, &clock);
         let mut charges = Vec::new();
         for _ in 0..50 {
             let d = limiter.check("ended").await.unwrap();
@@ -268,20 +309,8 @@ async fn served_charges_after_their_slice_ended() {
 #[tokio::test]
 async fn aged_out_slices_are_given_back_and_evicted() {
     let clock = ManualClock::new(1_700_000_000_000_000);
-    let cap = 100_000;
-    let (limiter, peer) = pair(
-        MemoryBackend::with_clock(clock.clone()),
-        Algorithm::FixedWindow,
-        Quota::per_hour(cap),
-        &clock,
-        long_leases()
-            .max_age(Duration::from_millis(50))
-            .tracked_subjects(1),
-    );
-    for _ in 0..40 {
-        limiter.check("a").await.unwrap();
-    }
-    assert!(remaining(&peer, "a").await < cap - 40, "a holds a slice");
+    let cap = CAP;
+    let (limiter, peer) = one_tracked_holding_a_slice(&clock).await;
     clock.advance(Duration::from_millis(300));
     let mut served_b = 0;
     for _ in 0..40 {
@@ -363,14 +392,7 @@ async fn the_taking_checks_charge_is_its_own() {
     let (_servers, backends) = stores(&clock).await;
     for backend in backends {
         let kind = backend.kind();
-        let cap = 100_000;
-        let (limiter, peer) = pair(
-            backend,
-            Algorithm::FixedWindow,
-            Quota::per_hour(cap),
-            &clock,
-            long_leases(),
-        );
+        let (limiter, peer) = hourly(backend, &clock);
         let mut taking = None;
         for _ in 0..10 {
             let d = limiter.check("first").await.unwrap();
@@ -399,22 +421,9 @@ async fn a_revocation_of_one_subject_spares_the_others() {
     let (_servers, backends) = stores(&clock).await;
     for backend in backends {
         let kind = backend.kind();
-        let cap = 100_000;
-        let (limiter, peer) = pair(
-            backend,
-            Algorithm::FixedWindow,
-            Quota::per_hour(cap),
-            &clock,
-            long_leases(),
-        );
-        let mut served = None;
-        for _ in 0..50 {
-            let d = limiter.check("kept").await.unwrap();
-            if d.source == DecisionSource::Lease {
-                served = d.charge;
-            }
-        }
-        let served = served.expect("a served charge");
+        let cap = CAP;
+        let (limiter, peer) = hourly(backend, &clock);
+        let served = last_served(&limiter, &Subject::new("kept")).await;
         let left = limiter.check_n("kept", 0).await.unwrap().remaining;
         // More than the slice holds: 50 owed to the store at its end.
         let s = limiter
@@ -497,23 +506,10 @@ async fn a_block_gives_back_what_the_slice_did_not_serve() {
     let (_servers, backends) = stores(&clock).await;
     for backend in backends {
         let kind = backend.kind();
-        let cap = 100_000;
-        let (limiter, peer) = pair(
-            backend,
-            Algorithm::FixedWindow,
-            Quota::per_hour(cap),
-            &clock,
-            long_leases(),
-        );
+        let cap = CAP;
+        let (limiter, peer) = hourly(backend, &clock);
         let subject = Subject::new("blocked");
-        let mut served = None;
-        for _ in 0..50 {
-            let d = limiter.check(subject.clone()).await.unwrap();
-            if d.source == DecisionSource::Lease {
-                served = d.charge;
-            }
-        }
-        let served = served.expect("a served charge");
+        let served = last_served(&limiter, &subject).await;
         // Ten more than the charge, held by the slice.
         let s = limiter.settle(subject.clone(), &served, 11).await.unwrap();
         assert!(s.applied, "{kind}: {s:?}");
@@ -581,20 +577,8 @@ async fn an_aged_slice_is_given_back_with_no_check_after_it() {
 #[tokio::test]
 async fn a_swept_slice_goes_back_when_no_room_is_left() {
     let clock = ManualClock::new(1_700_000_000_000_000);
-    let cap = 100_000;
-    let (limiter, peer) = pair(
-        MemoryBackend::with_clock(clock.clone()),
-        Algorithm::FixedWindow,
-        Quota::per_hour(cap),
-        &clock,
-        long_leases()
-            .max_age(Duration::from_millis(50))
-            .tracked_subjects(1),
-    );
-    for _ in 0..40 {
-        limiter.check("a").await.unwrap();
-    }
-    assert!(remaining(&peer, "a").await < cap - 40, "a holds a slice");
+    let cap = CAP;
+    let (limiter, peer) = one_tracked_holding_a_slice(&clock).await;
     // The next 100 ms window: a's slice aged, a's tracker still recent.
     clock.advance(Duration::from_millis(110));
     let d = limiter.check("b").await.unwrap();
@@ -615,22 +599,9 @@ async fn a_settle_replayed_after_its_slice_ended_is_refused() {
     let (_servers, backends) = stores(&clock).await;
     for backend in backends {
         let kind = backend.kind();
-        let cap = 100_000;
-        let (limiter, peer) = pair(
-            backend,
-            Algorithm::FixedWindow,
-            Quota::per_hour(cap),
-            &clock,
-            long_leases(),
-        );
-        let mut served = None;
-        for _ in 0..50 {
-            let d = limiter.check("replay").await.unwrap();
-            if d.source == DecisionSource::Lease {
-                served = d.charge;
-            }
-        }
-        let served = served.expect("a served charge");
+        let cap = CAP;
+        let (limiter, peer) = hourly(backend, &clock);
+        let served = last_served(&limiter, &Subject::new("replay")).await;
         assert!(limiter.settle("replay", &served, 5).await.unwrap().applied);
         limiter.return_leases().await;
         let before = remaining(&peer, "replay").await;
@@ -652,14 +623,8 @@ async fn checks_of_cost_zero_are_settled_from_slices_too() {
     let (_servers, backends) = stores(&clock).await;
     for backend in backends {
         let kind = backend.kind();
-        let cap = 100_000;
-        let (limiter, peer) = pair(
-            backend,
-            Algorithm::FixedWindow,
-            Quota::per_hour(cap),
-            &clock,
-            long_leases(),
-        );
+        let cap = CAP;
+        let (limiter, peer) = hourly(backend, &clock);
         let mut served = 0;
         for _ in 0..50 {
             let d = limiter.check_n("zero", 0).await.unwrap();
