@@ -30,7 +30,10 @@ pub struct SentinelConnection {
 
 struct Inner {
     sentinel: tokio::sync::Mutex<SentinelClient>,
-    current: Mutex<Option<MultiplexedConnection>>,
+    /// The master's connection, with the number of the lookup that found
+    /// it: a request forgets only the connection it used.
+    current: Mutex<Option<(u64, MultiplexedConnection)>>,
+    lookups: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for SentinelConnection {
@@ -51,11 +54,12 @@ impl SentinelConnection {
             inner: Arc::new(Inner {
                 sentinel: tokio::sync::Mutex::new(client),
                 current: Mutex::new(None),
+                lookups: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
 
-    async fn get(&self) -> redis::RedisResult<MultiplexedConnection> {
+    async fn get(&self) -> redis::RedisResult<(u64, MultiplexedConnection)> {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
@@ -75,11 +79,15 @@ impl SentinelConnection {
                 problem,
             )));
         }
-        *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
-        Ok(conn)
+        let found = 1 + self
+            .inner
+            .lookups
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = Some((found, conn.clone()));
+        Ok((found, conn))
     }
 
-    fn cached(&self) -> Option<MultiplexedConnection> {
+    fn cached(&self) -> Option<(u64, MultiplexedConnection)> {
         self.inner
             .current
             .lock()
@@ -87,20 +95,34 @@ impl SentinelConnection {
             .clone()
     }
 
-    fn observe<T>(&self, result: &redis::RedisResult<T>) {
+    fn observe<T>(&self, used: u64, result: &redis::RedisResult<T>) {
         if let Err(e) = result {
-            let demoted = e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
-            if demoted || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+            if demoted(e)
+                || e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal()
             {
-                self.forget();
+                self.forget(used);
             }
         }
     }
 
-    /// The next request asks Sentinel which server is the master.
-    fn forget(&self) {
-        *self.inner.current.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    /// The next request asks Sentinel which server is the master, unless
+    /// the connection `used` was already replaced (a request that fails or
+    /// is abandoned late must not drop a master found since).
+    fn forget(&self, used: u64) {
+        let mut current = self.inner.current.lock().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().is_some_and(|(n, _)| *n == used) {
+            *current = None;
+        }
     }
+}
+
+/// Whether `e` says the server is a replica now: `READONLY`, or, before
+/// Redis 7, a script's "ERR Error running script …: -READONLY …".
+fn demoted(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        || (e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("-READONLY ")))
 }
 
 /// Forgets the cached master when a request is abandoned before its reply
@@ -108,13 +130,14 @@ impl SentinelConnection {
 /// error at all, and only asking Sentinel again finds the promoted replica.
 struct Abandoned<'a> {
     conn: &'a SentinelConnection,
+    used: u64,
     done: bool,
 }
 
 impl Drop for Abandoned<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.conn.forget();
+            self.conn.forget(self.used);
         }
     }
 }
@@ -122,14 +145,15 @@ impl Drop for Abandoned<'_> {
 impl ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         async move {
-            let mut conn = self.get().await?;
+            let (used, mut conn) = self.get().await?;
             let mut guard = Abandoned {
                 conn: self,
+                used,
                 done: false,
             };
             let result = conn.req_packed_command(cmd).await;
             guard.done = true;
-            self.observe(&result);
+            self.observe(used, &result);
             result
         }
         .boxed()
@@ -142,14 +166,15 @@ impl ConnectionLike for SentinelConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         async move {
-            let mut conn = self.get().await?;
+            let (used, mut conn) = self.get().await?;
             let mut guard = Abandoned {
                 conn: self,
+                used,
                 done: false,
             };
             let result = conn.req_packed_commands(pipeline, offset, count).await;
             guard.done = true;
-            self.observe(&result);
+            self.observe(used, &result);
             result
         }
         .boxed()
@@ -157,5 +182,34 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A demoted master says so as `READONLY`, or, before Redis 7, inside a
+    /// script's error; other errors say nothing of it.
+    #[test]
+    fn a_demoted_master_is_seen_in_both_forms() {
+        let plain = redis::RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert!(demoted(&plain));
+        let wrapped = redis::RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "An error was signalled by the server",
+            "Error running script (call to f_0): @user_script:1: @user_script: 1: \
+             -READONLY You can't write against a read only replica."
+                .to_owned(),
+        ));
+        assert!(demoted(&wrapped));
+        let other = redis::RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "user_script:1: attempt to perform arithmetic on a nil value",
+        ));
+        assert!(!demoted(&other));
     }
 }
