@@ -323,3 +323,32 @@ async fn checks_share_calls_through_sentinel() {
     let calls = master.command_calls("evalsha") + master.command_calls("eval");
     assert!(calls <= 20, "200 checks took {calls} script calls");
 }
+
+/// A first sentinel that accepts connections and never answers makes
+/// every lookup of the master slower than a check's timeout: the lookup
+/// goes on after the check that started it gave up, and the master it
+/// finds serves the next checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_first_sentinel_only_delays_the_master() {
+    let master = RedisServer::start().unwrap();
+    let sentinel = RedisServer::start_sentinel(&master, "main").unwrap();
+    // Bound, never accepted: connections complete in the backlog, and no
+    // reply ever comes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("redis://{}", silent.local_addr().unwrap());
+    let backend = RedisBackend::sentinel(&[silent_url, sentinel.url()], "main").unwrap();
+    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(Quota::per_hour(1000))
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_millis(100))
+        .circuit_breaker(u32::MAX, Duration::from_millis(1))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let d = tollgate_testkit::eventually(Duration::from_secs(20), "a decision", || async {
+        limiter.check("s").await.ok()
+    })
+    .await;
+    assert!(d.allowed && d.source == DecisionSource::Backend, "{d:?}");
+    drop(silent);
+}

@@ -63,6 +63,23 @@ impl SentinelConnection {
         if let Some(c) = self.cached() {
             return Ok(c);
         }
+        // The lookup runs in a task of its own: a caller whose timeout
+        // fires first (a silent sentinel costs a connect or response
+        // timeout before the next is asked) leaves it to finish, so the
+        // master it finds serves the next calls.
+        let this = self.clone();
+        tokio::spawn(async move { this.look_up().await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(redis::RedisError::from(std::io::Error::other(format!(
+                    "the Sentinel lookup stopped: {e}"
+                ))))
+            })
+    }
+
+    /// Asks the sentinels for the master and connects to it (one lookup at
+    /// a time; a caller that waited finds the master already found).
+    async fn look_up(&self) -> redis::RedisResult<(u64, MultiplexedConnection)> {
         let mut sentinel = self.inner.sentinel.lock().await;
         // Another caller may have resolved the master while we waited.
         if let Some(c) = self.cached() {
