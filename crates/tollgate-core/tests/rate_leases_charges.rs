@@ -353,6 +353,34 @@ async fn a_give_back_after_a_reset_is_skipped() {
     assert_eq!(remaining(&peer, "reset").await, 1_000 - 30);
 }
 
+/// A give-back still on its way when a block is heard lands: a block
+/// leaves the quota counted, so the slice's unused units go back.
+#[tokio::test]
+async fn a_give_back_after_a_block_lands() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let (limiter, peer) = pair(
+        MemoryBackend::with_clock(clock.clone()),
+        Algorithm::FixedWindow,
+        Quota::per_hour(1_000),
+        &clock,
+        long_leases().max_age(Duration::from_millis(50)),
+    );
+    let subject = Subject::new("block");
+    for _ in 0..20 {
+        limiter.check(subject.clone()).await.unwrap();
+    }
+    clock.advance(Duration::from_millis(60));
+    // Ends the aged slice (its give-back spawned, not yet run).
+    limiter.check_n(subject.clone(), 0).await.unwrap();
+    limiter
+        .block(&subject, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let_spawned_run().await;
+    limiter.unblock(&subject).await.unwrap();
+    assert_eq!(remaining(&peer, "block").await, 1_000 - 20);
+}
+
 /// A take on its way when a revocation is heard installs no slice: the
 /// check it carries is answered, and the subject's next check is not
 /// served from the take's units.

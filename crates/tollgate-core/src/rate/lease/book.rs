@@ -190,7 +190,7 @@ impl Leases {
     /// `why` says.
     pub(in crate::rate) fn revoke(&self, subject: Option<&Subject>, why: Revocation) {
         let book = &self.book;
-        book.revocations.revoke(subject);
+        book.revocations.revoke(subject, why);
         let now = book.returner.cache_now();
         let ended: Vec<Slice> = {
             let mut map = lock(&book.subjects);
@@ -444,11 +444,12 @@ fn give_back_later(limiter: &RateLimiter, s: Slice) {
 /// Settles the slice's charge to the units it served, less the refunds,
 /// plus what settles over their charges took beyond it (a debt, bounded by
 /// the limiter's `max_debt`): one round trip, at most once (the bucket's
-/// give-back rules apply). Skipped after a revocation: the store was reset
-/// since the take (the units were not counted there any more).
+/// give-back rules apply). Skipped after a reset of its subject (or a
+/// possibly missed message, which may have been one): the units were not
+/// counted there any more. A block leaves them counted: they go back.
 pub(super) async fn give_back(limiter: RateLimiter, s: Slice) {
     let used = s.used();
-    if used == s.charge.cost || s.revocations.epoch(&s.subject) != s.epoch {
+    if used == s.charge.cost || s.epoch.voids_give_back(s.revocations.epoch(&s.subject)) {
         return;
     }
     settle_slice(&limiter, s, used).await;

@@ -82,8 +82,9 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// when it was taken, even when no check comes after it; and, on every
 /// store, once per 100 ms window by whichever check comes next (any
 /// subject's), which also makes idle trackers evictable. A give-back not yet
-/// sent when a revocation of its subject is heard is skipped (the store
-/// may have been reset since the take); one already sent when a reset
+/// sent when a reset of its subject (or a possibly missed message) is
+/// heard is skipped (the store may have been reset since the take); a
+/// block leaves it to land. One already sent when a reset
 /// lands may still be applied after it, and a fixed window may then admit
 /// up to that slice's unused units more in the window of the reset.
 ///

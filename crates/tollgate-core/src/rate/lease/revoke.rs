@@ -84,23 +84,42 @@ pub(super) const REVOKED_SUBJECTS: usize = 4096;
 #[derive(Default)]
 pub(super) struct Revocations {
     all: AtomicU64,
-    subjects: Mutex<HashMap<String, u64>>,
+    /// Per subject: its resets, then its blocks.
+    subjects: Mutex<HashMap<String, (u64, u64)>>,
 }
 
-/// Where a take or a slice stands in the revocations of its subject: a
-/// revocation since changes it.
-pub(super) type Epoch = (u64, u64);
+/// Where a take or a slice stands in the revocations of its subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Epoch {
+    all: u64,
+    resets: u64,
+    blocks: u64,
+}
+
+impl Epoch {
+    /// Whether a give-back sent at `now` is void: a reset of its subject
+    /// since, or a possibly missed message (it may have been one). A block
+    /// leaves the quota counted, so the unused units still go back.
+    pub(super) fn voids_give_back(self, now: Epoch) -> bool {
+        self.all != now.all || self.resets != now.resets
+    }
+}
 
 impl Revocations {
     pub(super) fn epoch(&self, subject: &Subject) -> Epoch {
-        let one = lock(&self.subjects)
+        let (resets, blocks) = lock(&self.subjects)
             .get(subject.as_encoded())
             .copied()
-            .unwrap_or(0);
-        (self.all.load(Ordering::Acquire), one)
+            .unwrap_or((0, 0));
+        Epoch {
+            all: self.all.load(Ordering::Acquire),
+            resets,
+            blocks,
+        }
     }
 
-    pub(super) fn revoke(&self, subject: Option<&Subject>) {
+    /// Counts a revocation of `subject` (of every subject for `None`).
+    pub(super) fn revoke(&self, subject: Option<&Subject>, why: Revocation) {
         let Some(subject) = subject else {
             self.all.fetch_add(1, Ordering::AcqRel);
             return;
@@ -110,7 +129,12 @@ impl Revocations {
             map.clear();
             self.all.fetch_add(1, Ordering::AcqRel);
         }
-        *map.entry(subject.as_encoded().to_owned()).or_insert(0) += 1;
+        let counts = map.entry(subject.as_encoded().to_owned()).or_insert((0, 0));
+        match why {
+            Revocation::Block => counts.1 += 1,
+            // A missed message about one subject reads as its reset.
+            Revocation::Reset | Revocation::Unknown => counts.0 += 1,
+        }
     }
 }
 
