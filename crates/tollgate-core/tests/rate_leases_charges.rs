@@ -326,10 +326,10 @@ async fn aged_out_slices_are_given_back_and_evicted() {
     assert!(served_b > 0, "b found room to lease");
 }
 
-/// A give-back still on its way when a reset is heard is skipped: the
-/// units it would return were counted before the reset.
-#[tokio::test]
-async fn a_give_back_after_a_reset_is_skipped() {
+/// A memory limiter of 1 000 an hour with 50 ms slices, and its peer,
+/// once `subject`'s slice (after 20 checks) aged and was ended by a check
+/// of cost 0: its give-back spawned, not yet run.
+async fn give_back_queued(subject: &str) -> (RateLimiter, RateLimiter, Subject) {
     let clock = ManualClock::new(1_700_000_000_000_000);
     let (limiter, peer) = pair(
         MemoryBackend::with_clock(clock.clone()),
@@ -338,13 +338,20 @@ async fn a_give_back_after_a_reset_is_skipped() {
         &clock,
         long_leases().max_age(Duration::from_millis(50)),
     );
-    let subject = Subject::new("reset");
+    let subject = Subject::new(subject);
     for _ in 0..20 {
         limiter.check(subject.clone()).await.unwrap();
     }
     clock.advance(Duration::from_millis(60));
-    // Ends the aged slice (its give-back spawned, not yet run).
     limiter.check_n(subject.clone(), 0).await.unwrap();
+    (limiter, peer, subject)
+}
+
+/// A give-back still on its way when a reset is heard is skipped: the
+/// units it would return were counted before the reset.
+#[tokio::test]
+async fn a_give_back_after_a_reset_is_skipped() {
+    let (limiter, peer, subject) = give_back_queued("reset").await;
     limiter.reset(&subject).await.unwrap();
     for _ in 0..30 {
         assert!(peer.check(subject.clone()).await.unwrap().allowed);
@@ -357,21 +364,7 @@ async fn a_give_back_after_a_reset_is_skipped() {
 /// leaves the quota counted, so the slice's unused units go back.
 #[tokio::test]
 async fn a_give_back_after_a_block_lands() {
-    let clock = ManualClock::new(1_700_000_000_000_000);
-    let (limiter, peer) = pair(
-        MemoryBackend::with_clock(clock.clone()),
-        Algorithm::FixedWindow,
-        Quota::per_hour(1_000),
-        &clock,
-        long_leases().max_age(Duration::from_millis(50)),
-    );
-    let subject = Subject::new("block");
-    for _ in 0..20 {
-        limiter.check(subject.clone()).await.unwrap();
-    }
-    clock.advance(Duration::from_millis(60));
-    // Ends the aged slice (its give-back spawned, not yet run).
-    limiter.check_n(subject.clone(), 0).await.unwrap();
+    let (limiter, peer, subject) = give_back_queued("block").await;
     limiter
         .block(&subject, Duration::from_secs(3600))
         .await
