@@ -179,18 +179,12 @@ where
                         let signalled = Pin::new(l).poll(cx).is_ready();
                         if lease.as_ref().is_some_and(Lease::is_lost) {
                             *lost = None;
-                            let Some(head) = head.take() else {
-                                // OnLeaseLost::Continue: reported, not cancelled.
-                                shared.gate.lost(false);
-                                continue;
-                            };
-                            shared.gate.lost(true);
-                            let response =
-                                shared.answer.reject(&head, shared.gate.lost_rejection());
-                            // Dropping the state drops the inner future.
-                            this.state.set(State::Reply {
-                                reply: Reply::new(response),
-                            });
+                            if let Some(response) = lost_answer(shared, head.take()) {
+                                // Dropping the state drops the inner future.
+                                this.state.set(State::Reply {
+                                    reply: Reply::new(response),
+                                });
+                            }
                             continue;
                         }
                         if signalled {
@@ -206,20 +200,14 @@ where
                     // deadline: its answer was not made under the lock.
                     if lost.is_some() && lease.is_lost() {
                         *lost = None;
-                        match head.take() {
-                            Some(head) => {
-                                shared.gate.lost(true);
-                                let response =
-                                    shared.answer.reject(&head, shared.gate.lost_rejection());
-                                // A lost lease holds nothing to release
-                                // (its drop ends its watchdog).
-                                drop(lease);
-                                this.state.set(State::Reply {
-                                    reply: Reply::new(response),
-                                });
-                                continue;
-                            }
-                            None => shared.gate.lost(false),
+                        if let Some(response) = lost_answer(shared, head.take()) {
+                            // A lost lease holds nothing to release (its
+                            // drop ends its watchdog).
+                            drop(lease);
+                            this.state.set(State::Reply {
+                                reply: Reply::new(response),
+                            });
+                            continue;
                         }
                     }
                     let response = match outcome {
@@ -261,4 +249,15 @@ where
             }
         }
     }
+}
+
+/// Reports a lost lease, and answers in the handler's place when the loss
+/// cancels it (`head` is kept only with [`OnLeaseLost::Cancel`]); `None`:
+/// reported, not cancelled.
+fn lost_answer(
+    shared: &Shared,
+    head: Option<http::request::Parts>,
+) -> Option<Response<bytes::Bytes>> {
+    shared.gate.lost(head.is_some());
+    head.map(|head| shared.answer.reject(&head, shared.gate.lost_rejection()))
 }
