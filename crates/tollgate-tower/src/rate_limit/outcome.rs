@@ -184,6 +184,12 @@ impl fmt::Debug for Reservation {
 }
 
 impl Reservation {
+    /// The charge, to give back whole; none for a charge of 0 units, which
+    /// has nothing to give back (no round trip for it).
+    fn charge_to_give_back(&mut self) -> Option<Taken> {
+        self.taken.take().filter(|t| t.charge.cost() > 0)
+    }
+
     /// Whether [`settle`](Self::settle) reads more of the response than
     /// its extensions (else [`settle_refused`](Self::settle_refused) is
     /// all it takes, and the response is not taken apart).
@@ -198,7 +204,7 @@ impl Reservation {
         if !refused_inside(extensions) {
             return None;
         }
-        let taken = self.taken.take().filter(|t| t.charge.cost() > 0)?;
+        let taken = self.charge_to_give_back()?;
         Some(Settling::new(taken, 0, self.report.take()))
     }
 
@@ -229,7 +235,7 @@ impl Reservation {
     /// The refund to await before an inner error is returned, if requests
     /// without a response do not count.
     pub(crate) fn fail(mut self) -> Option<Settling> {
-        let taken = self.taken.take().filter(|t| t.charge.cost() > 0)?;
+        let taken = self.charge_to_give_back()?;
         (!self.counting.unfinished).then(|| Settling::new(taken, 0, None))
     }
 }
@@ -243,7 +249,7 @@ fn refused_inside(extensions: &http::Extensions) -> bool {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(taken) = self.taken.take().filter(|t| t.charge.cost() > 0) {
+        if let Some(taken) = self.charge_to_give_back() {
             if !self.counting.unfinished {
                 // Dropping a settlement under way finishes it in a task.
                 drop(Settling::new(taken, 0, None));
