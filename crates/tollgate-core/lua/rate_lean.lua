@@ -27,7 +27,7 @@
 -- 2^53 + 2 × the ms left when its subject is blocked; 2^54 when it came
 -- after its deadline (it takes nothing). All as little-endian doubles in
 -- one string: Redis packs it for less than it writes an array of integers,
--- and a client reads it in a fraction of the array's cost.
+-- and a client reads it once (redis-rs reads an array element by element).
 now = ARGV[1] ~= '' and tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
