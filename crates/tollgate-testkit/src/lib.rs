@@ -14,7 +14,8 @@
 //! * [`require_binaries`] checks that `redis-server` and `redis-cli` are
 //!   installed.
 //! * [`ReplyDelay`] relays to a server and holds its replies back (a reply
-//!   that arrives after the server decided).
+//!   that arrives after the server decided), or sends new connections to
+//!   another server (a DNS name that moves on failover).
 //! * [`unique`] names keys apart; [`eventually`] polls until a condition
 //!   holds.
 //! * `http` (feature `http`): sending HTTP requests over loopback or

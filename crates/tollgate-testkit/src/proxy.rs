@@ -1,10 +1,12 @@
 //! [`ReplyDelay`]: a TCP relay in front of a real server that can hold
 //! back what the server sends, so a reply arrives after the server decided
-//! — the case a paused server cannot make (it decides late too).
+//! — the case a paused server cannot make (it decides late too) — and that
+//! can send new connections elsewhere, as a DNS name that moves to the
+//! promoted replica on failover does.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -17,6 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct ReplyDelay {
     addr: SocketAddr,
     delay_ms: Arc<AtomicU64>,
+    upstream: Arc<Mutex<String>>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -26,11 +29,13 @@ impl ReplyDelay {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let delay_ms = Arc::new(AtomicU64::new(0));
-        let upstream = upstream.to_owned();
+        let upstream = Arc::new(Mutex::new(upstream.to_owned()));
         let delay = Arc::clone(&delay_ms);
+        let target = Arc::clone(&upstream);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(&upstream).await else {
+                let to = target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                let Ok(server) = TcpStream::connect(&to).await else {
                     continue;
                 };
                 tokio::spawn(relay(client, server, Arc::clone(&delay)));
@@ -39,6 +44,7 @@ impl ReplyDelay {
         Ok(ReplyDelay {
             addr,
             delay_ms,
+            upstream,
             accept,
         })
     }
@@ -52,6 +58,12 @@ impl ReplyDelay {
     pub fn set(&self, delay: Duration) {
         self.delay_ms
             .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Relays connections opened from now on to `upstream` (`host:port`);
+    /// open ones stay with their server, as after a DNS name moves.
+    pub fn move_to(&self, upstream: &str) {
+        *self.upstream.lock().unwrap_or_else(|e| e.into_inner()) = upstream.to_owned();
     }
 }
 

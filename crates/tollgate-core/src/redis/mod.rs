@@ -15,6 +15,7 @@ use self::conn::{downcast, Conn};
 use self::pubsub::PubSubNodes;
 use self::rate::RateCalls;
 use self::scripts::LuaScript;
+use self::standalone::Standalone;
 use crate::error::{redis_error, Error, Result};
 
 mod admin;
@@ -33,6 +34,7 @@ mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 mod server_clock;
+mod standalone;
 mod unclaimed;
 mod version;
 
@@ -122,13 +124,18 @@ impl RedisBackend {
 
     /// Connects to a standalone Redis with a connection manager (which
     /// reconnects by itself after failures) and uses the same URL for pub/sub.
+    /// A `READONLY` reply (the server was demoted to a replica) makes it
+    /// connect anew, resolving the URL's name again: a name that moves to
+    /// the promoted replica on failover (a cloud provider's primary
+    /// endpoint) is followed after one failed call.
     pub async fn connect(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).map_err(redis_error)?;
         let mut conn = ConnectionManager::new(client.clone())
             .await
             .map_err(redis_error)?;
         ensure_supported(&mut conn).await?;
-        Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
+        let conn = Standalone::new(client.clone(), conn);
+        Ok(Self::with_conn(Conn::Standalone(conn), "redis").with_pubsub(client))
     }
 
     /// Like [`RedisBackend::connect`], but returns at once and connects in
@@ -143,7 +150,8 @@ impl RedisBackend {
             redis::aio::ConnectionManagerConfig::new(),
         )
         .map_err(redis_error)?;
-        Ok(Self::with_conn(Conn::Manager(conn), "redis").with_pubsub(client))
+        let conn = Standalone::new(client.clone(), conn);
+        Ok(Self::with_conn(Conn::Standalone(conn), "redis").with_pubsub(client))
     }
 
     /// Connects to a Redis Cluster through its seed nodes (`redis://host:port`

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, Value};
+
+use super::conn::{demoted_replies, demoted_reply};
 
 use crate::error::{redis_error, Result};
 
@@ -112,15 +114,14 @@ impl SentinelConnection {
             .clone()
     }
 
-    fn observe<T>(&self, used: u64, result: &redis::RedisResult<T>) {
-        if let Err(e) = result {
-            if demoted(e)
-                || e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()
-            {
-                self.forget(used);
-            }
+    /// After a request on connection `used`: its server was `demoted` (a
+    /// replica now) or the connection failed.
+    fn observe<T>(&self, used: u64, result: &redis::RedisResult<T>, demoted: bool) {
+        let failed = result.as_ref().err().is_some_and(|e| {
+            e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+        });
+        if demoted || failed {
+            self.forget(used);
         }
     }
 
@@ -133,13 +134,6 @@ impl SentinelConnection {
             *current = None;
         }
     }
-}
-
-/// Whether `e` says the server is a replica now: `READONLY`, or, before
-/// Redis 7, a script's "ERR Error running script …: -READONLY …".
-fn demoted(e: &redis::RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
-        || (e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("-READONLY ")))
 }
 
 /// Forgets the cached master when a request is abandoned before its reply
@@ -170,7 +164,7 @@ impl ConnectionLike for SentinelConnection {
             };
             let result = conn.req_packed_command(cmd).await;
             guard.done = true;
-            self.observe(used, &result);
+            self.observe(used, &result, demoted_reply(&result));
             result
         }
         .boxed()
@@ -191,7 +185,7 @@ impl ConnectionLike for SentinelConnection {
             };
             let result = conn.req_packed_commands(pipeline, offset, count).await;
             guard.done = true;
-            self.observe(used, &result);
+            self.observe(used, &result, demoted_replies(&result));
             result
         }
         .boxed()
@@ -199,34 +193,5 @@ impl ConnectionLike for SentinelConnection {
 
     fn get_db(&self) -> i64 {
         0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A demoted master says so as `READONLY`, or, before Redis 7, inside a
-    /// script's error; other errors say nothing of it.
-    #[test]
-    fn a_demoted_master_is_seen_in_both_forms() {
-        let plain = redis::RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ReadOnly),
-            "You can't write against a read only replica.",
-        ));
-        assert!(demoted(&plain));
-        let wrapped = redis::RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ResponseError),
-            "An error was signalled by the server",
-            "Error running script (call to f_0): @user_script:1: @user_script: 1: \
-             -READONLY You can't write against a read only replica."
-                .to_owned(),
-        ));
-        assert!(demoted(&wrapped));
-        let other = redis::RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ResponseError),
-            "user_script:1: attempt to perform arithmetic on a nil value",
-        ));
-        assert!(!demoted(&other));
     }
 }
