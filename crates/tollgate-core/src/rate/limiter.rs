@@ -218,10 +218,11 @@ impl RateLimiter {
                     .unwrap_or(Err(Error::Timeout(inner.timeout))),
             }
         };
-        let decision = self.conclude(subject, prepared.sent, &prepared.request, outcome);
+        let mut decision = self.conclude(subject, prepared.sent, &prepared.request, outcome);
         // The store is done with them: the keys go to this thread's spares.
         return_keys(prepared.request.keys);
-        decision.map(|d| Taking::charged(&prepared.lease, d))
+        Taking::charge(&prepared.lease, &mut decision);
+        decision
     }
 
     /// Everything up to the round trip; `Err` carries the request to send.
@@ -298,9 +299,10 @@ impl RateLimiter {
         };
         match lease::check_now(&lease, &*inner.backend, &request) {
             Some(outcome) => {
-                let decision = self.conclude(subject, sent, &request, outcome);
+                let mut decision = self.conclude(subject, sent, &request, outcome);
                 return_keys(request.keys);
-                Ok(decision.map(|d| Taking::charged(&lease, d)))
+                Taking::charge(&lease, &mut decision);
+                Ok(decision)
             }
             None => Err(Prepared {
                 request,

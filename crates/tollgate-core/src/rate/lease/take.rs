@@ -159,21 +159,19 @@ impl Taking {
     /// The check's decision: its charge names the slice it installed (a
     /// settle or refund then corrects the slice); with none installed, the
     /// charge is the check's own on the store.
-    pub(in crate::rate) fn charged(lease: &Option<Taking>, mut d: Decision) -> Decision {
+    pub(in crate::rate) fn charge(lease: &Option<Taking>, decided: &mut Result<Decision>) {
         let installed = lease
             .as_ref()
             .map_or(0, |t| t.installed.load(Ordering::Relaxed));
-        if installed != 0 {
+        if let (true, Ok(d)) = (installed != 0, decided) {
             // An id of its own, as every served charge has: the take's id
             // is the slice's charge on the store, whose marker its
             // give-back settles under.
-            d.charge = d.charge.map(|c| Charge {
-                slice: installed,
-                id: next_id(),
-                ..c
-            });
+            if let Some(c) = &mut d.charge {
+                c.slice = installed;
+                c.id = next_id();
+            }
         }
-        d
     }
 }
 
