@@ -166,6 +166,10 @@ impl BackendError {
                     | ErrorKind::AuthenticationFailed
                     | ErrorKind::Server(
                         S::BusyLoading
+                            // A redirection still met after the retries
+                            // (`Conn`): the cluster is moving its slots.
+                            | S::Moved
+                            | S::Ask
                             | S::TryAgain
                             | S::ClusterDown
                             | S::MasterDown

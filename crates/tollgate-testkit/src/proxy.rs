@@ -19,6 +19,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub struct ReplyDelay {
     addr: SocketAddr,
     delay_ms: Arc<AtomicU64>,
+    /// Replies still to drop, each with its connection.
+    cuts: Arc<AtomicU64>,
     upstream: Arc<Mutex<String>>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -30,7 +32,9 @@ impl ReplyDelay {
         let addr = listener.local_addr()?;
         let delay_ms = Arc::new(AtomicU64::new(0));
         let upstream = Arc::new(Mutex::new(upstream.to_owned()));
+        let cuts = Arc::new(AtomicU64::new(0));
         let delay = Arc::clone(&delay_ms);
+        let cut = Arc::clone(&cuts);
         let target = Arc::clone(&upstream);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -38,12 +42,13 @@ impl ReplyDelay {
                 let Ok(server) = TcpStream::connect(&to).await else {
                     continue;
                 };
-                tokio::spawn(relay(client, server, Arc::clone(&delay)));
+                tokio::spawn(relay(client, server, Arc::clone(&delay), Arc::clone(&cut)));
             }
         });
         Ok(ReplyDelay {
             addr,
             delay_ms,
+            cuts,
             upstream,
             accept,
         })
@@ -60,6 +65,18 @@ impl ReplyDelay {
             .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
+    /// Drops the next reply any server sends, and closes its connection:
+    /// the server did the work, the client never hears of it.
+    pub fn cut_next_reply(&self) {
+        self.cuts.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many replies armed by [`cut_next_reply`](Self::cut_next_reply)
+    /// are still to be dropped.
+    pub fn cuts_left(&self) -> u64 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+
     /// Relays connections opened from now on to `upstream` (`host:port`);
     /// open ones stay with their server, as after a DNS name moves.
     pub fn move_to(&self, upstream: &str) {
@@ -73,7 +90,12 @@ impl Drop for ReplyDelay {
     }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, delay_ms: Arc<AtomicU64>) {
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    delay_ms: Arc<AtomicU64>,
+    cuts: Arc<AtomicU64>,
+) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (mut client_read, mut client_write) = client.into_split();
@@ -87,6 +109,10 @@ async fn relay(client: TcpStream, server: TcpStream, delay_ms: Arc<AtomicU64>) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        let cut = cuts.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1));
+        if cut.is_ok() {
+            break;
+        }
         let delay = delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;

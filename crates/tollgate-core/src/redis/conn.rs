@@ -4,6 +4,7 @@
 
 use std::any::Any;
 
+use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
@@ -48,7 +49,18 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Standalone(c) => c.req_packed_command(cmd),
             Conn::Manager(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => async move {
+                let mut attempt = 0;
+                loop {
+                    let reply = c.req_packed_command(cmd).await;
+                    if !unsent(&reply) || attempt == UNSENT_RETRIES {
+                        return reply;
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(unsent_backoff(attempt)).await;
+                }
+            }
+            .boxed(),
             #[cfg(feature = "sentinel")]
             Conn::Sentinel(c) => c.req_packed_command(cmd),
             Conn::Other(c) => c.req_packed_command(cmd),
@@ -64,7 +76,19 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Standalone(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Manager(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => async move {
+                let mut attempt = 0;
+                loop {
+                    let replies = c.req_packed_commands(pipeline, offset, count).await;
+                    let failed = replies.as_ref().err().is_some_and(unsent_error);
+                    if !failed || attempt == UNSENT_RETRIES {
+                        return replies;
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(unsent_backoff(attempt)).await;
+                }
+            }
+            .boxed(),
             #[cfg(feature = "sentinel")]
             Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Other(c) => c.req_packed_commands(pipeline, offset, count),
@@ -81,6 +105,41 @@ impl ConnectionLike for Conn {
             Conn::Other(c) => c.get_db(),
         }
     }
+}
+
+/// How often a cluster command is sent again while its answer says it
+/// never ran, and how long before each ([`unsent_backoff`]): about 1.3 s
+/// in all, which the caller's own timeout usually cuts short.
+const UNSENT_RETRIES: u32 = 10;
+
+fn unsent_backoff(attempt: u32) -> std::time::Duration {
+    std::time::Duration::from_millis((10u64 << attempt.min(5)).min(200))
+}
+
+/// Whether a cluster command's answer says the command never ran: a
+/// redirection (`MOVED`, `ASK`), a cluster reconfiguring (`TRYAGAIN`,
+/// `CLUSTERDOWN`, `MASTERDOWN`, a demoted node's `READONLY`), or no
+/// connection to its node. Only such a command is sent again: the cluster
+/// client is built to retry nothing itself, since it would also resend a
+/// command whose connection dropped after the node ran it.
+fn unsent(reply: &redis::RedisResult<Value>) -> bool {
+    match reply {
+        Err(e) => unsent_error(e),
+        Ok(Value::ServerError(e)) => unsent_error(&redis::RedisError::from(e.clone())),
+        Ok(_) => false,
+    }
+}
+
+fn unsent_error(e: &redis::RedisError) -> bool {
+    use ServerErrorKind as S;
+    e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    S::Moved | S::Ask | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
+                )
+        )
 }
 
 /// Whether `e` says the server is a replica now: `READONLY`, or, before

@@ -158,6 +158,12 @@ impl RedisBackend {
     /// or `host:port`). Lock waiters subscribe on any live node of the
     /// current topology (a cluster-wide `PUBLISH` reaches every node), and
     /// move to another when theirs goes away.
+    ///
+    /// A command that surely never ran (a redirection during a failover or
+    /// a slot migration, a node that refused the connection) is sent again
+    /// within the caller's timeout; one whose connection dropped after it
+    /// was sent is not (it may have run), and the caller's failure policy
+    /// answers it.
     pub async fn connect_cluster<I, S>(seeds: I) -> Result<Self>
     where
         I: IntoIterator<Item = S>,
@@ -181,7 +187,13 @@ impl RedisBackend {
         for seed in &seeds[1..] {
             pubsub.push(redis::Client::open(seed.as_str()).map_err(redis_error)?);
         }
-        let mut conn = redis::cluster::ClusterClient::new(seeds.clone())
+        // No retries of redis-rs's own: it would send a command again after
+        // its connection dropped, and a script that ran before the drop
+        // would run twice (a check charged twice, a claim finding itself in
+        // flight). `Conn` sends again only what surely never ran.
+        let mut conn = redis::cluster::ClusterClient::builder(seeds.clone())
+            .retries(0)
+            .build()
             .map_err(redis_error)?
             .get_async_connection()
             .await
