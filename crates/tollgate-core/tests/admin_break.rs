@@ -1,10 +1,12 @@
 //! Breaking a lock breaks only a lock: a name that happens to reach another
-//! kind of key (a limiter's state, `<limiter>:<algorithm>`) breaks nothing,
-//! on Redis as in memory, whose locks live apart.
+//! kind of key (a limiter's state, `<limiter>:<algorithm>`, an idempotency
+//! record's lease) breaks nothing, on Redis as in memory, whose locks live
+//! apart.
 
 use std::time::Duration;
 
 use tollgate_core::admin::Admin;
+use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore};
 use tollgate_core::{
     Algorithm, Backend, LockOptions, Locker, Quota, RateLimiter, RedisBackend, Subject,
 };
@@ -26,6 +28,21 @@ async fn a_limiters_state_is_not_a_lock(backend: Backend) {
     let admin = Admin::new(backend.clone()).with_prefix(&prefix);
     assert!(!admin.break_lock("login:gcra", &alice).await.unwrap());
     assert!(!limiter.check(&alice).await.unwrap().allowed);
+
+    // `<prefix>:idem:{order-9}` is a record's lease: breaking it would let
+    // a second request run while the first one still does.
+    let records = IdempotencyStore::builder(backend.clone())
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let order = Subject::new("order-9");
+    let print = Fingerprint::of(b"x");
+    let Claim::Claimed(_running) = records.claim(order.clone(), print).await.unwrap() else {
+        panic!("claimed");
+    };
+    assert!(!admin.break_lock("idem", &order).await.unwrap());
+    let again = records.claim(order, print).await.unwrap();
+    assert!(matches!(again, Claim::InFlight { .. }), "{again:?}");
 
     // A lock of the same store is broken as ever.
     let locker = Locker::builder(backend).prefix(&prefix).build().unwrap();

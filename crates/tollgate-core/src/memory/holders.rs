@@ -58,9 +58,15 @@ impl MemoryLocks {
     pub(crate) fn break_holders(&self, keys: &LockKeys, now: u64) -> u32 {
         let removed = {
             let mut state = self.lock();
-            if Self::live(&mut state, &keys.lock, now).is_some() {
-                state.held.remove(&keys.lock);
-                1
+            // Only a lock (a holder with a description, as a lock's value
+            // on Redis has): an idempotency record's lease stays.
+            if let Some(h) = Self::live(&mut state, &keys.lock, now) {
+                if h.who.is_some() {
+                    state.held.remove(&keys.lock);
+                    1
+                } else {
+                    0
+                }
             } else if let Some(set) = state.permits.get_mut(&keys.lock) {
                 set.expire(now);
                 let n = set.holders.len() as u32;
