@@ -119,7 +119,9 @@ fn main() -> ExitCode {
 async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
     let timeout = cli.store.timeout;
     let backend = target.connect(timeout).await?;
-    let admin = Admin::new(backend).with_prefix(cli.store.prefix.clone());
+    let admin = Admin::new(backend)
+        .with_prefix(cli.store.prefix.clone())
+        .with_timeout(timeout);
     let json = cli.json;
     let bounded = async {
         Ok(match &cli.command {

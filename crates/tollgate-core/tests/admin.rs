@@ -14,7 +14,7 @@ use tollgate_core::{
     Algorithm, Backend, DecisionSource, Error, MemoryBackend, Quota, RateLimiter, RedisBackend,
     Semaphore, Subject,
 };
-use tollgate_testkit::eventually;
+use tollgate_testkit::{eventually, ReplyDelay};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -400,6 +400,54 @@ async fn a_block_holds_for_several_quotas() {
         admin.unblock("multi", &s).await.unwrap();
         assert!(l.check(&s).await.unwrap().allowed);
     }
+}
+
+/// `inspect`'s reset is when every quota is full again: after 10 units of
+/// 10 per second and 1000 per hour, the hour's bucket refills them in 36 s,
+/// long after the second's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_resets_when_every_quota_is_full() {
+    for backend in [MemoryBackend::new().into(), standalone().await] {
+        let prefix = prefix();
+        let l = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+            .quota(Quota::per_second(10))
+            .quota(Quota::per_hour(1000))
+            .prefix(&prefix)
+            .name("multi")
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        let admin = Admin::new(backend).with_prefix(&prefix);
+        registered(&admin).await;
+        let s = Subject::new("s");
+        assert!(l.check_n(&s, 10).await.unwrap().allowed);
+        let state = admin.inspect("multi", &s).await.unwrap();
+        assert_eq!((state.remaining, state.limit), (0, 10), "{state:?}");
+        assert!(
+            (30_000..=36_000).contains(&state.reset_after_ms),
+            "{state:?}"
+        );
+    }
+}
+
+/// `inspect` waits for a slow store as long as the operator's timeout says
+/// (5 s unless set), not the 100 ms a request path's limiter has by default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_waits_as_long_as_the_operator_says() {
+    let slow = ReplyDelay::start(&server().addr()).await.unwrap();
+    let backend: Backend = RedisBackend::connect(&slow.url()).await.unwrap().into();
+    let prefix = prefix();
+    let l = login(&backend, &prefix, 0);
+    let admin = Admin::new(backend).with_prefix(&prefix);
+    registered(&admin).await;
+    let alice = Subject::new("alice");
+    assert!(l.check(&alice).await.unwrap().allowed);
+    slow.set(Duration::from_millis(150));
+    let state = admin.inspect("login", &alice).await.unwrap();
+    assert_eq!(state.remaining, 2, "{state:?}");
+    let quick = admin.with_timeout(Duration::from_millis(50));
+    let e = quick.inspect("login", &alice).await.unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
 }
 
 /// A message published while an instance's subscription is down is not

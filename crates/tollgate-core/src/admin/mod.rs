@@ -65,7 +65,12 @@ use crate::store::AdminBackend;
 pub struct Admin {
     backend: Backend,
     prefix: String,
+    timeout: Duration,
 }
+
+/// How long an action's read of a subject's state (`inspect`) waits for
+/// the store by default: an operator's request, not a request path's.
+pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Admin {
     /// The operator plane of `backend`, for the default prefix (`tollgate`).
@@ -73,12 +78,21 @@ impl Admin {
         Admin {
             backend: backend.into(),
             prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_ACTION_TIMEOUT,
         }
     }
 
     /// For the keys under `prefix` (as given to the capabilities' builders).
     pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// How long [`inspect`](Self::inspect) waits for the subject's state
+    /// ([`DEFAULT_ACTION_TIMEOUT`] unless set), whatever timeout the
+    /// application gives its limiter.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -133,7 +147,7 @@ impl Admin {
             .into_iter()
             .find(|l| l.name == name)
             .ok_or_else(|| Error::NotRegistered(format!("limiter {name:?}")))?;
-        rebuild::rebuild(&self.backend, &self.prefix, &info)
+        rebuild::rebuild(&self.backend, &self.prefix, &info, self.timeout)
     }
 
     /// What the limiter `limiter` holds for `subject` now.

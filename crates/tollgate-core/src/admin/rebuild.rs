@@ -11,8 +11,14 @@ use crate::quota::Quota;
 use crate::rate::RateLimiter;
 
 /// A limiter with the keys and quotas `info` describes, for the operator
-/// plane: no deny cache, failing closed, not registered again.
-pub(super) fn rebuild(backend: &Backend, prefix: &str, info: &LimiterInfo) -> Result<RateLimiter> {
+/// plane: no deny cache, failing closed, not registered again, its reads
+/// bounded by `timeout`.
+pub(super) fn rebuild(
+    backend: &Backend,
+    prefix: &str,
+    info: &LimiterInfo,
+    timeout: Duration,
+) -> Result<RateLimiter> {
     let algorithm = info.algorithm().ok_or_else(|| {
         Error::InvalidConfig(format!(
             "limiter {:?} runs {:?}, an algorithm this version does not know",
@@ -24,6 +30,7 @@ pub(super) fn rebuild(backend: &Backend, prefix: &str, info: &LimiterInfo) -> Re
         .name(info.name.clone())
         .deny_cache(0)
         .failure_policy(FailurePolicy::Deny)
+        .timeout(timeout)
         .unregistered();
     for q in &info.quotas {
         let quota = Quota::new(q.limit, Duration::from_micros(q.period_micros))?;

@@ -189,17 +189,21 @@ impl RateLimiter {
         self.operated()?;
         let d = self.peek(subject).await?;
         let left = self.blocked_for(subject).await?;
-        // A full quota has nothing to reset (a log reports its period as
+        let limit = d
+            .quotas
+            .iter()
+            .min_by_key(|q| q.remaining)
+            .map_or(0, |q| q.limit);
+        // Until every quota is full: the latest reset of those that are not
+        // (a full quota has nothing to reset; a log reports its period as
         // the reset of a cost-0 check on an empty log).
-        let strictest = d.quotas.iter().min_by_key(|q| q.remaining).map(|q| {
-            let reset = if q.remaining >= q.limit {
-                Duration::ZERO
-            } else {
-                q.reset_after
-            };
-            (q.limit, reset)
-        });
-        let (limit, reset) = strictest.unwrap_or((0, Duration::ZERO));
+        let reset = d
+            .quotas
+            .iter()
+            .filter(|q| q.remaining < q.limit)
+            .map(|q| q.reset_after)
+            .max()
+            .unwrap_or(Duration::ZERO);
         let ms = |t: Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
         // Until one more unit: the latest of the empty quotas' next units.
         let next_unit = d
