@@ -85,6 +85,18 @@ fn an_empty_token_is_refused() {
     }
 }
 
+/// A token no `Authorization` header could carry is refused at once, not
+/// answered 401 forever: whitespace around it, a control character, a
+/// character beyond ASCII.
+#[test]
+fn a_token_no_request_could_present_is_refused() {
+    for token in ["s3cret\n", " s3cret", "s3cret ", "s3\tcret", "sécret"] {
+        let built = AdminRouter::new(Admin::new(MemoryBackend::new()), token);
+        assert!(built.is_err(), "{token:?}");
+    }
+    assert!(AdminRouter::new(Admin::new(MemoryBackend::new()), "s3cret with spaces").is_ok());
+}
+
 /// Every `/api/*` route asks for the token; the page and its assets do not,
 /// and carry the strict policy.
 async fn the_token_guards_the_api(store: Store) {

@@ -108,20 +108,31 @@ impl AdminRouter {
     /// The admin API and page over `admin`, answering only requests that
     /// carry `Authorization: Bearer <token>`.
     ///
-    /// Fails with [`Error::InvalidConfig`] when `token` is empty or blank:
-    /// an operator plane without a secret would let anyone unblock anyone.
+    /// Fails with [`Error::InvalidConfig`] when `token` is empty or blank
+    /// (an operator plane without a secret would let anyone unblock anyone),
+    /// or when no request could present it: whitespace around it (a secret
+    /// file's last newline, say) or a character a header value cannot carry.
     ///
     /// ```
     /// use tollgate::admin::{Admin, AdminRouter};
     /// use tollgate::MemoryBackend;
     ///
     /// assert!(AdminRouter::new(Admin::new(MemoryBackend::new()), "").is_err());
+    /// assert!(AdminRouter::new(Admin::new(MemoryBackend::new()), "s3cret\n").is_err());
     /// ```
     pub fn new(admin: Admin, token: impl Into<String>) -> Result<Self> {
         let token = token.into();
         if token.trim().is_empty() {
             return Err(Error::InvalidConfig(
                 "the admin router needs a non-empty bearer token".into(),
+            ));
+        }
+        if token.trim() != token || !token.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+            return Err(Error::InvalidConfig(
+                "the admin token has whitespace around it or a character other than \
+                 visible ASCII, so no request could present it (a secret file's last \
+                 newline?)"
+                    .into(),
             ));
         }
         Ok(AdminRouter {
