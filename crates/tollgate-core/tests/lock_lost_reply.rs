@@ -5,7 +5,8 @@
 //! and on a Redis Cluster (the node that owns the name's slot), for a lock
 //! and for permits. The marker that makes the retry truthful lives at most
 //! [`RELEASE_MARKER_TTL`]. Redlock: a release replayed on every instance
-//! still reports the quorum held it.
+//! still reports the quorum held it. An extend to a shorter TTL whose
+//! reply is lost ends the lease's trust when that TTL would.
 
 mod lock_common;
 
@@ -143,4 +144,41 @@ async fn redlock_release_survives_a_replay() {
     for s in &servers {
         lock_common::assert_all_keys_expire(s);
     }
+}
+
+/// An `extend` to a shorter TTL whose reply is lost (it came after the
+/// round trip's bound) may still have been applied: the lease must stop
+/// trusting itself when the shorter TTL ends, not at its old deadline —
+/// by then another holder can have the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_extend_whose_reply_is_lost_ends_trust_early() {
+    let server = RedisServer::start().unwrap();
+    let slow = tollgate_testkit::ReplyDelay::start(&server.addr())
+        .await
+        .unwrap();
+    let prefix = tollgate_testkit::unique("short");
+    let late = Locker::builder(RedisBackend::connect(&slow.url()).await.unwrap())
+        .prefix(&prefix)
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let direct = Locker::builder(RedisBackend::connect(&server.url()).await.unwrap())
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let options = LockOptions::new().ttl(Duration::from_secs(30)).renew(false);
+    let lease = late.try_acquire("job", &options).await.unwrap();
+    // Loads the script: the extend below is one EVALSHA, not a NOSCRIPT
+    // whose late reply would stop it before it is sent.
+    assert!(lease.extend(Duration::from_secs(30)).await.unwrap());
+    slow.set(Duration::from_secs(2));
+    assert!(lease.extend(Duration::from_millis(300)).await.is_err());
+    // The shorter TTL was applied: the lock is free once it ends.
+    let other = tollgate_testkit::eventually(Duration::from_secs(5), "the lock expires", || {
+        let (direct, options) = (&direct, &options);
+        async move { direct.try_acquire("job", options).await.ok() }
+    })
+    .await;
+    assert!(other.is_held());
+    assert!(!lease.is_held(), "two leases trust themselves at once");
 }

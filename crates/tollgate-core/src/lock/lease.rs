@@ -406,8 +406,9 @@ impl Lease {
     /// (compare-and-pexpire), within the `max_hold` cap; the watchdog renews
     /// with this TTL from then on. `Ok(false)` when the lease is no longer
     /// held (released, lost — a lost lease stays lost — or taken) or the cap
-    /// leaves no room; an error when the backend did not answer (the lease is
-    /// unchanged and the watchdog keeps trying).
+    /// leaves no room; an error when the backend did not answer (the
+    /// watchdog keeps trying; a shorter TTL may have been applied, so the
+    /// lease is trusted only until the earlier of the two ends).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -437,6 +438,15 @@ impl Lease {
         let Some(applied) = s.capped(ttl, sent) else {
             return Ok(false);
         };
+        // A shorter TTL may be applied on the store though its reply never
+        // comes: from the moment it is sent, the lease is trusted only as
+        // long as the shorter of the two would last.
+        {
+            let mut t = s.timing();
+            t.deadline = t
+                .deadline
+                .min(instant_after(sent, s.instances.validity(applied)));
+        }
         let bound = s.instances.timeout.min(deadline - sent);
         if s.instances
             .extend(&s.keys, &s.token, applied, bound)
