@@ -78,18 +78,48 @@ fn matched(req: &Parts) -> Result<&str, KeyError> {
         })
 }
 
-/// The captures of `path` under `template`, in order: `(name, decoded
-/// value)`. `{name}` takes one segment, `{*name}` the rest of the path.
+/// The captures of the request's path under `template`, in order: `(name,
+/// decoded value)`. Inside a router mounted with `Router::nest`, the
+/// template is the whole route (`/api/jobs/{id}`) while the request's URI
+/// has lost the prefix (`/jobs/7`): the path axum first saw
+/// (`OriginalUri`) is tried before it, and the one the template matches is
+/// taken. A 500 when neither does.
+#[cfg(feature = "axum")]
+fn request_captures<'t>(
+    template: &'t str,
+    req: &Parts,
+) -> Result<Vec<(&'t str, Vec<u8>)>, KeyError> {
+    let original = req
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .map(|u| u.0.path());
+    original
+        .into_iter()
+        .chain([req.uri.path()])
+        .find_map(|path| captures(template, path))
+        .ok_or_else(|| {
+            KeyError::internal(format!(
+                "the request's path {} does not match its route {template}",
+                req.uri.path()
+            ))
+        })
+}
+
+/// The captures of `path` under `template`, in order, or `None` when the
+/// template does not match it (another fixed segment, another number of
+/// segments). `{name}` takes one segment, `{*name}` the rest of the path.
 /// Values are percent-decoded, as axum's `Path` extractor decodes them, so
 /// `/jobs/a%7B` and `/jobs/a{` name the same resource.
 #[cfg(feature = "axum")]
-fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
+fn captures<'t>(template: &'t str, path: &str) -> Option<Vec<(&'t str, Vec<u8>)>> {
     let decode = |s: &str| percent_encoding::percent_decode_str(s).collect::<Vec<u8>>();
     let mut out = Vec::new();
     let mut segments = path.split('/');
     for part in template.split('/') {
         let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
-            segments.next();
+            if decode(segments.next()?) != part.as_bytes() {
+                return None;
+            }
             continue;
         };
         if let Some(rest) = name.strip_prefix('*') {
@@ -97,11 +127,9 @@ fn captures<'t>(template: &'t str, path: &str) -> Vec<(&'t str, Vec<u8>)> {
             out.push((rest, decode(&tail.join("/"))));
             break;
         }
-        if let Some(segment) = segments.next() {
-            out.push((name, decode(segment)));
-        }
+        out.push((name, decode(segments.next()?)));
     }
-    out
+    segments.next().is_none().then_some(out)
 }
 
 /// Keys requests by one path parameter of the matched axum route: the
@@ -154,7 +182,7 @@ impl PathParam {
 impl KeyExtractor for PathParam {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;
-        captures(template, req.uri.path())
+        request_captures(template, req)?
             .into_iter()
             .find(|(name, _)| *name == &*self.name)
             .map(|(_, value)| Some(Subject::new(value)))
@@ -202,7 +230,7 @@ pub struct RouteParams;
 impl KeyExtractor for RouteParams {
     fn extract(&self, req: &Parts) -> Result<Option<Subject>, KeyError> {
         let template = matched(req)?;
-        let values = captures(template, req.uri.path());
+        let values = request_captures(template, req)?;
         let parts =
             std::iter::once(template.as_bytes()).chain(values.iter().map(|(_, v)| v.as_slice()));
         Ok(Some(Subject::compound(parts)))
@@ -217,6 +245,7 @@ mod tests {
     fn captures_follow_the_template() {
         let c = |t, p| {
             captures(t, p)
+                .unwrap()
                 .into_iter()
                 .map(|(n, v)| (n, String::from_utf8(v).unwrap()))
                 .collect::<Vec<_>>()
@@ -231,5 +260,18 @@ mod tests {
             [("rest", "a/b c".to_owned())]
         );
         assert!(c("/health", "/health").is_empty());
+        assert!(c("/files/{*rest}", "/files/").len() == 1);
+    }
+
+    /// A template matches a path only with the same fixed segments and the
+    /// same number of segments: a nested router's stripped path does not
+    /// match the whole route's template.
+    #[test]
+    fn a_template_matches_only_its_own_paths() {
+        assert!(captures("/api/jobs/{id}", "/jobs/7").is_none());
+        assert!(captures("/api/jobs/{id}", "/api/jobs/7").is_some());
+        assert!(captures("/jobs/{id}", "/jobs/7/extra").is_none());
+        assert!(captures("/jobs/{id}", "/jobs").is_none());
+        assert!(captures("/{tenant}/jobs/{id}", "/jobs/7").is_none());
     }
 }
