@@ -10,7 +10,7 @@ use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponseParts, ResponseParts};
 use http::request::Parts;
 use http::HeaderMap;
-use tollgate_core::{Decision, RateLimiter};
+use tollgate_core::{Charge, Decision, RateLimiter, Subject};
 
 use tollgate_tower::grpc::Protocol;
 use tollgate_tower::headers::rate_limit_headers;
@@ -153,6 +153,11 @@ pub trait RateLimitPolicy<S>: 'static {
 /// (`(limited, body)`) to send the `RateLimit-Policy` / `RateLimit` headers on
 /// success too.
 ///
+/// Several on one handler stack as layers do: a request a later one refuses
+/// does not count on the earlier ones (they give their charges back before
+/// the 429 goes out), and a response that returns them all carries each
+/// one's headers.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tollgate::Error> {
@@ -240,15 +245,43 @@ where
             Err(e) => return Err(shape(Rejection::key(e))),
         };
         let cost = P::cost(parts, state);
-        match limiter.check_n(key, cost).await {
-            Ok(decision) if decision.allowed => Ok(RateLimited {
-                headers: rate_limit_headers(&limiter, &decision),
-                status: RateLimitStatus { decision },
-                _policy: PhantomData,
-            }),
-            Ok(decision) => Err(shape(Rejection::rate_limited(&limiter, decision))),
+        match limiter.check_n(key.clone(), cost).await {
+            Ok(decision) if decision.allowed => {
+                if let Some(charge) = decision.charge {
+                    let taken = parts.extensions.get_or_insert_default::<Taken>();
+                    taken.0.push((limiter.clone(), key, charge));
+                }
+                Ok(RateLimited {
+                    headers: rate_limit_headers(&limiter, &decision),
+                    status: RateLimitStatus { decision },
+                    _policy: PhantomData,
+                })
+            }
+            Ok(decision) => {
+                let refused = Rejection::rate_limited(&limiter, decision);
+                give_back(parts).await;
+                Err(refused.for_protocol(Protocol::Auto, &parts.headers))
+            }
             Err(e) => Err(shape(Rejection::limiter_error(&limiter, e))),
         }
+    }
+}
+
+/// What the `RateLimited` extractors of a request took so far. A later one
+/// that refuses gives it all back before its 429 goes out: the request was
+/// not served, so no limit counts it (as a layer gives its charge back when
+/// a rate limit inside it refuses). Other refusals count.
+#[derive(Clone, Default)]
+struct Taken(Vec<(RateLimiter, Subject, Charge)>);
+
+async fn give_back(parts: &mut Parts) {
+    let Some(Taken(taken)) = parts.extensions.remove::<Taken>() else {
+        return;
+    };
+    for (limiter, subject, charge) in taken {
+        // A give-back that fails leaves the unit taken: under-admission,
+        // never over.
+        let _ = limiter.refund(subject, &charge).await;
     }
 }
 
@@ -274,7 +307,15 @@ impl<P> IntoResponseParts for RateLimited<P> {
     type Error = Infallible;
 
     fn into_response_parts(self, mut res: ResponseParts) -> Result<ResponseParts, Infallible> {
-        res.headers_mut().extend(self.headers);
+        // Appended, not replaced: each limiter of the response (two
+        // extractors, a layer) reports its own policy and figures.
+        let mut name = None;
+        for (next, value) in self.headers {
+            name = next.or(name);
+            if let Some(name) = &name {
+                res.headers_mut().append(name.clone(), value);
+            }
+        }
         Ok(res)
     }
 }
