@@ -64,14 +64,24 @@ impl ResponseCost for CostExtension {
 pub struct CostHeader(HeaderName);
 
 impl CostHeader {
-    /// Reads the header `name`.
+    /// Reads the header `name`, in any case (`X-Tokens-Used` is
+    /// `x-tokens-used`), as [`HeaderKey::new`](crate::key::HeaderKey::new)
+    /// takes one.
     ///
     /// # Panics
     ///
     /// When `name` is not a valid header name (a programming error, as
     /// with `http`'s own constructors).
-    pub fn new(name: &'static str) -> Self {
-        CostHeader(HeaderName::from_static(name))
+    ///
+    /// ```
+    /// use tollgate::tower::rate_limit::CostHeader;
+    ///
+    /// let _ = CostHeader::new("X-Tokens-Used");
+    /// ```
+    pub fn new(name: &str) -> Self {
+        let header = HeaderName::from_bytes(name.as_bytes())
+            .unwrap_or_else(|_| panic!("tollgate: {name:?} is not a valid header name"));
+        CostHeader(header)
     }
 
     /// Reads the header `name`.
