@@ -212,6 +212,9 @@ fn failure(e: Error, admin: &Admin, target: &Target) -> Failure {
              --prefix sets the applications' prefix)",
             admin.prefix()
         )),
+        // A name or subject the keys cannot carry, or a registry entry this
+        // version cannot act on: what was asked cannot be done as asked.
+        Error::InvalidConfig(m) => Failure::Usage(m),
         e if e.is_unavailable() => Failure::Store(format!("{target}: {e}")),
         e => Failure::Store(e.to_string()),
     }

@@ -554,6 +554,17 @@ async fn mistakes_exit_non_zero_with_a_message() {
             stderr(&out)
         );
     }
+
+    // A name the store's keys cannot carry, or one the operator plane
+    // keeps for itself, refused by the library: a usage error too, not a
+    // store that failed.
+    for args in [
+        &["--redis", &url, "break-lock", "a{b", "x"][..],
+        &["--redis", &url, "break-permits", "throttled", "x"][..],
+    ] {
+        let out = tollgate(args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
