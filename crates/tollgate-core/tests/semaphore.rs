@@ -552,3 +552,68 @@ async fn a_queue_head_whose_ticket_was_evicted_is_purged() {
     assert!(permit.release().await.unwrap());
     assert_eq!(server.cli(&["ZSCORE", &queue, "evicted"]), "");
 }
+
+/// Under `Fallback`, the wait bound is the whole acquire's: one that waited
+/// on Redis until Redis stopped answering waits for the local share only
+/// what is left of its bound, not a whole bound more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_acquire_keeps_its_wait_bound() {
+    use std::num::NonZeroU32;
+    use std::time::{Duration, Instant};
+    use tollgate_core::{Error, FailurePolicy, LockOptions, RedisBackend, Semaphore};
+    use tollgate_testkit::ReplyDelay;
+
+    let server = RedisServer::start().unwrap();
+    let relay = ReplyDelay::start(&server.addr()).await.unwrap();
+    let prefix = tollgate_testkit::unique("fb");
+    let permits = Semaphore::builder(RedisBackend::connect(&relay.url()).await.unwrap(), 1)
+        .prefix(&prefix)
+        .timeout(Duration::from_millis(300))
+        .poll_interval(Duration::from_millis(100))
+        .on_failure(FailurePolicy::Fallback {
+            instances: NonZeroU32::new(1).unwrap(),
+        })
+        .build()
+        .unwrap();
+    let direct = Semaphore::builder(RedisBackend::connect(&server.url()).await.unwrap(), 1)
+        .prefix(&prefix)
+        .build()
+        .unwrap();
+    let hold = LockOptions::new().ttl(Duration::from_secs(30));
+    // The local share (one permit) taken while Redis answers too late; the
+    // relay then passes its late reply on and answers at once again.
+    relay.set(Duration::from_secs(1));
+    let _local = permits.try_acquire("k", &hold).await.unwrap();
+    relay.set(Duration::ZERO);
+    // Redis's permit held elsewhere (once the late acquire's clean-up has
+    // given it back): the acquire below waits on Redis.
+    let _remote = tollgate_testkit::eventually(Duration::from_secs(10), "Redis's permit", || {
+        let (direct, hold) = (&direct, &hold);
+        async move { direct.try_acquire("k", hold).await.ok() }
+    })
+    .await;
+    // The relay answers at once again.
+    tollgate_testkit::eventually(Duration::from_secs(10), "a prompt answer", || async {
+        let t = Instant::now();
+        let answered = match permits.try_acquire("other", &hold).await {
+            Ok(_) | Err(Error::Busy { .. }) => true,
+            Err(_) => false,
+        };
+        (answered && t.elapsed() < Duration::from_millis(200)).then_some(())
+    })
+    .await;
+    let bound = Duration::from_secs(2);
+    let wait = LockOptions::new().wait(bound);
+    let started = Instant::now();
+    let waiting = permits.acquire("k", &wait);
+    let silence = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        relay.set(Duration::from_secs(3600));
+    };
+    let (got, ()) = tokio::join!(waiting, silence);
+    let took = started.elapsed();
+    assert!(matches!(got, Err(Error::Busy { .. })), "{got:?}");
+    // The bound, one round trip's timeout and slack; a second bound
+    // (3.5 s and more) is what it used to take.
+    assert!(took < Duration::from_millis(3300), "{took:?}");
+}

@@ -220,6 +220,7 @@ impl Semaphore {
         // (which fails open) or into a local permit's refusal.
         self.core.check_weight(weight)?;
         self.core.first_ttl(options)?;
+        let started = std::time::Instant::now();
         let result = self
             .breaker
             .call(self.core.acquire(name.clone(), options, wait, weight))
@@ -234,7 +235,21 @@ impl Semaphore {
                         retry_after: None,
                     });
                 }
-                local.acquire(name, options, wait, weight).await
+                // The wait bound is the whole acquire's: the local share gets
+                // what the backend's attempt left of it.
+                let left = options
+                    .wait_bound()
+                    .map(|w| w.saturating_sub(started.elapsed()));
+                match left {
+                    Some(left) if wait && left.is_zero() => {
+                        local.acquire(name, options, false, weight).await
+                    }
+                    Some(left) if wait => {
+                        let options = options.clone().wait(left);
+                        local.acquire(name, &options, wait, weight).await
+                    }
+                    _ => local.acquire(name, options, wait, weight).await,
+                }
             }
             (other, _) => other,
         }
