@@ -12,7 +12,7 @@ use futures_util::FutureExt;
 
 use super::{lock, MemoryBackend};
 use crate::error::Result;
-use crate::store::{AdminBackend, AdminListener, DenialCount};
+use crate::store::{AdminBackend, AdminListener, DenialCount, ALIVE};
 
 /// The operator plane's state of one [`MemoryBackend`].
 #[derive(Default)]
@@ -180,10 +180,10 @@ impl AdminBackend for MemoryBackend {
     }
 
     fn watch(&self, channel: &str, _version_key: &str, listener: AdminListener) {
-        guard(&self.inner.admin.listeners)
-            .entry(channel.to_owned())
-            .or_default()
-            .push(listener);
+        let mut all = guard(&self.inner.admin.listeners);
+        let listeners = all.entry(channel.to_owned()).or_default();
+        listeners.retain(|l| l(ALIVE));
+        listeners.push(listener);
     }
 
     fn add_denials<'a>(
@@ -277,5 +277,33 @@ impl AdminBackend for MemoryBackend {
         top.sort_by(|a, b| b.denied.cmp(&a.denied).then(a.subject.cmp(&b.subject)));
         top.truncate(n);
         ready(top)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guard;
+    use crate::{Algorithm, MemoryBackend, Quota, RateLimiter};
+
+    /// Limiters built and dropped by the thousand (per tenant, per test)
+    /// leave no listener behind on the store that outlives them.
+    #[tokio::test]
+    async fn dropped_limiters_leave_no_listener() {
+        let backend = MemoryBackend::new();
+        let build = || {
+            RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+                .quota(Quota::per_second(1))
+                .build()
+                .unwrap()
+        };
+        for _ in 0..1000 {
+            drop(build());
+        }
+        let _kept = build();
+        let listeners: usize = guard(&backend.inner.admin.listeners)
+            .values()
+            .map(Vec::len)
+            .sum();
+        assert_eq!(listeners, 1);
     }
 }

@@ -15,7 +15,7 @@ use crate::keyspace::Subject;
 use crate::plane::notices::{Action, Notice, Notices};
 use crate::plane::registry::keep_registered;
 use crate::plane::views::{LimiterInfo, QuotaInfo, Registered, SubjectState};
-use crate::store::{RateRequest, EVERYTHING};
+use crate::store::{RateRequest, ALIVE, EVERYTHING};
 
 /// The longest block [`RateLimiter::block`] and the operator's tools take
 /// (366 days): longer is a typo, not a policy.
@@ -59,6 +59,7 @@ impl RateLimiter {
             &notices.channel,
             &notices.version_key,
             Arc::new(move |message| match me.upgrade() {
+                Some(_) if message == ALIVE => true,
                 Some(inner) => {
                     RateLimiter { inner }.hear(message);
                     true

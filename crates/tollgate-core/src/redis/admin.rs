@@ -16,7 +16,7 @@ use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, THROTTLED_ADD};
 use super::RedisBackend;
 use crate::error::{redis_error, Result};
 use crate::store::{
-    millis_ceil, AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL,
+    millis_ceil, AdminBackend, AdminListener, DenialCount, ALIVE, EVERYTHING, VERSION_POLL,
 };
 
 /// Seconds of traffic counts per hash.
@@ -209,6 +209,7 @@ impl AdminBackend for RedisBackend {
     fn watch(&self, channel: &str, version_key: &str, listener: AdminListener) {
         let mut channels = self.watchers.lock();
         let c = channels.entry(channel.to_owned()).or_default();
+        c.listeners.retain(|l| l(ALIVE));
         c.listeners.push(listener);
         if c.running {
             return;

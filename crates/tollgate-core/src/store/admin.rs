@@ -11,8 +11,13 @@ use crate::error::Result;
 
 /// Called with every message of the admin channel a store watches; returns
 /// whether it still wants them (a listener whose limiter is gone is
-/// dropped).
+/// dropped). Called with [`ALIVE`], it only says so: a store asks before
+/// it adds a listener, so that limiters built and dropped by the thousand
+/// leave none behind.
 pub type AdminListener = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// The message that only asks an [`AdminListener`] whether it is alive.
+pub const ALIVE: &str = "";
 
 /// The longest an instance that missed an admin message keeps serving
 /// what it cached: a store's watcher polls the version stamp this often.
@@ -94,7 +99,8 @@ pub trait AdminBackend: Send + Sync + 'static {
     /// on, for as long as the store lives (reconnecting as needed); and
     /// with [`EVERYTHING`] when the version stamp `version_key` moved
     /// without a message (one was lost). One subscription per channel,
-    /// however many listeners.
+    /// however many listeners; the listeners that say they are gone when
+    /// asked with [`ALIVE`] are dropped first.
     fn watch(&self, channel: &str, version_key: &str, listener: AdminListener);
 
     /// Adds `counts` to the throttled list under `key` (kept `ttl` after

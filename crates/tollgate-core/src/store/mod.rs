@@ -14,7 +14,7 @@ mod idempotency;
 mod lock;
 mod rate;
 
-pub use self::admin::{AdminBackend, AdminListener, DenialCount, EVERYTHING, VERSION_POLL};
+pub use self::admin::{AdminBackend, AdminListener, DenialCount, ALIVE, EVERYTHING, VERSION_POLL};
 pub use self::holders::LockHolder;
 pub(crate) use self::holders::{parse_description, parse_lock_key};
 pub(crate) use self::idempotency::parse_record_key;
