@@ -208,6 +208,7 @@ async fn suite(kind: Kind) {
     edges::a_lost_claim_cancels_the_handler_and_stores_nothing(kind).await;
     edges::a_lost_claim_continues_when_told(kind).await;
     edges::replays_carry_what_the_body_needs(kind).await;
+    edges::a_failed_grpc_call_is_not_stored(kind).await;
 }
 
 idempotency_on_every_backend!(suite);

@@ -307,6 +307,7 @@ async fn settle(
     shared: Arc<Shared>,
 ) -> (http::response::Parts, Buffered) {
     let read = read_capped(body, shared.max_stored_body).await;
+    let failed = grpc_failed(&head.headers, &read);
     match &read {
         Buffered::Whole {
             tail: Some(Tail::Error(_)),
@@ -316,13 +317,24 @@ async fn settle(
                 .abandon("abandoned", "the response body failed")
                 .await;
         }
+        // A gRPC call's outcome is its `grpc-status`, not its HTTP 200: a
+        // failed call is not stored (a retry runs again), as a 5xx is not.
+        _ if failed => {
+            holding
+                .abandon("not_stored", "the gRPC status is not OK")
+                .await;
+        }
         _ if !(shared.store_when)(head.status) => {
             holding
                 .abandon("not_stored", "the status is not stored")
                 .await;
         }
         Buffered::Whole { data, tail: None } => {
-            let headers = head.headers.iter().filter(|(n, _)| shared.replays(n));
+            // A trailers-only gRPC answer carries its status in its headers.
+            let headers = head
+                .headers
+                .iter()
+                .filter(|(n, _)| shared.replays(n) || is_grpc_status(n));
             let headers = headers.map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()));
             let stored =
                 StoredResponse::new(head.status.as_u16(), headers.collect(), data.to_vec());
@@ -340,6 +352,28 @@ async fn settle(
         }
     }
     (head, read)
+}
+
+/// Whether a gRPC response says its call failed: a `grpc-status` other
+/// than 0 in its headers (a trailers-only answer) or its trailers.
+fn grpc_failed(headers: &http::HeaderMap, read: &Buffered) -> bool {
+    let trailers = match read {
+        Buffered::Whole {
+            tail: Some(Tail::Trailers(t)),
+            ..
+        } => Some(t),
+        _ => None,
+    };
+    let status = headers
+        .get("grpc-status")
+        .or_else(|| trailers.and_then(|t| t.get("grpc-status")));
+    status.is_some_and(|s| s.as_bytes() != b"0")
+}
+
+/// `grpc-status` and `grpc-message`: stored and replayed with a
+/// trailers-only gRPC answer, whatever the allow-list.
+fn is_grpc_status(name: &HeaderName) -> bool {
+    name.as_str() == "grpc-status" || name.as_str() == "grpc-message"
 }
 
 /// The stored response, replayed: status, allow-listed headers, the body
@@ -360,7 +394,7 @@ fn replay<F>(shared: &Shared, parts: &Parts, stored: StoredResponse, digest: &st
         let name = HeaderName::from_bytes(name.as_bytes());
         let value = HeaderValue::from_bytes(&value);
         if let (Ok(name), Ok(value)) = (name, value) {
-            if shared.replays(&name) {
+            if shared.replays(&name) || is_grpc_status(&name) {
                 h.append(name, value);
             }
         }

@@ -48,8 +48,9 @@
 //!      default). A body that grows past `max_stored_body` is buffered
 //!      no further: the key is completed as not replayable, and the client
 //!      gets the bytes read, then the rest as the handler produces it (a
-//!      download, a stream of events). When the status is not stored, the
-//!      inner service fails, the response body fails or the request is
+//!      download, a stream of events). When the status is not stored (for
+//!      gRPC, whose HTTP status is always 200: a `grpc-status` other than
+//!      0), the inner service fails, the response body fails or the request is
 //!      dropped before the handler returned (the client went away), the
 //!      claim is abandoned so that a retry runs again. Once the handler has
 //!      returned, its response is read and stored even if the client goes

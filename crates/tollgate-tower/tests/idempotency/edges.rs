@@ -17,7 +17,7 @@ use tollgate_tower::key::HeaderKey;
 use tollgate_tower::lock::OnLeaseLost;
 use tollgate_tower::IdempotencyLayer;
 
-use super::common::idempotency::{builder, failing_completes, Kind, BOUND};
+use super::common::idempotency::{builder, failing_completes, store, Kind, BOUND};
 use super::common::unique;
 use super::{app, held, req, send, with, Handler};
 
@@ -207,4 +207,41 @@ pub(crate) async fn replays_carry_what_the_body_needs(kind: Kind) {
         }
         assert_eq!(h.runs(), 2);
     }
+}
+
+/// A gRPC call answers HTTP 200 whatever its outcome: its `grpc-status`
+/// says it. A failed call (UNAVAILABLE, trailers-only) is not stored, so a
+/// retry runs again; a trailers-only OK replays with its status.
+pub(crate) async fn a_failed_grpc_call_is_not_stored(kind: Kind) {
+    async fn call(State(h): State<Handler>, headers: http::HeaderMap) -> Response {
+        h.runs.fetch_add(1, Ordering::SeqCst);
+        let status = headers["x-grpc-status"].clone();
+        let mut res = StatusCode::OK.into_response();
+        let out = res.headers_mut();
+        out.insert("content-type", HeaderValue::from_static("application/grpc"));
+        out.insert("grpc-status", status);
+        res
+    }
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = Router::new()
+        .route("/pkg.Svc/Call", post(call))
+        .layer(layer)
+        .with_state(h.clone());
+    let key = unique("k");
+    let k = Some(key.as_bytes());
+    let grpc = |status: &str| with(req("/pkg.Svc/Call", "t1", k, "1"), "x-grpc-status", status);
+    let failed = send(&app, grpc("14")).await;
+    assert_eq!(failed.headers["grpc-status"], "14");
+    let ok = send(&app, grpc("0")).await;
+    assert_eq!(ok.headers["grpc-status"], "0");
+    assert_eq!(
+        h.runs.load(Ordering::SeqCst),
+        2,
+        "the failed call was stored"
+    );
+    let replay = send(&app, grpc("0")).await;
+    assert_eq!(replay.headers["grpc-status"], "0");
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(h.runs.load(Ordering::SeqCst), 2);
 }
