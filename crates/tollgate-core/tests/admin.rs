@@ -450,6 +450,40 @@ async fn inspect_waits_as_long_as_the_operator_says() {
     assert!(matches!(e, Error::Timeout(_)), "{e}");
 }
 
+/// A plan change runs a second algorithm under one name for a while, each
+/// on keys of its own: both are listed, a reset gives the subject its
+/// quota back on both, and inspect shows the one with less left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_two_algorithms_is_reset_on_both() {
+    for backend in [MemoryBackend::new().into(), standalone().await] {
+        let prefix = prefix();
+        let build = |algorithm, n| {
+            RateLimiter::builder(Backend::clone(&backend), algorithm)
+                .quota(Quota::per_hour(n))
+                .prefix(&prefix)
+                .name("api")
+                .deny_cache(0)
+                .build()
+                .unwrap()
+        };
+        let (old, new) = (build(Algorithm::Gcra, 1), build(Algorithm::FixedWindow, 2));
+        let admin = Admin::new(backend.clone()).with_prefix(&prefix);
+        eventually(WAIT, "both registered", || async {
+            admin.limiters().await.ok().filter(|l| l.len() == 2)
+        })
+        .await;
+        let alice = Subject::new("alice");
+        assert!(old.check(&alice).await.unwrap().allowed);
+        assert!(new.check(&alice).await.unwrap().allowed);
+        assert!(!old.check(&alice).await.unwrap().allowed);
+        assert_eq!(admin.inspect("api", &alice).await.unwrap().remaining, 0);
+        admin.reset("api", &alice).await.unwrap();
+        assert!(old.check(&alice).await.unwrap().allowed);
+        let d = new.check(&alice).await.unwrap();
+        assert!(d.allowed && d.remaining == 1, "{d:?}");
+    }
+}
+
 /// A message published while an instance's subscription is down is not
 /// lost for good: once it subscribes again it reads the version stamp,
 /// sees it moved, and forgets what it cached.

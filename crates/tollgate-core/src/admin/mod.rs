@@ -138,30 +138,56 @@ impl Admin {
     }
 
     /// The limiter registered as `name`, rebuilt from its description
-    /// (same keys, same quotas, no deny cache, failing closed).
+    /// (same keys, same quotas, no deny cache, failing closed); the first
+    /// found when a plan change runs two algorithms under the name.
     /// [`Error::NotRegistered`] when there is none.
     pub async fn limiter(&self, name: &str) -> Result<RateLimiter> {
-        let info = self
+        let mut all = self.limiters_named(name).await?;
+        Ok(all.swap_remove(0))
+    }
+
+    /// Every limiter registered as `name`, rebuilt: one per algorithm (a
+    /// plan change may run a second one under the name, on keys of its
+    /// own, while instances move over). Never empty.
+    async fn limiters_named(&self, name: &str) -> Result<Vec<RateLimiter>> {
+        let all = self
             .registered_limiters()
             .await?
             .into_iter()
-            .find(|l| l.name == name)
-            .ok_or_else(|| Error::NotRegistered(format!("limiter {name:?}")))?;
-        rebuild::rebuild(&self.backend, &self.prefix, &info, self.timeout)
+            .filter(|l| l.name == name)
+            .map(|info| rebuild::rebuild(&self.backend, &self.prefix, &info, self.timeout))
+            .collect::<Result<Vec<_>>>()?;
+        if all.is_empty() {
+            return Err(Error::NotRegistered(format!("limiter {name:?}")));
+        }
+        Ok(all)
     }
 
-    /// What the limiter `limiter` holds for `subject` now.
+    /// What the limiter `limiter` holds for `subject` now: of several
+    /// algorithms under the name, the one with the fewest units left.
     pub async fn inspect(&self, limiter: &str, subject: &Subject) -> Result<SubjectState> {
-        self.limiter(limiter).await?.inspect(subject).await
+        let mut least: Option<SubjectState> = None;
+        for l in self.limiters_named(limiter).await? {
+            let state = l.inspect(subject).await?;
+            if least.as_ref().is_none_or(|s| state.remaining < s.remaining) {
+                least = Some(state);
+            }
+        }
+        Ok(least.expect("limiters_named is never empty"))
     }
 
-    /// Gives `subject` its whole quota back on `limiter`, fleet-wide.
+    /// Gives `subject` its whole quota back on `limiter`, fleet-wide (on
+    /// every algorithm registered under the name).
     pub async fn reset(&self, limiter: &str, subject: &Subject) -> Result<()> {
-        self.limiter(limiter).await?.reset(subject).await
+        for l in self.limiters_named(limiter).await? {
+            l.reset(subject).await?;
+        }
+        Ok(())
     }
 
     /// Refuses `subject` on `limiter` for `duration` whatever its quota
-    /// says, fleet-wide (a later block replaces it).
+    /// says, fleet-wide (a later block replaces it). The block is the
+    /// name's, whatever algorithm checks it.
     pub async fn block(&self, limiter: &str, subject: &Subject, duration: Duration) -> Result<()> {
         self.limiter(limiter).await?.block(subject, duration).await
     }

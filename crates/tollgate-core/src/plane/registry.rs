@@ -1,6 +1,7 @@
 //! The registry: one hash per prefix (`<prefix>:registry`), a field per
-//! limiter, semaphore or idempotency store (`<kind>:<name>`) holding its
-//! description as JSON, written once when it is built.
+//! limiter (`limiter:<name>:<algorithm>`), semaphore or idempotency store
+//! (`<kind>:<name>`) holding its description as JSON, written once when it
+//! is built.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +18,9 @@ pub(crate) fn registry_key(prefix: &str) -> String {
 impl Registered {
     fn field(&self) -> String {
         match self {
-            Registered::Limiter(l) => format!("limiter:{}", l.name),
+            // A plan change may run a second algorithm under one name (on
+            // keys of its own) for a while: each is listed, and reset.
+            Registered::Limiter(l) => format!("limiter:{}:{}", l.name, l.algorithm),
             Registered::Semaphore { name, .. } => format!("semaphore:{name}"),
             Registered::Idempotency { name } => format!("idempotency:{name}"),
         }
