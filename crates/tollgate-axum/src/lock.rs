@@ -58,12 +58,17 @@ pub trait LockResource<S>: 'static {
     fn key(state: &S) -> Self::Key;
 
     /// How the lock is taken: TTL, wait bound, renewal, hold cap. The
-    /// default is [`LockOptions::new`]: a 30 s TTL renewed while held for at
+    /// default is the [`Locker`]'s own
+    /// ([`default_options`](tollgate_core::lock::LockerBuilder::default_options)),
+    /// as a [`LockLayer`](tollgate_tower::LockLayer) on it takes: unless set
+    /// there, [`LockOptions::new`] — a 30 s TTL renewed while held for at
     /// most max(20 × TTL, 10 min), and no waiting (a busy resource answers
     /// 409 at once).
-    fn options(state: &S) -> LockOptions {
-        let _ = state;
-        LockOptions::new()
+    fn options(state: &S) -> LockOptions
+    where
+        Locker: FromRef<S>,
+    {
+        Locker::from_ref(state).default_options().clone()
     }
 }
 

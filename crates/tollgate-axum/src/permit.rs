@@ -62,13 +62,18 @@ pub trait PermitResource<S>: 'static {
         None
     }
 
-    /// How the permit is taken: its TTL and wait bound. Default
-    /// [`LockOptions::new`]: a 30 s TTL, no waiting. The permit is renewed
-    /// every TTL/3 for as long as the [`HeldPermit`] lives, whatever these
-    /// options say of renewal and the hold cap (as the layer's).
-    fn options(state: &S) -> LockOptions {
-        let _ = state;
-        LockOptions::new()
+    /// How the permit is taken: its TTL and wait bound. Default: the
+    /// [`Semaphore`]'s own (its builder's `default_options`), as a
+    /// [`ConcurrencyLimitLayer`](tollgate_tower::ConcurrencyLimitLayer) on
+    /// it takes; unless set there, [`LockOptions::new`] — a 30 s TTL, no
+    /// waiting. The permit is renewed every TTL/3 for as long as the
+    /// [`HeldPermit`] lives, whatever these options say of renewal and the
+    /// hold cap (as the layer's).
+    fn options(state: &S) -> LockOptions
+    where
+        Semaphore: FromRef<S>,
+    {
+        Semaphore::from_ref(state).default_options().clone()
     }
 }
 
