@@ -115,6 +115,8 @@ pub struct RateLimitHeaders {
     policies: Vec<Policy>,
     /// The quota unit (`qu`), when not requests.
     unit: Option<String>,
+    /// The limiter's algorithm: a fallback share's windows are its.
+    algorithm: Algorithm,
     format: HeaderFormat,
     /// The [`Write::Fixed`] fields of every format, made once:
     /// `fixed[row][field]`, rows as in [`FORMATS`].
@@ -158,6 +160,7 @@ impl RateLimitHeaders {
             items: policies.iter().map(|p| sf_string(&p.name)).collect(),
             policies,
             unit: None,
+            algorithm,
             format: HeaderFormat::default(),
             fixed: Vec::new(),
         }
@@ -291,9 +294,22 @@ impl RateLimitHeaders {
 
     /// The format's headers for `decision`: a fail-open decision (the
     /// backend was unreachable) gets the fixed ones only (the policy),
-    /// never made-up remaining counts.
+    /// never made-up remaining counts; a fallback decision's policy is
+    /// the local share it was counted on.
     pub fn for_decision(&self, decision: &Decision) -> HeaderMap {
         DecisionHeaders::new(self, decision, true, false).into_map()
+    }
+
+    /// The same formatter with the quotas a fallback decision was taken
+    /// on (this instance's share, while the store is down): its
+    /// `RateLimit-Policy` then names the limit `RateLimit` counts against.
+    pub(crate) fn for_share(&self, decision: &Decision) -> RateLimitHeaders {
+        let mut share = self.clone();
+        for (p, q) in share.policies.iter_mut().zip(decision.quotas.iter()) {
+            p.q = q.limit;
+            p.w = window_secs(self.algorithm, &q.quota);
+        }
+        share
     }
 
     /// Adds the format's fixed fields (`RateLimit-Policy`) to `target`:
@@ -454,6 +470,17 @@ mod tests {
         d.source = DecisionSource::FailOpen;
         assert_eq!(names(&map(&draft, &d, true, true)), ["ratelimit-policy"]);
         assert!(map(&legacy, &d, true, true).is_empty());
+
+        // A fallback decision's policy is the local share it counts on.
+        assert_eq!(
+            map(&draft, &d, true, false)["ratelimit-policy"],
+            r#""fmt";q=3;w=60"#
+        );
+        d.source = DecisionSource::Fallback;
+        d.quotas[0].limit = 1;
+        let share = map(&draft, &d, true, false);
+        assert_eq!(share["ratelimit-policy"], r#""fmt";q=1;w=60"#);
+        assert_eq!(map(&draft, &d, true, false).len(), 2);
     }
 
     /// Every format has exactly one row, and the rows' names are distinct.

@@ -151,8 +151,11 @@ async fn fallback_uses_the_local_limiter_with_a_share_of_the_limit() {
     for _ in 0..2 {
         let r = bounded_send(&app).await;
         assert_eq!((r.status, r.body.as_str()), (StatusCode::OK, "Fallback"));
-        // The local limiter's figures are real: they are reported.
+        // The local limiter's figures are real: they are reported, with
+        // the share they count against as the policy.
         assert!(r.header("ratelimit").is_some());
+        let policy = r.header("ratelimit-policy").unwrap();
+        assert!(policy.contains(";q=2;"), "{policy}");
     }
     let r = bounded_send(&app).await;
     assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);

@@ -192,12 +192,18 @@ impl DecisionHeaders {
         legacy: bool,
     ) -> Self {
         let mut fields = Fields::default();
+        // A fallback decision counts against this instance's share: its
+        // policy is the share's, made for this response (only while the
+        // store is down).
+        let share =
+            (decision.source == DecisionSource::Fallback).then(|| formatter.for_share(decision));
         let mut write = |format: HeaderFormat| {
             let fixed = &formatter.fixed[format.row()];
             for (field, fixed) in format.fields().iter().zip(&fixed[..]) {
-                let value = match field.write {
-                    Write::Fixed(_) => fixed.clone(),
-                    Write::PerDecision(make) => make(formatter, decision),
+                let value = match (field.write, &share) {
+                    (Write::Fixed(make), Some(share)) => make(share),
+                    (Write::Fixed(_), None) => fixed.clone(),
+                    (Write::PerDecision(make), _) => make(formatter, decision),
                 };
                 if let Some(value) = value {
                     fields.push((field, value));
