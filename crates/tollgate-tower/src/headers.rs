@@ -11,7 +11,9 @@
 //! | [`Legacy`](HeaderFormat::Legacy) | `X-RateLimit-Limit`, `-Remaining`, `-Reset` (seconds, rounded up) of the strictest quota | set if absent: the innermost figures win |
 //!
 //! A decision that failed open (the backend was unreachable) gets the
-//! fields made once per limiter only, never made-up figures.
+//! fields made once per limiter only, never made-up figures. A fallback
+//! decision (the store down, this instance's share of the limit deciding)
+//! reports that share as its `RateLimit-Policy`.
 
 use std::time::Duration;
 
