@@ -24,6 +24,13 @@ use crate::store::{Holders, LockBackend, LockKeys};
 /// Poll bound when no release subscription is established.
 const POLL_WITHOUT_PUBSUB: Duration = Duration::from_millis(50);
 
+/// The longest a fair waiter goes without trying again, whatever the poll
+/// interval (an endless one relies on release notices): each try refreshes
+/// its ticket, whose TTL follows from it, so a waiter that died at the head
+/// of the queue holds the others back for seconds, not for as long as the
+/// poll interval.
+const FAIR_REFRESH: Duration = Duration::from_secs(5);
+
 /// The pause after a split vote: uniform in [1 ms, max(5 ms, 4 × the
 /// attempt's duration)].
 fn split_pause(attempt: Duration) -> Duration {
@@ -253,14 +260,24 @@ impl Core {
     }
 
     /// How long a fair waiter's ticket lives unless refreshed: two rounds of
-    /// (poll + round trip), so a live waiter always refreshes it in time and
-    /// a dead one blocks the queue for at most this long. Saturating and
-    /// capped: an endless poll interval is allowed and must not panic here.
+    /// (the refresh interval + round trip), so a live waiter always
+    /// refreshes it in time and a dead one blocks the queue for at most
+    /// this long. Saturating and capped.
     fn ticket_ttl(&self) -> Duration {
-        self.poll_interval
+        self.refresh_interval()
             .saturating_add(self.instances.timeout)
             .saturating_mul(2)
             .min(MAX_LOCK_DURATION)
+    }
+
+    /// The longest a waiter goes without trying: the poll interval, at
+    /// most [`FAIR_REFRESH`] on a fair name.
+    fn refresh_interval(&self) -> Duration {
+        if self.fair {
+            self.poll_interval.min(FAIR_REFRESH)
+        } else {
+            self.poll_interval
+        }
     }
 
     /// A lease on a lock that a script other than the lock's own acquire
@@ -375,9 +392,9 @@ impl Core {
     /// the lock's remaining TTL (an expiring lock publishes nothing).
     fn pause(&self, pttl: Option<Duration>) -> Duration {
         let cap = if self.instances.waiters.live() {
-            self.poll_interval
+            self.refresh_interval()
         } else {
-            self.poll_interval.min(POLL_WITHOUT_PUBSUB)
+            self.refresh_interval().min(POLL_WITHOUT_PUBSUB)
         };
         let jittered = cap.mul_f64(0.5 + 0.5 * unit_random());
         let bounded = match pttl {

@@ -37,6 +37,31 @@ fn durations_are_bounded() {
     assert!(instant_after(now, Duration::MAX) >= now + MAX_LOCK_DURATION);
 }
 
+/// A fair name's waiters try again at least every FAIR_REFRESH, whatever
+/// the poll interval, so a waiter that died at the head of the queue holds
+/// the others back for seconds: its ticket's TTL follows.
+#[test]
+fn a_fair_waiters_ticket_lives_seconds_whatever_the_poll() {
+    for poll in [
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+        Duration::MAX,
+    ] {
+        let settings = Settings {
+            fair: true,
+            poll_interval: poll,
+            ..Settings::default()
+        };
+        let one = vec![Arc::new(MemoryBackend::new()) as Arc<dyn LockBackend>];
+        let c = Core::new(one, false, settings).unwrap();
+        let most = (poll.min(FAIR_REFRESH) + c.instances.timeout) * 2;
+        assert_eq!(c.ticket_ttl(), most, "{poll:?}");
+        for _ in 0..20 {
+            assert!(c.pause(None) <= FAIR_REFRESH, "{poll:?}");
+        }
+    }
+}
+
 #[test]
 fn fence_keys_live_an_hour_and_at_least_ten_ttls() {
     let c = core(false, 1);

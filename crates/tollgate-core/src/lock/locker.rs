@@ -520,7 +520,9 @@ impl<T: Built> LockerBuilder<T> {
 
     /// The upper bound of a waiter's fallback poll (default 500 ms), used
     /// when no release notification arrives; the poll is also bounded by
-    /// the lock's remaining TTL, and jittered.
+    /// the lock's remaining TTL, and jittered. On a [fair](Self::fair)
+    /// name it is at most 5 s: each try refreshes the waiter's place in the
+    /// queue, which a waiter that died gives up within two of them.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.settings.poll_interval = interval;
         self
