@@ -69,8 +69,10 @@ where
 }
 
 /// The plan named by a request header (a gateway in front that resolved the
-/// caller's plan, say); missing, not visible ASCII, or not in the table: the
-/// default plan. Only trust a header that clients cannot set themselves.
+/// caller's plan, say); missing, sent more than once, not visible ASCII, or
+/// not in the table: the default plan. Only trust a header that clients
+/// cannot set themselves (a proxy that appends its value to the client's
+/// leaves two: the default plan, never the client's choice).
 ///
 /// ```
 /// use http::Request;
@@ -89,6 +91,10 @@ where
 /// let head = |v: &str| Request::get("/").header("x-plan", v).body(()).unwrap().into_parts().0;
 /// assert_eq!(plan.select(&head("pro"), &table).name(), "pro");
 /// assert_eq!(plan.select(&head("gold"), &table).name(), "free");
+/// // A client's "pro" with the proxy's "free" appended: the default.
+/// let twice = Request::get("/").header("x-plan", "pro").header("x-plan", "free");
+/// let twice = twice.body(()).unwrap().into_parts().0;
+/// assert_eq!(plan.select(&twice, &table).name(), "free");
 /// ```
 #[derive(Debug, Clone)]
 pub struct PlanHeader {
@@ -96,7 +102,9 @@ pub struct PlanHeader {
 }
 
 impl PlanHeader {
-    /// Reads the first value of header `name` (case-insensitive). Panics if
+    /// Reads header `name` (case-insensitive). A request that carries it
+    /// more than once gets the default plan: a proxy that appends its own
+    /// value to a client's must not let the client's choose. Panics if
     /// `name` is not a valid header name.
     pub fn new(name: &str) -> Self {
         let name = HeaderName::from_bytes(name.as_bytes())
@@ -107,7 +115,11 @@ impl PlanHeader {
 
 impl PlanSelector for PlanHeader {
     fn select<'t>(&self, req: &Parts, plans: &'t PlanTable) -> &'t Plan {
-        let name = req.headers.get(&self.name).and_then(|v| v.to_str().ok());
+        let mut values = req.headers.get_all(&self.name).iter();
+        let name = match (values.next(), values.next()) {
+            (Some(one), None) => one.to_str().ok(),
+            _ => None,
+        };
         plans.select(name)
     }
 }
