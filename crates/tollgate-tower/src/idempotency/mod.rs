@@ -72,9 +72,11 @@
 //!      retry accepts: put a compression layer outside this one to
 //!      negotiate per request. A response larger than
 //!      [`max_stored_body`](IdempotencyLayer::max_stored_body) (or one with
-//!      trailers) is stored as "completed, not replayable": a retry gets
-//!      **409** saying so, and the handler never runs twice for one key
-//!      while its record lives;
+//!      trailers, as a successful gRPC call's) is stored as "completed, not
+//!      replayable": a retry gets **409** saying so, and the handler never
+//!      runs twice for one key while its record lives. That holds for a
+//!      gRPC stream past `max_stored_body` whatever its status (its
+//!      trailers come after the record is written);
 //!    - **in flight**: **409** with `Retry-After` (the holder's remaining
 //!      lease, whole seconds, at least 1);
 //!    - another payload under the same key: **422**;

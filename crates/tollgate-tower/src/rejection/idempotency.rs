@@ -42,7 +42,8 @@ impl Rejection {
             Some(Middleware::Idempotency),
             format!(
                 "the request with this Idempotency-Key was already processed (status {status}), \
-                 but its response was too large to store and cannot be replayed"
+                 but its response was not stored (too large, or ended with trailers, as a \
+                 gRPC call's does) and cannot be replayed"
             ),
         )
     }
