@@ -484,6 +484,28 @@ async fn a_name_with_two_algorithms_is_reset_on_both() {
     }
 }
 
+/// `block_at_least` (what pacing an upstream uses) keeps a block that
+/// lasts longer: a later, shorter wait must not lift it; a longer one
+/// extends it; `block` (the operator's) replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_at_least_keeps_a_longer_block() {
+    for backend in [MemoryBackend::new().into(), standalone().await] {
+        let prefix = prefix();
+        let l = login(&backend, &prefix, 0);
+        let s = Subject::new("s");
+        let left = || async { l.blocked_for(&s).await.unwrap().unwrap() };
+        l.block_at_least(&s, Duration::from_secs(60)).await.unwrap();
+        l.block_at_least(&s, Duration::from_secs(1)).await.unwrap();
+        assert!(left().await > Duration::from_secs(58));
+        l.block_at_least(&s, Duration::from_secs(120))
+            .await
+            .unwrap();
+        assert!(left().await > Duration::from_secs(118));
+        l.block(&s, Duration::from_secs(1)).await.unwrap();
+        assert!(left().await <= Duration::from_secs(1));
+    }
+}
+
 /// A message published while an instance's subscription is down is not
 /// lost for good: once it subscribes again it reads the version stamp,
 /// sees it moved, and forgets what it cached.

@@ -123,12 +123,21 @@ impl AdminBackend for MemoryBackend {
         ready(())
     }
 
-    fn set_block<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<()>> {
+    fn set_block<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        at_least: bool,
+    ) -> BoxFuture<'a, Result<()>> {
         let admin = &self.inner.admin;
         let ends = self
             .now()
             .saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
         let mut blocks = guard(&admin.blocks);
+        let ends = match blocks.get(key) {
+            Some(&current) if at_least => current.max(ends),
+            _ => ends,
+        };
         blocks.insert(key.to_owned(), ends);
         admin.earliest_end.fetch_min(ends, Ordering::Relaxed);
         admin.block_count.store(blocks.len(), Ordering::Relaxed);

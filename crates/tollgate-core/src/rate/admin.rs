@@ -111,7 +111,9 @@ impl RateLimiter {
                 let keys = fallback.keys_for(&subject);
                 let done = match (notice.action, notice.millis) {
                     (Action::Reset, _) => store.delete(&keys),
-                    (Action::Block, Some(ms)) => store.set_block(&block, Duration::from_millis(ms)),
+                    (Action::Block, Some(ms)) => {
+                        store.set_block(&block, Duration::from_millis(ms), false)
+                    }
                     (Action::Block, None) | (Action::Unblock, _) => store.unblock(&block),
                 };
                 let _ = futures_util::FutureExt::now_or_never(done);
@@ -254,6 +256,17 @@ impl RateLimiter {
     /// replaces this one. A duration of zero or over a year is refused
     /// with [`Error::InvalidConfig`].
     pub async fn block(&self, subject: &Subject, duration: Duration) -> Result<()> {
+        self.set_block(subject, duration, false).await
+    }
+
+    /// [`block`](Self::block) for at least `duration`: a block in place
+    /// that ends later stays as it is. What pacing an upstream asks for:
+    /// a later, shorter wait must not lift an earlier, longer one.
+    pub async fn block_at_least(&self, subject: &Subject, duration: Duration) -> Result<()> {
+        self.set_block(subject, duration, true).await
+    }
+
+    async fn set_block(&self, subject: &Subject, duration: Duration, at_least: bool) -> Result<()> {
         if duration.is_zero() || duration > LONGEST_BLOCK {
             return Err(Error::InvalidConfig(format!(
                 "a block of {duration:?}: between 1 ms and a year"
@@ -262,7 +275,7 @@ impl RateLimiter {
         self.traced(Action::Block, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             store
-                .set_block(&self.block_key_for(subject), duration)
+                .set_block(&self.block_key_for(subject), duration, at_least)
                 .await?;
             self.revoke_leases(subject, Revocation::Block);
             self.announce(Action::Block, subject, Some(duration)).await

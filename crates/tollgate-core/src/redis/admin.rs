@@ -148,10 +148,16 @@ impl AdminBackend for RedisBackend {
         .boxed()
     }
 
-    fn set_block<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<()>> {
+    fn set_block<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        at_least: bool,
+    ) -> BoxFuture<'a, Result<()>> {
         async move {
             self.invoke(&RATE_BLOCK_SET, |cmd| {
-                cmd.arg(1).arg(key).arg(millis_ceil(ttl).max(1));
+                let mode = if at_least { "1" } else { "0" };
+                cmd.arg(1).arg(key).arg(millis_ceil(ttl).max(1)).arg(mode);
             })
             .await?;
             Ok(())

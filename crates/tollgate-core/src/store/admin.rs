@@ -73,8 +73,14 @@ pub trait AdminBackend: Send + Sync + 'static {
     /// Deletes `keys` (one subject's: one hash tag).
     fn delete<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Result<()>>;
 
-    /// Sets the block `key` for `ttl` (replacing an earlier one).
-    fn set_block<'a>(&'a self, key: &'a str, ttl: Duration) -> BoxFuture<'a, Result<()>>;
+    /// Sets the block `key` for `ttl`: replacing an earlier one, or, with
+    /// `at_least`, only where it would end later than the one in place.
+    fn set_block<'a>(
+        &'a self,
+        key: &'a str,
+        ttl: Duration,
+        at_least: bool,
+    ) -> BoxFuture<'a, Result<()>>;
 
     /// Lifts the block `key`.
     fn unblock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<()>>;

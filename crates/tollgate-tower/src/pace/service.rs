@@ -166,7 +166,9 @@ impl Slot {
             let Some((asked, duration)) = lesson.block else {
                 return;
             };
-            let blocking = shared.limiter.block(subject, duration);
+            // At least: a shorter wait asked later must not lift a longer
+            // block (another call's 429, an operator's).
+            let blocking = shared.limiter.block_at_least(subject, duration);
             let done = tokio::time::timeout(BLOCK_TIMEOUT, blocking)
                 .await
                 .unwrap_or(Err(Error::Timeout(BLOCK_TIMEOUT)));
