@@ -10,9 +10,8 @@
 if n == 1 then
   -- One quota: the same steps as the loop below, straight-line (no tables).
   local limit, period = ARGV[4] + 0, ARGV[5] + 0
-  local w = math.floor(now / period)
+  local count, w = window_count(KEYS[1], math.floor(now / period))
   local reset = (w + 1) * period - now
-  local count = window_count(KEYS[1], w)
   if count + cost > limit then
     return {0, now, limit - count, reset, reset, reset}
   end
@@ -23,9 +22,8 @@ local w, count, limit, reset, ok = {}, {}, {}, {}, true
 for i = 1, n do
   local period = ARGV[3 + 2 * i] + 0
   limit[i] = ARGV[2 + 2 * i] + 0
-  w[i] = math.floor(now / period)
+  count[i], w[i] = window_count(KEYS[i], math.floor(now / period))
   reset[i] = (w[i] + 1) * period - now
-  count[i] = window_count(KEYS[i], w[i])
   if count[i] + cost > limit[i] then ok = false end
 end
 local out = {ok and 1 or 0, now}

@@ -2,15 +2,28 @@
 -- single-quota check. ARGV[2], ARGV[3]: limit and period (µs). The state is
 -- this window's count. The step reads and writes the state itself, as
 -- window_count and window_store do, with what depends only on the window
--- (its pattern, its prefix, the PX) formatted once per call.
+-- (its pattern, its prefix, the PX) formatted once per call. A key whose
+-- window is later (a clock ahead wrote it) counts in that window; its
+-- figures, which the client derives from this call's window, then end with
+-- this window, up to a period before that one does.
 local limit, period = ARGV[2] + 0, ARGV[3] + 0
 local format, match = string.format, string.match
 local w, this, value, px
+-- The keys whose stored window is later than this call's (a clock ahead):
+-- key -> that window, which their writes keep (window_count).
+local ahead = {}
 -- window_store(key, w, count, reset), with the value also kept in batch_view.
 local function write(key, count)
-  local v = format(value, count)
+  local later = ahead[key]
+  local v, p = nil, px
+  if later then
+    v = format('%d:%d', later, count)
+    p = format('%d', math.ceil(((later + 1) * period - now) / 1000))
+  else
+    v = format(value, count)
+  end
   batch_view[key] = v
-  redis.call('SET', key, v, 'PX', px)
+  redis.call('SET', key, v, 'PX', p)
 end
 local function step(key, cost, count, keep)
   -- `now` is set once per call, after this file runs.
@@ -29,8 +42,12 @@ local function step(key, cost, count, keep)
     local sc = v and match(v, this)
     if sc and #sc <= 15 then
       count = sc + 0
+    elseif v then
+      local counted
+      count, counted = window_count(key, w)
+      if counted ~= w then ahead[key] = counted end
     else
-      count = v and window_count(key, w) or 0
+      count = 0
     end
   end
   if count + cost > limit then return count end

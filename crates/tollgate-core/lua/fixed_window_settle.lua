@@ -1,7 +1,8 @@
 -- Fixed window settle. Under the estimate: the window charged gets the
 -- difference back (never below zero); once that window has passed, nothing
 -- is owed. Over it: the window current now (a new one starts at zero, as
--- the check reads it) counts the difference, never above limit + debt.
+-- the check reads it; a later one a clock ahead wrote stays) counts the
+-- difference, never above limit + debt.
 if applied then
   for i = 1, q do
     local key, limit, period = KEYS[i + 1], ARGV[7 + 2 * i] + 0, ARGV[8 + 2 * i] + 0
@@ -14,11 +15,13 @@ if applied then
         rewrite(key, string.format('%d:%d', w, math.max(count - give, 0)))
       end
     else
+      -- The window current now, or the next one a clock ahead wrote (as
+      -- window_count reads it).
       local current = math.floor(now / period)
-      if w ~= current then count = 0 end
+      if w ~= current and w ~= current + 1 then w, count = current, 0 end
       count = math.min(count + owe, math.max(count, limit + debt_of(i)))
-      redis.call('SET', key, string.format('%d:%d', current, count), 'PX',
-        string.format('%d', math.ceil(((current + 1) * period - now) / 1000)))
+      redis.call('SET', key, string.format('%d:%d', w, count), 'PX',
+        string.format('%d', math.ceil(((w + 1) * period - now) / 1000)))
     end
   end
 end

@@ -5,11 +5,7 @@ use super::{Outcome, Settle, Slot, Step};
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
-    let w = req.now / period;
-    let count = match slot {
-        Some(Slot::Window { window, count, .. }) if *window == w => *count,
-        _ => 0,
-    };
+    let (w, count) = current(slot, req.now / period);
     let reset = (w + 1) * period - req.now;
     let fits = count + req.cost <= limit;
     if req.commit && fits {
@@ -26,6 +22,19 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
         if fits { 0 } else { reset },
         reset,
     )
+}
+
+/// The window that counts at window `now_w` and its count: the stored one
+/// if it is this window or the next (a clock ahead wrote it: it counts, as
+/// the script reads it; one further ahead is another period's), else
+/// `now_w`, empty.
+fn current(slot: &Option<Slot>, now_w: u64) -> (u64, u64) {
+    match slot {
+        Some(Slot::Window { window, count, .. }) if *window == now_w || *window == now_w + 1 => {
+            (*window, *count)
+        }
+        _ => (now_w, 0),
+    }
 }
 
 /// The settle. Under the estimate: the window charged gets the difference
@@ -45,11 +54,7 @@ pub(crate) fn settle(
         }
         return None;
     }
-    let w = s.now / period;
-    let count = match slot {
-        Some(Slot::Window { window, count, .. }) if *window == w => *count,
-        _ => 0,
-    };
+    let (w, count) = current(slot, s.now / period);
     let most = limit.saturating_add(s.debt);
     *slot = Some(Slot::Window {
         window: w,
