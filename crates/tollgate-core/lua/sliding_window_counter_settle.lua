@@ -20,8 +20,9 @@ if applied then
       end
     else
       local current = math.floor(now / p)
-      if w == current then
-        -- As stored.
+      if w == current or w == current + 1 then
+        -- As stored (one ahead: a clock ahead moved on, as the check reads it).
+        current = w
       elseif w == current - 1 then
         prev, cur = cur, 0
       else

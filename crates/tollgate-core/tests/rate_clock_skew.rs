@@ -61,3 +61,14 @@ async fn fixed_window_on_redis() {
     let backend = RedisBackend::connect(&server().url()).await.unwrap();
     two_clocks_share_one_window(backend.into(), Algorithm::FixedWindow).await;
 }
+
+#[tokio::test]
+async fn sliding_window_counter_in_memory() {
+    two_clocks_share_one_window(MemoryBackend::new().into(), Algorithm::SlidingWindowCounter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_window_counter_on_redis() {
+    let backend = RedisBackend::connect(&server().url()).await.unwrap();
+    two_clocks_share_one_window(backend.into(), Algorithm::SlidingWindowCounter).await;
+}

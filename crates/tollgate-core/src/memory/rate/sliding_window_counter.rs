@@ -6,8 +6,7 @@ use super::{Outcome, Settle, Slot, Step};
 
 /// One quota's step: `limit` per `period` µs.
 pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u64)) -> Outcome {
-    let w = req.now / period;
-    let e = req.now - w * period;
+    let (mut w, mut e, mut lead) = (req.now / period, req.now % period, 0);
     let (prev, cur) = match slot {
         Some(Slot::Window {
             window,
@@ -18,12 +17,19 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
                 (*previous, *count)
             } else if *window + 1 == w {
                 (*count, 0)
+            } else if *window == w + 1 {
+                // A clock ahead moved on to the next window: decided as at
+                // its start, its times `lead` later (as the script).
+                lead = (w + 1) * period - req.now;
+                (w, e) = (w + 1, 0);
+                (*previous, *count)
             } else {
                 (0, 0)
             }
         }
         _ => (0, 0),
     };
+    let later = |t: u64| if t > 0 { t + lead } else { 0 };
     let est = cur + (prev as u128 * (period - e) as u128).div_ceil(period as u128) as u64;
     let fits = est + req.cost <= limit;
     if req.commit && fits {
@@ -32,8 +38,9 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
             previous: prev,
             count: cur + req.cost,
         });
-        let next = next_unit(prev, cur + req.cost, e, period);
-        return Outcome::allowed(limit - est - req.cost, 2 * period - e, 2 * period - e, next);
+        let next = later(next_unit(prev, cur + req.cost, e, period));
+        let reset = 2 * period - e + lead;
+        return Outcome::allowed(limit - est - req.cost, reset, reset, next);
     }
     let retry = if fits {
         0
@@ -53,9 +60,9 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
     };
     Outcome::current(
         limit.saturating_sub(est),
-        reset,
-        retry,
-        next_unit(prev, cur, e, period),
+        later(reset),
+        later(retry),
+        later(next_unit(prev, cur, e, period)),
     )
 }
 
@@ -101,15 +108,16 @@ pub(crate) fn settle(
         }
         return None;
     }
-    let w = s.now / period;
-    let (prev, cur) = match slot {
+    let now_w = s.now / period;
+    let (w, prev, cur) = match slot {
+        // As stored (one ahead: a clock ahead moved on, as the step reads it).
         Some(Slot::Window {
             window,
             previous,
             count,
-        }) if *window == w => (*previous, *count),
-        Some(Slot::Window { window, count, .. }) if *window + 1 == w => (*count, 0),
-        _ => (0, 0),
+        }) if *window == now_w || *window == now_w + 1 => (*window, *previous, *count),
+        Some(Slot::Window { window, count, .. }) if *window + 1 == now_w => (now_w, *count, 0),
+        _ => (now_w, 0, 0),
     };
     let most = limit.saturating_add(s.debt);
     *slot = Some(Slot::Window {
@@ -117,5 +125,5 @@ pub(crate) fn settle(
         previous: prev,
         count: cur.saturating_add(s.owe()).min(cur.max(most)),
     });
-    Some(2 * period - (s.now - w * period))
+    Some((w + 2) * period - s.now)
 }
