@@ -30,7 +30,7 @@ if n == 1 then
     if ARGV[3] == '' or nt - limit_at > ARGV[3] * per then
       local room = limit_at - tat
       return {0, now, math.floor(room / interval), ceil_us(tat, per), ceil_us(nt - limit_at, per),
-        tat > 0 and ceil_us(interval - room % interval, per) or 0}
+        tat > 0 and ceil_us(unit_after(room, interval), per) or 0}
     end
     -- The check at the slot: time moves on by the wait.
     wait = ceil_us(nt - limit_at, per)
@@ -41,7 +41,7 @@ if n == 1 then
   gcra_store(KEYS[1], nt, per, wait)
   local room = limit_at - nt
   return {1, now - wait, math.floor(room / interval), ceil_us(nt, per), wait,
-    nt > 0 and ceil_us(interval - room % interval, per) or 0}
+    nt > 0 and ceil_us(unit_after(room, interval), per) or 0}
 end
 local tat, nt, limit_at, interval, per, ok = {}, {}, {}, {}, {}, true
 for i = 1, n do
@@ -79,12 +79,12 @@ for i = 1, n do
     gcra_store(KEYS[i], nt[i], p, wait)
     local room = limit_at[i] - nt[i]
     out[j], out[j + 1], out[j + 2] = math.floor(room / iv), ceil_us(nt[i], p), wait
-    out[j + 3] = nt[i] > 0 and ceil_us(iv - room % iv, p) or 0
+    out[j + 3] = nt[i] > 0 and ceil_us(unit_after(room, iv), p) or 0
   else
     local room = limit_at[i] - tat[i]
     out[j], out[j + 1] = math.floor(room / iv), ceil_us(tat[i], p)
     out[j + 2] = math.max(ceil_us(nt[i] - limit_at[i], p), 0)
-    out[j + 3] = tat[i] > 0 and ceil_us(iv - room % iv, p) or 0
+    out[j + 3] = tat[i] > 0 and ceil_us(unit_after(room, iv), p) or 0
   end
 end
 return out

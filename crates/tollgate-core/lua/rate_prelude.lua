@@ -71,6 +71,13 @@ local function instant(rel, per)
   if frac == 0 then return string.format('%d', now + us) end
   return string.format('%d:%d', now + us, frac)
 end
+-- Units of 1/per µs until one more unit is available, `room` units of room
+-- (negative: a debt) into a quota of `interval` units per unit: room must
+-- reach the next whole interval, and at least one (draft-10's `t`).
+local function unit_after(room, interval)
+  if room < 0 then return interval - room end
+  return interval - room % interval
+end
 -- `x` units of 1/per µs in whole µs, rounded up (a client waiting that long
 -- is not early). Exact: |x| < 2^52.
 local function ceil_us(x, per)

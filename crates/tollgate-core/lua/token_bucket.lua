@@ -32,7 +32,7 @@ if n == 1 then
   if tokens < cost then
     if ARGV[3] == '' or after > ARGV[3] * per then
       return {0, now, tokens, ceil_us(empty + full, per), ceil_us(after, per),
-        tokens < capacity and ceil_us(interval - (-empty) % interval, per) or 0}
+        tokens < capacity and ceil_us(unit_after(-empty, interval), per) or 0}
     end
     -- The check at the slot: time moves on by the wait.
     wait = ceil_us(after, per)
@@ -44,7 +44,7 @@ if n == 1 then
   bucket_store(KEYS[1], after, per, full, wait)
   -- The next token comes when the elapsed time reaches a whole interval.
   return {1, now - wait, tokens - cost, ceil_us(after + full, per), wait,
-    tokens - cost < capacity and ceil_us(interval - (-after) % interval, per) or 0}
+    tokens - cost < capacity and ceil_us(unit_after(-after, interval), per) or 0}
 end
 local empty, tokens, full, interval, per, ok = {}, {}, {}, {}, {}, true
 for i = 1, n do
@@ -86,10 +86,10 @@ for i = 1, n do
     -- At least 1 ms: a cost of 0 on a full bucket leaves nothing to wait for.
     bucket_store(KEYS[i], after, p, full[i], wait)
     out[j], out[j + 1], out[j + 2] = tokens[i] - cost, ceil_us(after + full[i], p), wait
-    out[j + 3] = tokens[i] - cost < capacity and ceil_us(iv - (-after) % iv, p) or 0
+    out[j + 3] = tokens[i] - cost < capacity and ceil_us(unit_after(-after, iv), p) or 0
   else
     out[j], out[j + 1], out[j + 2] = tokens[i], ceil_us(empty[i] + full[i], p), math.max(ceil_us(after, p), 0)
-    out[j + 3] = tokens[i] < capacity and ceil_us(iv - (-empty[i]) % iv, p) or 0
+    out[j + 3] = tokens[i] < capacity and ceil_us(unit_after(-empty[i], iv), p) or 0
   end
 end
 return out

@@ -160,12 +160,14 @@ async fn the_debt_is_bounded() {
                     assert_eq!(peek(&l, "s").await.remaining, 10, "{what}: a new window");
                 }
                 _ => {
-                    // 12 s of refill owed: 11 s on, one unit is back.
+                    // 12 s of refill owed: the debt is paid in 2 s and a
+                    // unit is back a second later (the retry a request of
+                    // one unit needs); 11 s on, 9 are back.
                     let s = l.settle("s", &c, 1_000).await.unwrap();
                     assert!(s.applied && !s.decision.allowed, "{what}");
                     assert_eq!(
                         s.decision.retry_after,
-                        Some(Duration::from_secs(2)),
+                        Some(Duration::from_secs(3)),
                         "{what}"
                     );
                     clock.advance(Duration::from_secs(11));

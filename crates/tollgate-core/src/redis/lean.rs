@@ -183,7 +183,7 @@ impl LeanGroup {
                 if !allowed {
                     let room = limit_at - tat;
                     let next = if tat > 0.0 {
-                        ceil_us(iv - lua_mod(room, iv))
+                        ceil_us(unit_after(room, iv))
                     } else {
                         0.0
                     };
@@ -196,7 +196,7 @@ impl LeanGroup {
                 } else {
                     let room = limit_at - nt;
                     let next = if nt > 0.0 {
-                        ceil_us(iv - lua_mod(room, iv))
+                        ceil_us(unit_after(room, iv))
                     } else {
                         0.0
                     };
@@ -209,7 +209,7 @@ impl LeanGroup {
                 let after = empty + cost * iv;
                 if !allowed {
                     let next = if tokens < a {
-                        ceil_us(iv - lua_mod(-empty, iv))
+                        ceil_us(unit_after(-empty, iv))
                     } else {
                         0.0
                     };
@@ -217,7 +217,7 @@ impl LeanGroup {
                 } else {
                     let left = tokens - cost;
                     let next = if left < a {
-                        ceil_us(iv - lua_mod(-after, iv))
+                        ceil_us(unit_after(-after, iv))
                     } else {
                         0.0
                     };
@@ -243,9 +243,15 @@ impl LeanGroup {
     }
 }
 
-/// Lua 5.1's `a % b`: `a - floor(a / b) * b`, in doubles.
-fn lua_mod(a: f64, b: f64) -> f64 {
-    a - (a / b).floor() * b
+/// The scripts' `unit_after`, in doubles: until one more unit is
+/// available, `room` (negative: a debt) into a quota of `iv` per unit.
+fn unit_after(room: f64, iv: f64) -> f64 {
+    if room < 0.0 {
+        iv - room
+    } else {
+        // Lua 5.1's `room % iv`.
+        iv - (room - (room / iv).floor() * iv)
+    }
 }
 
 /// `values` as 'v1,v2,…', written in place (a deadline per check: no

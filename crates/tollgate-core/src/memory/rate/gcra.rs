@@ -7,7 +7,7 @@
 //! ([`Interval`]): no rate is rounded.
 
 use super::{
-    ceil_micros, div_euclid, most_ahead, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
+    ceil_micros, div_euclid, most_ahead, reserved, unit_after, Instant, Outcome, Settle, Slot, Step,
 };
 use crate::quota::Interval;
 
@@ -27,11 +27,11 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (burst, iv): (u64, Interv
     // clock stepped back) reads as none, as the script's reply does.
     let units = |room: i128| div_euclid(room, interval).max(0) as u64;
     // One more unit is made available when limit_at - tat reaches the next
-    // whole interval (time moves limit_at; the TAT stays); none when full.
-    // Euclid's remainder: Lua's `%` for a negative room.
+    // whole interval (time moves limit_at; the TAT stays), and in debt at
+    // least one; none when full.
     let next = |t: i128| {
         if t > 0 {
-            us(interval - rem_euclid(limit_at - t, interval))
+            us(unit_after(limit_at - t, interval))
         } else {
             0
         }

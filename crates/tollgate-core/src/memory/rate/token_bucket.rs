@@ -8,7 +8,7 @@
 //! (≤ 0) while it counts.
 
 use super::{
-    ceil_micros, div_euclid, most_ahead, rem_euclid, reserved, Instant, Outcome, Settle, Slot, Step,
+    ceil_micros, div_euclid, most_ahead, reserved, unit_after, Instant, Outcome, Settle, Slot, Step,
 };
 use crate::quota::Interval;
 
@@ -29,11 +29,11 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (capacity, iv): (u64, Int
     let after = empty + cost * interval;
     let us = |units: i128| ceil_micros(units, per);
     // The next token comes when the time since the empty instant reaches a
-    // whole interval; none while the bucket is full. Euclid's remainder:
-    // Lua's `%`.
+    // whole interval, and in debt (the instant ahead) at least one; none
+    // while the bucket is full.
     let next = |empty: i128, left: i128| {
         if left < i128::from(capacity) {
-            us(interval - rem_euclid(-empty, interval))
+            us(unit_after(-empty, interval))
         } else {
             0
         }

@@ -199,6 +199,18 @@ pub(crate) fn rem_euclid(a: i128, b: i128) -> i128 {
     }
 }
 
+/// Units until one more unit is available, `room` units of room (negative:
+/// a debt) into a quota of `interval` units per unit: room must reach the
+/// next whole interval, and at least one (`unit_after` of the scripts).
+#[inline]
+pub(crate) fn unit_after(room: i128, interval: i128) -> i128 {
+    if room < 0 {
+        interval - room
+    } else {
+        interval - rem_euclid(room, interval)
+    }
+}
+
 /// One request as an algorithm's in-memory step sees it: `cost` units at
 /// `now` (µs). With `commit`, an admitted cost is taken (written to the
 /// slot); without, the step only reports the figures as they stand. The
