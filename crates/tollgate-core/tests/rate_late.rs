@@ -189,3 +189,36 @@ async fn a_take_replied_too_late_is_given_back() {
     .await;
     assert_eq!(left, cap - 4);
 }
+
+/// An acquire whose reservation is decided in time but replied after its
+/// caller gave up gives its slot back, even as the last in line: charged at
+/// its slot, not at the decision (which would make its own slot look like
+/// a waiter behind it, and give nothing back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_replied_too_late_gives_its_slot_back() {
+    let server = RedisServer::start().unwrap();
+    let relay = ReplyDelay::start(&server.addr()).await.unwrap();
+    let backend = RedisBackend::connect(&relay.url()).await.unwrap();
+    // One a minute: the next slot is a minute away, the one after two.
+    let l = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(Quota::per_minute(1))
+        .name(tollgate_testkit::unique("slot"))
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_millis(200))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    assert!(l.check("s").await.unwrap().allowed);
+    // Past the limiter's timeout, within the connection's own.
+    relay.set(Duration::from_millis(400));
+    let gave_up = l.acquire("s", 1, Duration::from_secs(90)).await;
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    relay.set(Duration::ZERO);
+    // Once the give-back lands, the next slot is a minute away again.
+    tollgate_testkit::eventually(Duration::from_secs(10), "the slot given back", || async {
+        let d = l.check("s").await.ok()?;
+        let wait = d.retry_after?;
+        (wait < Duration::from_secs(90)).then_some(())
+    })
+    .await;
+}
