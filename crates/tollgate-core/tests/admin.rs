@@ -365,6 +365,18 @@ async fn a_block_reaches_the_local_fallback() {
     );
 }
 
+/// `multi`: a token bucket of 10 per second and 1000 per hour.
+fn ten_a_second_and_a_thousand_an_hour(backend: &Backend, prefix: &str) -> RateLimiter {
+    RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
+        .quota(Quota::per_second(10))
+        .quota(Quota::per_hour(1000))
+        .prefix(prefix)
+        .name("multi")
+        .deny_cache(0)
+        .build()
+        .unwrap()
+}
+
 /// A limiter of several quotas honours a block as one of one quota does
 /// (its checks carry a key per quota, then the block key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -376,14 +388,7 @@ async fn a_block_holds_for_several_quotas() {
     ];
     for backend in backends {
         let prefix = prefix();
-        let l = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
-            .quota(Quota::per_second(10))
-            .quota(Quota::per_hour(1000))
-            .prefix(&prefix)
-            .name("multi")
-            .deny_cache(0)
-            .build()
-            .unwrap();
+        let l = ten_a_second_and_a_thousand_an_hour(&backend, &prefix);
         let admin = Admin::new(backend).with_prefix(&prefix);
         registered(&admin).await;
         let s = Subject::new("s");
@@ -409,14 +414,7 @@ async fn a_block_holds_for_several_quotas() {
 async fn inspect_resets_when_every_quota_is_full() {
     for backend in [MemoryBackend::new().into(), standalone().await] {
         let prefix = prefix();
-        let l = RateLimiter::builder(backend.clone(), Algorithm::TokenBucket)
-            .quota(Quota::per_second(10))
-            .quota(Quota::per_hour(1000))
-            .prefix(&prefix)
-            .name("multi")
-            .deny_cache(0)
-            .build()
-            .unwrap();
+        let l = ten_a_second_and_a_thousand_an_hour(&backend, &prefix);
         let admin = Admin::new(backend).with_prefix(&prefix);
         registered(&admin).await;
         let s = Subject::new("s");
