@@ -21,6 +21,7 @@ use crate::error::{redis_error, Error, Result};
 mod admin;
 mod coalesce;
 mod conn;
+mod demoted;
 mod holders;
 mod idempotency;
 mod lean;

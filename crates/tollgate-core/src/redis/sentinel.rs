@@ -9,7 +9,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, Value};
 
-use super::conn::{demoted_replies, demoted_reply};
+use super::demoted::{demoted_replies, demoted_reply};
 
 use crate::error::{redis_error, Result};
 

@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use super::conn::{demoted_replies, demoted_reply};
+use super::demoted::{demoted_replies, demoted_reply};
 
 /// A connection manager reconnects after a dropped connection, but not
 /// after a `READONLY` reply: its socket is still open, to the demoted
