@@ -181,4 +181,8 @@ async fn a_shorter_extend_whose_reply_is_lost_ends_trust_early() {
     .await;
     assert!(other.is_held());
     assert!(!lease.is_held(), "two leases trust themselves at once");
+    // And the loss is reported then, not at the old deadline.
+    tokio::time::timeout(Duration::from_secs(2), lease.lost())
+        .await
+        .expect("the loss is reported when the shorter TTL ends");
 }

@@ -447,6 +447,9 @@ impl Lease {
                 .deadline
                 .min(instant_after(sent, s.instances.validity(applied)));
         }
+        // The watchdog plans from the deadline: it must see the new one (to
+        // renew before it, or to report the loss at it).
+        s.changed.notify_one();
         let bound = s.instances.timeout.min(deadline - sent);
         if s.instances
             .extend(&s.keys, &s.token, applied, bound)
