@@ -347,6 +347,11 @@ async fn a_block_reaches_the_local_fallback() {
         .block("api", &mallory, Duration::from_secs(60))
         .await
         .unwrap();
+    // A shorter wait asked later (pacing) keeps the longer block, in the
+    // fallback too.
+    l.block_at_least(&mallory, Duration::from_secs(1))
+        .await
+        .unwrap();
     // The store refuses it; then Redis goes away. The notice was published
     // before the block call returned: it reaches the instance even so (it
     // is in flight or read already).

@@ -274,11 +274,16 @@ impl RateLimiter {
         }
         self.traced(Action::Block, subject, async {
             let store = Arc::clone(&self.operated()?.store);
-            store
-                .set_block(&self.block_key_for(subject), duration, at_least)
-                .await?;
+            let key = self.block_key_for(subject);
+            store.set_block(&key, duration, at_least).await?;
+            // Instances copy the block into their local fallback as told:
+            // told the block in force, a longer one kept stays longer there.
+            let told = match at_least {
+                true => store.block_left(&key).await?.unwrap_or(duration),
+                false => duration,
+            };
             self.revoke_leases(subject, Revocation::Block);
-            self.announce(Action::Block, subject, Some(duration)).await
+            self.announce(Action::Block, subject, Some(told)).await
         })
         .await
     }
