@@ -65,3 +65,17 @@ async fn a_parameter_in_the_mount_prefix_is_read_too() {
     assert_eq!(globex[1], Subject::new("globex").as_encoded());
     assert_ne!(acme[2], globex[2], "one key for every tenant");
 }
+
+/// A parameter with fixed text around it in its segment (axum takes
+/// `/users/user_{id}`): the key is the parameter, not a 500.
+#[tokio::test]
+async fn a_parameter_inside_a_segment_is_read() {
+    let app = Router::new().route("/users/user_{id}", post(keys));
+    let (status, keys) = call(&app, "/users/user_7").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(keys[0], Subject::new("7").as_encoded());
+    assert_eq!(
+        keys[2],
+        Subject::compound(["/users/user_{id}", "7"]).as_encoded()
+    );
+}

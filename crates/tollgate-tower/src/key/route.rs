@@ -116,7 +116,8 @@ fn captures<'t>(template: &'t str, path: &str) -> Option<Vec<(&'t str, Vec<u8>)>
     let mut out = Vec::new();
     let mut segments = path.split('/');
     for part in template.split('/') {
-        let Some(name) = part.strip_prefix('{').and_then(|p| p.strip_suffix('}')) else {
+        // `{name}` with fixed text around it, or none: `/user_{id}.json`.
+        let Some((before, name, after)) = parameter(part) else {
             if decode(segments.next()?) != part.as_bytes() {
                 return None;
             }
@@ -127,9 +128,22 @@ fn captures<'t>(template: &'t str, path: &str) -> Option<Vec<(&'t str, Vec<u8>)>
             out.push((rest, decode(&tail.join("/"))));
             break;
         }
-        out.push((name, decode(segments.next()?)));
+        let segment = decode(segments.next()?);
+        let value = segment
+            .strip_prefix(before.as_bytes())?
+            .strip_suffix(after.as_bytes())?;
+        out.push((name, value.to_vec()));
     }
     segments.next().is_none().then_some(out)
+}
+
+/// A template segment's parameter: the fixed text before it, its name and
+/// the fixed text after it; `None` for a fixed segment.
+#[cfg(feature = "axum")]
+fn parameter(part: &str) -> Option<(&str, &str, &str)> {
+    let open = part.find('{')?;
+    let close = open + part[open..].find('}')?;
+    Some((&part[..open], &part[open + 1..close], &part[close + 1..]))
 }
 
 /// Keys requests by one path parameter of the matched axum route: the
@@ -273,5 +287,9 @@ mod tests {
         assert!(captures("/jobs/{id}", "/jobs/7/extra").is_none());
         assert!(captures("/jobs/{id}", "/jobs").is_none());
         assert!(captures("/{tenant}/jobs/{id}", "/jobs/7").is_none());
+        // A parameter with fixed text around it in its segment.
+        let c = captures("/users/user_{id}.json", "/users/user_7.json").unwrap();
+        assert_eq!(c, [("id", b"7".to_vec())]);
+        assert!(captures("/users/user_{id}.json", "/users/admin_7.json").is_none());
     }
 }
