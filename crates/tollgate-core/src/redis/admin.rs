@@ -16,7 +16,7 @@ use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, THROTTLED_ADD};
 use super::RedisBackend;
 use crate::error::{redis_error, Result};
 use crate::store::{
-    millis_ceil, AdminBackend, AdminListener, DenialCount, ALIVE, EVERYTHING, VERSION_POLL,
+    millis_ceil, AdminBackend, AdminListener, DenialCount, Listeners, EVERYTHING, VERSION_POLL,
 };
 
 /// Seconds of traffic counts per hash.
@@ -40,7 +40,7 @@ pub(crate) struct Watchers {
 /// One watched channel: its listeners, and whether a task watches it.
 #[derive(Default)]
 struct Channel {
-    listeners: Vec<AdminListener>,
+    listeners: Listeners,
     running: bool,
 }
 
@@ -54,13 +54,12 @@ impl Watchers {
         let listeners = self
             .lock()
             .get(channel)
-            .map(|c| c.listeners.clone())
+            .map(|c| c.listeners.snapshot())
             .unwrap_or_default();
         let gone: Vec<AdminListener> = listeners.into_iter().filter(|l| !l(message)).collect();
         if !gone.is_empty() {
             if let Some(c) = self.lock().get_mut(channel) {
-                c.listeners
-                    .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(g, l)));
+                c.listeners.drop_gone(&gone);
             }
         }
     }
@@ -215,8 +214,7 @@ impl AdminBackend for RedisBackend {
     fn watch(&self, channel: &str, version_key: &str, listener: AdminListener) {
         let mut channels = self.watchers.lock();
         let c = channels.entry(channel.to_owned()).or_default();
-        c.listeners.retain(|l| l(ALIVE));
-        c.listeners.push(listener);
+        c.listeners.add(listener);
         if c.running {
             return;
         }

@@ -19,6 +19,45 @@ pub type AdminListener = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 /// The message that only asks an [`AdminListener`] whether it is alive.
 pub const ALIVE: &str = "";
 
+/// One admin channel's listeners, as a store keeps them.
+#[derive(Default)]
+pub(crate) struct Listeners {
+    list: Vec<AdminListener>,
+    /// How many were alive when they were last asked.
+    alive: usize,
+}
+
+impl Listeners {
+    /// Adds `listener`, first dropping those gone once the list has
+    /// doubled since they were last asked: an add costs a constant on
+    /// average, however many limiters live (asking all on every add would
+    /// cost their number each).
+    pub(crate) fn add(&mut self, listener: AdminListener) {
+        if self.list.len() >= 2 * self.alive.max(8) {
+            self.list.retain(|l| l(ALIVE));
+            self.alive = self.list.len();
+        }
+        self.list.push(listener);
+    }
+
+    /// A copy of the list, to tell them outside the store's lock.
+    pub(crate) fn snapshot(&self) -> Vec<AdminListener> {
+        self.list.clone()
+    }
+
+    /// Drops the listeners in `gone` (those that said so when told).
+    pub(crate) fn drop_gone(&mut self, gone: &[AdminListener]) {
+        self.list
+            .retain(|l| !gone.iter().any(|g| Arc::ptr_eq(g, l)));
+    }
+
+    /// How many are kept (the gone ones not yet dropped included).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+}
+
 /// The longest an instance that missed an admin message keeps serving
 /// what it cached: a store's watcher polls the version stamp this often.
 pub const VERSION_POLL: Duration = Duration::from_millis(500);

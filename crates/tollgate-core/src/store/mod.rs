@@ -14,6 +14,7 @@ mod idempotency;
 mod lock;
 mod rate;
 
+pub(crate) use self::admin::Listeners;
 pub use self::admin::{AdminBackend, AdminListener, DenialCount, ALIVE, EVERYTHING, VERSION_POLL};
 pub use self::holders::LockHolder;
 pub(crate) use self::holders::{parse_description, parse_lock_key};
