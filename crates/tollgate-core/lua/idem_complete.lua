@@ -13,7 +13,7 @@
 -- Returns 1 when stored, 0 when the record is no longer this claim's.
 --
 -- Idempotent per claim: a complete sent again after its reply was lost (the
--- cluster client retries) finds the record done with this claim's fence — a
+-- layer retries a failed completion) finds the record done with this claim's fence — a
 -- fence is handed out once, so only this claim can have stored it — and
 -- answers 1 again instead of "no longer ours".
 local record = redis.call('HMGET', KEYS[2], 's', 'f')

@@ -4,8 +4,8 @@
 -- token. ARGV[2]: the release channel (plain PUBLISH: on a cluster it
 -- reaches every node). ARGV[3]: the marker's TTL in ms.
 -- Returns 1 when the lock was ours and is now deleted — by this call, or by
--- an earlier run of it whose reply was lost (the cluster client retries a
--- script after a dropped connection) — and 0 otherwise (expired, never
+-- an earlier run of it whose reply was lost (a caller that retries after
+-- a timeout, or a connection that sends again) — and 0 otherwise (expired, never
 -- ours, or taken by someone else, whose lock is left alone).
 --
 -- Idempotent per token: a release leaves a short-lived marker (one SET PX),

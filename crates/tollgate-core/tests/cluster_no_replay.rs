@@ -1,9 +1,12 @@
-//! A cluster node's connection drops after the node ran a script but before
-//! its reply arrived. Nothing is sent again: a replayed check would be
-//! charged twice, a replayed claim would find itself "in flight". The
-//! caller's failure policy sees the one error, as on a standalone server.
-//! The node is reached through a relay (it announces the relay's port to
-//! the cluster), which drops that one reply with its connection.
+//! What a cluster call sends again, and what it does not. A node's
+//! connection drops after the node ran a script but before its reply
+//! arrived: nothing is sent again (a replayed check would be charged twice,
+//! a replayed claim would find itself "in flight"); the caller's failure
+//! policy sees the one error, as on a standalone server. The node is reached
+//! through a relay (it announces the relay's port to the cluster), which
+//! drops that one reply with its connection. A slot on the move answers
+//! `ASK` for a key it no longer holds: the command, which did not run, is
+//! asked of the node the slot moves to.
 
 use std::time::Duration;
 
@@ -77,4 +80,55 @@ async fn a_lost_reply_is_not_sent_again() {
         limiter.check(subject.clone()).await.ok()
     })
     .await;
+}
+
+/// A subject whose slot is moving to another master (MIGRATING on its
+/// node, IMPORTING on the other), its block key moved already: its node
+/// answers ASK for it, and the read is asked of the node it moved to. (A
+/// check, whose script also names keys that do not exist yet, gets
+/// TRYAGAIN there until the slot has moved: the failure policy answers it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_on_the_move_is_asked_of_its_new_node() {
+    let cluster = RedisCluster::start().unwrap();
+    let backend = RedisBackend::connect_cluster(cluster.seeds())
+        .await
+        .unwrap();
+    let limiter = RateLimiter::builder(backend, Algorithm::FixedWindow)
+        .quota(Quota::per_minute(100))
+        .name(unique("ask"))
+        .failure_policy(FailurePolicy::Deny)
+        .timeout(Duration::from_secs(2))
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let subject = Subject::new("moving");
+    limiter
+        .block(&subject, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let key = limiter.keys_for(&subject).remove(0);
+    let block = key.replace(":fw:", ":block:");
+    let from = cluster.master_for_key(&key);
+    let to = cluster.masters().into_iter().find(|&m| m != from).unwrap();
+    let (a, b) = (&cluster.nodes()[from], &cluster.nodes()[to]);
+    assert_eq!(a.cli(&["EXISTS", &block]), "1", "{block}");
+    let slot = a.cli(&["CLUSTER", "KEYSLOT", &key]);
+    let (a_id, b_id) = (a.cli(&["CLUSTER", "MYID"]), b.cli(&["CLUSTER", "MYID"]));
+    assert_eq!(
+        b.cli(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &a_id]),
+        "OK"
+    );
+    assert_eq!(
+        a.cli(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &b_id]),
+        "OK"
+    );
+    let port = b.port().to_string();
+    let moved = a.cli(&["MIGRATE", "127.0.0.1", &port, &block, "0", "5000"]);
+    assert_eq!(moved, "OK");
+
+    let left = limiter.blocked_for(&subject).await.unwrap();
+    assert!(
+        left.is_some_and(|l| l > Duration::from_secs(50)),
+        "{left:?}"
+    );
 }

@@ -478,8 +478,8 @@ impl Lease {
     /// does nothing more.
     ///
     /// Idempotent per owner token on the backend: when the client sends the
-    /// release again because the first reply was lost (the cluster client
-    /// retries after a dropped connection), the replay finds the marker the
+    /// release again because the first reply was lost (a caller retrying
+    /// after a timeout, or a connection that sends again), the replay finds the marker the
     /// first run left (it lives
     /// [`RELEASE_MARKER_TTL`](super::RELEASE_MARKER_TTL), far longer than a
     /// round trip's bound) and the answer is still `Ok(true)`: the holder

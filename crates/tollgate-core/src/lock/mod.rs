@@ -55,8 +55,8 @@
 //!   `release` mid-flight (a `timeout`, a client that disconnects) lets the
 //!   task finish, and a lock it created is released at once rather than left
 //!   ownerless until its TTL. Acquires are idempotent on the backend, so a
-//!   client that retries one after a connection error (the cluster client
-//!   does) gets its own lock back, not [`Error::Busy`](crate::Error::Busy).
+//!   client that retries one after a connection error (a connection of the
+//!   user's may) gets its own lock back, not [`Error::Busy`](crate::Error::Busy).
 //!   Releases are idempotent per owner token: a release replayed after its
 //!   reply was lost reports that the lock was ours (a short-lived marker,
 //!   [`RELEASE_MARKER_TTL`], remembers it), not that it was lost; a token

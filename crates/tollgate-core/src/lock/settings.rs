@@ -22,8 +22,8 @@ pub const FENCE_TTL_TTLS: u32 = 10;
 /// How long a release is remembered: a successful release leaves a marker
 /// of its owner token (a key beside the lock, in the same hash tag) that
 /// lives this long, so that the same release sent again — a client retrying
-/// after the reply was lost, as the cluster client does after a dropped
-/// connection — reports "released", the truth, instead of "not held". Ten
+/// after the reply was lost (a caller retrying after a timeout, a
+/// connection of the user's that sends again) — reports "released", the truth, instead of "not held". Ten
 /// times the [default round-trip bound](DEFAULT_LOCK_TIMEOUT): a replay
 /// comes within the call that sent it. One short-lived key per release,
 /// never an immortal one; an expired lease leaves none, so its release still

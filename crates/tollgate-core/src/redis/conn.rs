@@ -7,6 +7,7 @@ use std::any::Any;
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
 use super::scripts::LuaScript;
@@ -52,7 +53,12 @@ impl ConnectionLike for Conn {
             Conn::Cluster(c) => async move {
                 let mut attempt = 0;
                 loop {
-                    let reply = c.req_packed_command(cmd).await;
+                    let mut reply = c.req_packed_command(cmd).await;
+                    // A key of a slot on the move: asked of the node it
+                    // moves to, as redis-rs would with retries left.
+                    if let Some((host, port)) = asked_elsewhere(&reply) {
+                        reply = ask(c, cmd, host, port).await;
+                    }
                     if !unsent(&reply) || attempt == UNSENT_RETRIES {
                         return reply;
                     }
@@ -105,6 +111,39 @@ impl ConnectionLike for Conn {
             Conn::Other(c) => c.get_db(),
         }
     }
+}
+
+/// The node an `ASK` answer names (`host`, `port`): the command's slot is
+/// moving there and its keys are not here (the command did not run).
+fn asked_elsewhere(reply: &redis::RedisResult<Value>) -> Option<(String, u16)> {
+    let e = match reply {
+        Err(e) => e.clone(),
+        Ok(Value::ServerError(e)) => redis::RedisError::from(e.clone()),
+        Ok(_) => return None,
+    };
+    if e.kind() != ErrorKind::Server(ServerErrorKind::Ask) {
+        return None;
+    }
+    let (addr, _slot) = e.redirect_node()?;
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
+}
+
+/// `cmd` sent to the node an `ASK` named, after `ASKING` on the same
+/// connection (what lets that node serve a slot it is still importing).
+async fn ask(
+    c: &mut ClusterConnection,
+    cmd: &Cmd,
+    host: String,
+    port: u16,
+) -> redis::RedisResult<Value> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").add_command(cmd.clone());
+    let node = SingleNodeRoutingInfo::ByAddress { host, port };
+    let mut replies = c.route_pipeline(pipe, 1, 1, node).await?;
+    replies
+        .pop()
+        .ok_or_else(|| redis::RedisError::from((ErrorKind::Client, "ASK: no reply from the node")))
 }
 
 /// How often a cluster command is sent again while its answer says it

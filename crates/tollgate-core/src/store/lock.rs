@@ -271,7 +271,7 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// ([`LockKeys::release_marker`]) for
     /// [`RELEASE_MARKER_TTL`](crate::lock::RELEASE_MARKER_TTL), so the same
     /// release sent again in that time — a client retrying after the reply
-    /// was lost, as the cluster client does — answers `true` again (and
+    /// was lost — answers `true` again (and
     /// leaves whoever holds the name now alone), instead of telling the
     /// holder it lost a lock it released. `false` only when `token` did not
     /// release it: it expired (taken by someone else or not), or never held.
