@@ -95,18 +95,75 @@ pub(crate) fn keep_registered(
 /// Everything registered under `prefix`, by name; an entry this version
 /// cannot read (a newer kind) is skipped with a warning.
 pub(crate) async fn read(store: &dyn AdminBackend, prefix: &str) -> Result<Vec<Registered>> {
-    let mut all: Vec<Registered> = store
+    let read: Vec<(String, Registered)> = store
         .registered(&registry_key(prefix))
         .await?
         .into_iter()
         .filter_map(|(field, value)| match serde_json::from_str(&value) {
-            Ok(r) => Some(r),
+            Ok(r) => Some((field, r)),
             Err(e) => {
                 tracing::warn!(field, error = %e, "a registry entry this version cannot read");
                 None
             }
         })
         .collect();
+    // A limiter's entry as versions before `limiter:<name>:<algorithm>`
+    // wrote it: kept by the registry's refreshes after an upgrade, with
+    // its quotas frozen. Read only while no entry of the name is current.
+    let limiter = |r: &Registered| matches!(r, Registered::Limiter(_));
+    let current: std::collections::HashSet<(bool, String)> = read
+        .iter()
+        .filter(|(field, r)| *field == r.field())
+        .map(|(_, r)| (limiter(r), r.name().to_owned()))
+        .collect();
+    let mut all: Vec<Registered> = read
+        .into_iter()
+        .filter(|(field, r)| {
+            *field == r.field() || !current.contains(&(limiter(r), r.name().to_owned()))
+        })
+        .map(|(_, r)| r)
+        .collect();
     all.sort_by(|a, b| a.name().cmp(b.name()).then(a.field().cmp(&b.field())));
     Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plane::views::{LimiterInfo, QuotaInfo};
+    use crate::MemoryBackend;
+
+    fn limiter(per_minute: u64) -> Registered {
+        Registered::Limiter(LimiterInfo {
+            name: "api".into(),
+            algorithm: "gcra".into(),
+            quotas: vec![QuotaInfo {
+                limit: per_minute,
+                period_seconds: 60,
+                period_micros: 60_000_000,
+                burst: per_minute,
+            }],
+            traffic: None,
+        })
+    }
+
+    /// A limiter's entry under the field earlier versions wrote
+    /// (`limiter:<name>`) is read only while no current entry of the name
+    /// is there: after an upgrade its frozen quotas are not shown.
+    #[tokio::test]
+    async fn an_entry_of_an_earlier_version_gives_way() {
+        let store = MemoryBackend::new();
+        let key = registry_key("p");
+        let json = |r: &Registered| serde_json::to_string(r).unwrap();
+        let ttl = REGISTRY_TTL;
+        let old = limiter(10);
+        store
+            .register(&key, "limiter:api", &json(&old), ttl)
+            .await
+            .unwrap();
+        assert_eq!(read(&store, "p").await.unwrap(), [old]);
+        let new = limiter(20);
+        register(&store, "p", &new).await.unwrap();
+        assert_eq!(read(&store, "p").await.unwrap(), [new]);
+    }
 }
