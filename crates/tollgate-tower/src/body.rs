@@ -45,13 +45,17 @@ pub(crate) fn release(lease: Lease) -> BoxFuture<'static, ()> {
 /// when the last frame has been read, dropped (released in the background)
 /// when the body is dropped early. A loss while the body is streaming is
 /// reported through the gate (warning, `lost` counter) and — when `cancel`
-/// is set — ends the body with an error.
+/// is set — ends the body with an error (a gRPC response's with trailers
+/// saying ABORTED).
 pub(crate) struct LeaseGuard {
     lease: Option<Lease>,
     lost: Option<LeaseLost>,
     cancel: bool,
     gate: Gate,
     releasing: Option<BoxFuture<'static, ()>>,
+    /// A gRPC response: a loss ends it with ABORTED trailers, which a gRPC
+    /// client reads as the call's status (a broken stream reads INTERNAL).
+    grpc: bool,
 }
 
 impl LeaseGuard {
@@ -69,7 +73,15 @@ impl LeaseGuard {
             cancel: cancel_on_loss,
             gate,
             releasing: None,
+            grpc: false,
         }
+    }
+
+    /// For a gRPC response (its `content-type`): a loss ends it with
+    /// trailers saying ABORTED.
+    pub(crate) fn for_grpc(mut self, grpc: bool) -> Self {
+        self.grpc = grpc;
+        self
     }
 
     /// Whether the lease was lost and the body must be cut off (a loss is
@@ -268,8 +280,16 @@ where
         }
         if let Some(g) = this.guard.as_mut() {
             if g.poll_lost(cx) {
+                let grpc = g.grpc;
                 *this.guard = None;
                 *this.done = true;
+                if grpc {
+                    let status = crate::grpc::status_trailers(
+                        crate::grpc::GrpcCode::Aborted,
+                        &LeaseLostError.to_string(),
+                    );
+                    return Poll::Ready(Some(Ok(Frame::trailers(status))));
+                }
                 return Poll::Ready(Some(Err(Box::new(LeaseLostError))));
             }
         }

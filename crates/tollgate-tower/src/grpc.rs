@@ -216,6 +216,18 @@ pub(crate) fn trailers_only(
     res
 }
 
+/// The trailers that end a gRPC response's stream with `code` and
+/// `message` (where an HTTP body could only break off).
+pub(crate) fn status_trailers(code: GrpcCode, message: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(GRPC_STATUS, HeaderValue::from(u16::from(code.code())));
+    let encoded = utf8_percent_encode(message, GRPC_MESSAGE_ESCAPES).to_string();
+    if let Ok(v) = HeaderValue::from_str(&encoded) {
+        h.insert(GRPC_MESSAGE, v);
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -222,12 +222,17 @@ where
                     };
                     match shared.hold {
                         HoldUntil::BodyEnd => {
+                            let grpc = response
+                                .headers()
+                                .get(http::header::CONTENT_TYPE)
+                                .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
                             let guard = LeaseGuard::new(
                                 lease,
                                 lost.take(),
                                 shared.on_lost == OnLeaseLost::Cancel,
                                 shared.gate.clone(),
-                            );
+                            )
+                            .for_grpc(grpc);
                             return Poll::Ready(Ok(
                                 response.map(|b| ResponseBody::new(b).with_guard(guard))
                             ));

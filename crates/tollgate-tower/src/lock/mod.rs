@@ -111,7 +111,8 @@ pub enum HoldUntil {
 pub enum OnLeaseLost {
     /// Drop the inner future (cancelling the handler) and answer 503 — or,
     /// while a body held with [`HoldUntil::BodyEnd`] streams, end the body
-    /// with an error (the default).
+    /// with an error; a gRPC response's, with trailers saying ABORTED (the
+    /// default).
     #[default]
     Cancel,
     /// Let the handler finish; it can watch the [`LeaseLost`] in the

@@ -137,10 +137,20 @@ async fn stream(State(p): State<Probe>, headers: HeaderMap) -> Body {
     Body::from_stream(chunks)
 }
 
+/// [`stream`] as a gRPC response's body.
+async fn grpc_stream(
+    state: State<Probe>,
+    headers: HeaderMap,
+) -> ([(http::header::HeaderName, &'static str); 1], Body) {
+    let body = stream(state, headers).await;
+    ([(http::header::CONTENT_TYPE, "application/grpc")], body)
+}
+
 pub fn app(layer: LockLayer<HeaderKey>, probe: Probe) -> Router {
     Router::new()
         .route("/work", route_get(work))
         .route("/stream", route_get(stream))
+        .route("/grpc-stream", route_get(grpc_stream))
         .with_state(probe)
         .layer(layer)
 }
@@ -364,6 +374,39 @@ pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
     assert!(err.to_string().contains("lease was lost"), "{err}");
 }
 
+/// The same loss on a gRPC response ends its stream with trailers saying
+/// ABORTED, the call's status a gRPC client reads (a broken stream would
+/// read INTERNAL).
+pub async fn lost_lease_mid_grpc_body_ends_aborted(env: LockEnv) {
+    let mut p = ProbeRx::new();
+    let r = resource("lostgrpc");
+    let lock_key = env.locker.keys_for(Subject::new(&r)).lock;
+    let app = app(
+        LockLayer::new(env.locker, key())
+            .options(LockOptions::new().ttl(Duration::from_millis(1500)))
+            .hold_until(HoldUntil::BodyEnd),
+        p.probe.clone(),
+    );
+    let res = tokio::time::timeout(
+        BOUND,
+        app.clone().oneshot(req("/grpc-stream", &r, "a", false)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    p.wait_entered("a").await;
+    let mut body = res.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, "first;");
+    (env.break_lock)(lock_key).await;
+    let rest = tokio::time::timeout(BOUND, body.collect())
+        .await
+        .unwrap()
+        .expect("a gRPC stream ends with its status, not an error");
+    let trailers = rest.trailers().expect("trailers");
+    assert_eq!(trailers["grpc-status"], "10", "{trailers:?}");
+}
+
 /// A key extractor's "not locked" passes through without a lock or fence.
 pub async fn unkeyed_requests_pass_unlocked(env: LockEnv) {
     let p = ProbeRx::new();
@@ -392,7 +435,7 @@ macro_rules! lock_suite {
         $crate::lock_suite!(@tests $env;
             one_runs_the_other_gets_409, waits_when_configured, fences_strictly_increase,
             lost_lease_cancels_the_handler, held_until_the_body_ends,
-            lost_lease_mid_body_breaks_the_body,
+            lost_lease_mid_body_breaks_the_body, lost_lease_mid_grpc_body_ends_aborted,
             unkeyed_requests_pass_unlocked);
     };
     (@tests $env:path; $($name:ident),+) => {
