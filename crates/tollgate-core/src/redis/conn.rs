@@ -10,6 +10,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::SingleNodeRoutingInfo;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, ServerErrorKind, Value};
 
+use super::demoted::answer_error;
 use super::scripts::LuaScript;
 use crate::error::{redis_error, Result};
 
@@ -116,11 +117,7 @@ impl ConnectionLike for Conn {
 /// The node an `ASK` answer names (`host`, `port`): the command's slot is
 /// moving there and its keys are not here (the command did not run).
 fn asked_elsewhere(reply: &redis::RedisResult<Value>) -> Option<(String, u16)> {
-    let e = match reply {
-        Err(e) => e.clone(),
-        Ok(Value::ServerError(e)) => redis::RedisError::from(e.clone()),
-        Ok(_) => return None,
-    };
+    let e = answer_error(reply)?;
     if e.kind() != ErrorKind::Server(ServerErrorKind::Ask) {
         return None;
     }
@@ -162,11 +159,7 @@ fn unsent_backoff(attempt: u32) -> std::time::Duration {
 /// client is built to retry nothing itself, since it would also resend a
 /// command whose connection dropped after the node ran it.
 fn unsent(reply: &redis::RedisResult<Value>) -> bool {
-    match reply {
-        Err(e) => unsent_error(e),
-        Ok(Value::ServerError(e)) => unsent_error(&redis::RedisError::from(e.clone())),
-        Ok(_) => false,
-    }
+    answer_error(reply).is_some_and(|e| unsent_error(&e))
 }
 
 fn unsent_error(e: &redis::RedisError) -> bool {

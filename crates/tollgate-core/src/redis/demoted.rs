@@ -1,5 +1,9 @@
-//! What says a server is a replica now (its master was demoted): the
-//! sign a connection that follows failovers acts on.
+//! What a connection's answer says of its server: the error it carries
+//! (as `Err` or as a value), and whether that says the server is a replica
+//! now (its master was demoted), the sign a connection that follows
+//! failovers acts on.
+
+use std::borrow::Cow;
 
 use redis::{ErrorKind, ServerErrorKind, Value};
 
@@ -10,26 +14,38 @@ pub(crate) fn demoted(e: &redis::RedisError) -> bool {
         || (e.code() == Some("ERR") && e.detail().is_some_and(|d| d.contains("-READONLY ")))
 }
 
-/// Whether a connection's answer says its server is a replica now. A
-/// server's error comes back from a connection as a value
-/// (`Value::ServerError`); only the command's caller turns it into `Err`.
-pub(crate) fn demoted_reply(reply: &redis::RedisResult<Value>) -> bool {
+/// The server's error a connection's answer carries, if any: as `Err`, or
+/// as a value (`Value::ServerError`), which is how a connection hands it
+/// back; only the command's caller turns it into `Err`.
+pub(crate) fn answer_error(
+    reply: &redis::RedisResult<Value>,
+) -> Option<Cow<'_, redis::RedisError>> {
     match reply {
-        Err(e) => demoted(e),
-        Ok(v) => demoted_value(v),
+        Err(e) => Some(Cow::Borrowed(e)),
+        Ok(v) => value_error(v).map(Cow::Owned),
     }
+}
+
+fn value_error(v: &Value) -> Option<redis::RedisError> {
+    match v {
+        Value::ServerError(e) => Some(redis::RedisError::from(e.clone())),
+        _ => None,
+    }
+}
+
+/// Whether a connection's answer says its server is a replica now.
+pub(crate) fn demoted_reply(reply: &redis::RedisResult<Value>) -> bool {
+    answer_error(reply).is_some_and(|e| demoted(&e))
 }
 
 /// [`demoted_reply`] for a pipeline's answers.
 pub(crate) fn demoted_replies(replies: &redis::RedisResult<Vec<Value>>) -> bool {
     match replies {
         Err(e) => demoted(e),
-        Ok(values) => values.iter().any(demoted_value),
+        Ok(values) => values
+            .iter()
+            .any(|v| value_error(v).is_some_and(|e| demoted(&e))),
     }
-}
-
-fn demoted_value(v: &Value) -> bool {
-    matches!(v, Value::ServerError(e) if demoted(&redis::RedisError::from(e.clone())))
 }
 
 #[cfg(test)]
