@@ -347,12 +347,15 @@ pub async fn held_until_the_body_ends(env: LockEnv) {
     assert_eq!(c.status, StatusCode::OK, "{c:?}");
 }
 
-/// With `HoldUntil::BodyEnd`, a lease lost while the body streams ends the
-/// body with an error: the client sees a broken response, not a complete
-/// but truncated one.
-pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
+/// Streams `path` under a `HoldUntil::BodyEnd` lock on `resource`, breaks
+/// the lock after the first chunk, and reads the rest of the body.
+async fn lose_lease_mid_body(
+    env: LockEnv,
+    path: &str,
+    resource_name: &str,
+) -> Result<http_body_util::Collected<bytes::Bytes>, axum::Error> {
     let mut p = ProbeRx::new();
-    let r = resource("lostbody");
+    let r = resource(resource_name);
     let lock_key = env.locker.keys_for(Subject::new(&r)).lock;
     let app = app(
         LockLayer::new(env.locker, key())
@@ -360,7 +363,7 @@ pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
             .hold_until(HoldUntil::BodyEnd),
         p.probe.clone(),
     );
-    let res = tokio::time::timeout(BOUND, app.clone().oneshot(req("/stream", &r, "a", false)))
+    let res = tokio::time::timeout(BOUND, app.clone().oneshot(req(path, &r, "a", false)))
         .await
         .unwrap()
         .unwrap();
@@ -369,7 +372,14 @@ pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
     assert_eq!(first, "first;");
     (env.break_lock)(lock_key).await;
-    let rest = tokio::time::timeout(BOUND, body.collect()).await.unwrap();
+    tokio::time::timeout(BOUND, body.collect()).await.unwrap()
+}
+
+/// With `HoldUntil::BodyEnd`, a lease lost while the body streams ends the
+/// body with an error: the client sees a broken response, not a complete
+/// but truncated one.
+pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
+    let rest = lose_lease_mid_body(env, "/stream", "lostbody").await;
     let err = rest.expect_err("the body must break when the lease is lost");
     assert!(err.to_string().contains("lease was lost"), "{err}");
 }
@@ -378,30 +388,8 @@ pub async fn lost_lease_mid_body_breaks_the_body(env: LockEnv) {
 /// ABORTED, the call's status a gRPC client reads (a broken stream would
 /// read INTERNAL).
 pub async fn lost_lease_mid_grpc_body_ends_aborted(env: LockEnv) {
-    let mut p = ProbeRx::new();
-    let r = resource("lostgrpc");
-    let lock_key = env.locker.keys_for(Subject::new(&r)).lock;
-    let app = app(
-        LockLayer::new(env.locker, key())
-            .options(LockOptions::new().ttl(Duration::from_millis(1500)))
-            .hold_until(HoldUntil::BodyEnd),
-        p.probe.clone(),
-    );
-    let res = tokio::time::timeout(
-        BOUND,
-        app.clone().oneshot(req("/grpc-stream", &r, "a", false)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    p.wait_entered("a").await;
-    let mut body = res.into_body();
-    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
-    assert_eq!(first, "first;");
-    (env.break_lock)(lock_key).await;
-    let rest = tokio::time::timeout(BOUND, body.collect())
+    let rest = lose_lease_mid_body(env, "/grpc-stream", "lostgrpc")
         .await
-        .unwrap()
         .expect("a gRPC stream ends with its status, not an error");
     let trailers = rest.trailers().expect("trailers");
     assert_eq!(trailers["grpc-status"], "10", "{trailers:?}");
