@@ -128,11 +128,10 @@ impl AdminBackend for MemoryBackend {
         key: &'a str,
         ttl: Duration,
         at_least: bool,
-    ) -> BoxFuture<'a, Result<()>> {
+    ) -> BoxFuture<'a, Result<Duration>> {
         let admin = &self.inner.admin;
-        let ends = self
-            .now()
-            .saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        let now = self.now();
+        let ends = now.saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
         let mut blocks = guard(&admin.blocks);
         let ends = match blocks.get(key) {
             Some(&current) if at_least => current.max(ends),
@@ -141,7 +140,7 @@ impl AdminBackend for MemoryBackend {
         blocks.insert(key.to_owned(), ends);
         admin.earliest_end.fetch_min(ends, Ordering::Relaxed);
         admin.block_count.store(blocks.len(), Ordering::Relaxed);
-        ready(())
+        ready(Duration::from_micros(ends - now))
     }
 
     fn unblock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<()>> {

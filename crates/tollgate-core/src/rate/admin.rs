@@ -109,14 +109,17 @@ impl RateLimiter {
             if let Some(store) = fallback.inner.backend.admin() {
                 let block = fallback.block_key_for(&subject);
                 let keys = fallback.keys_for(&subject);
-                let done = match (notice.action, notice.millis) {
-                    (Action::Reset, _) => store.delete(&keys),
+                use futures_util::FutureExt;
+                match (notice.action, notice.millis) {
+                    (Action::Reset, _) => drop(store.delete(&keys).now_or_never()),
                     (Action::Block, Some(ms)) => {
-                        store.set_block(&block, Duration::from_millis(ms), false)
+                        let block = store.set_block(&block, Duration::from_millis(ms), false);
+                        drop(block.now_or_never());
                     }
-                    (Action::Block, None) | (Action::Unblock, _) => store.unblock(&block),
-                };
-                let _ = futures_util::FutureExt::now_or_never(done);
+                    (Action::Block, None) | (Action::Unblock, _) => {
+                        drop(store.unblock(&block).now_or_never())
+                    }
+                }
             }
         }
         tracing::debug!(policy = inner.keyspace.policy(), subject = %subject.digest(), action = ?notice.action, "heard an admin action");
@@ -275,13 +278,9 @@ impl RateLimiter {
         self.traced(Action::Block, subject, async {
             let store = Arc::clone(&self.operated()?.store);
             let key = self.block_key_for(subject);
-            store.set_block(&key, duration, at_least).await?;
             // Instances copy the block into their local fallback as told:
             // told the block in force, a longer one kept stays longer there.
-            let told = match at_least {
-                true => store.block_left(&key).await?.unwrap_or(duration),
-                false => duration,
-            };
+            let told = store.set_block(&key, duration, at_least).await?;
             self.revoke_leases(subject, Revocation::Block);
             self.announce(Action::Block, subject, Some(told)).await
         })

@@ -14,7 +14,7 @@ use redis::Cmd;
 
 use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, THROTTLED_ADD};
 use super::RedisBackend;
-use crate::error::{redis_error, Result};
+use crate::error::{redis_error, Error, Result};
 use crate::store::{
     millis_ceil, AdminBackend, AdminListener, DenialCount, Listeners, EVERYTHING, VERSION_POLL,
 };
@@ -152,14 +152,18 @@ impl AdminBackend for RedisBackend {
         key: &'a str,
         ttl: Duration,
         at_least: bool,
-    ) -> BoxFuture<'a, Result<()>> {
+    ) -> BoxFuture<'a, Result<Duration>> {
         async move {
-            self.invoke(&RATE_BLOCK_SET, |cmd| {
-                let mode = if at_least { "1" } else { "0" };
-                cmd.arg(1).arg(key).arg(millis_ceil(ttl).max(1)).arg(mode);
-            })
-            .await?;
-            Ok(())
+            let left = self
+                .invoke(&RATE_BLOCK_SET, |cmd| {
+                    let mode = if at_least { "1" } else { "0" };
+                    cmd.arg(1).arg(key).arg(millis_ceil(ttl).max(1)).arg(mode);
+                })
+                .await?;
+            match left {
+                redis::Value::Int(ms) if ms > 0 => Ok(Duration::from_millis(ms as u64)),
+                other => Err(Error::Protocol(format!("a block replied {other:?}"))),
+            }
         }
         .boxed()
     }

@@ -114,12 +114,13 @@ pub trait AdminBackend: Send + Sync + 'static {
 
     /// Sets the block `key` for `ttl`: replacing an earlier one, or, with
     /// `at_least`, only where it would end later than the one in place.
+    /// Returns how long the block in force lasts.
     fn set_block<'a>(
         &'a self,
         key: &'a str,
         ttl: Duration,
         at_least: bool,
-    ) -> BoxFuture<'a, Result<()>>;
+    ) -> BoxFuture<'a, Result<Duration>>;
 
     /// Lifts the block `key`.
     fn unblock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<()>>;
