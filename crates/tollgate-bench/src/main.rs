@@ -25,6 +25,7 @@ mod leases;
 mod locks;
 mod memory;
 mod micro;
+mod micro_sketch;
 mod ops;
 mod peers;
 mod redisinfo;

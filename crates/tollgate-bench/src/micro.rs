@@ -41,6 +41,12 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     );
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let subject = Subject::from(ip);
+    let bound_os =
+        crate::micro_sketch::sketch::<IpAddr, _>(RATE as u32, governor::clock::MonotonicClock);
+    let bound_tsc = crate::micro_sketch::sketch::<IpAddr, _>(
+        RATE as u32,
+        governor::clock::DefaultClock::default(),
+    );
     let names = [
         "tollgate `check`, memory backend, GCRA (deny cache on, default)",
         "tollgate `check`, memory backend, GCRA (deny cache off)",
@@ -53,6 +59,11 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
         "`SystemTime::now` + `Instant::now` (the clocks a check reads: a memory check reads its \
          store's clock once, which times its deny cache too; a Redis check with the deny cache \
          reads the monotonic one)",
+        "(bound) governor's keyed GCRA on the OS's monotonic clock (what tollgate's stores \
+         read), answering what tollgate's `check` answers: an async call, the subject taken by \
+         value, a `Decision` with its figures and charge (a mirror of the type), and nothing else \
+         — no keyspace, block, deny cache or breaker",
+        "(bound) the same on governor's default TSC clock",
         "(reference) governor keyed `check_key` on `std::time::Instant` (its `MonotonicClock`) \
          instead of its default TSC clock",
     ];
@@ -120,6 +131,24 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
                     for _ in 0..n {
                         std::hint::black_box(std::time::SystemTime::now());
                         std::hint::black_box(Instant::now());
+                    }
+                }
+                8 => {
+                    for _ in 0..n {
+                        // Held in memory, as a `Decision` returned to a caller is.
+                        let d = std::hint::black_box(
+                            crate::micro_sketch::check(&bound_os, RATE, &ip).await,
+                        );
+                        std::hint::black_box(d.ok_or("the bound never denies")?.touch());
+                    }
+                }
+                9 => {
+                    for _ in 0..n {
+                        // Held in memory, as a `Decision` returned to a caller is.
+                        let d = std::hint::black_box(
+                            crate::micro_sketch::check(&bound_tsc, RATE, &ip).await,
+                        );
+                        std::hint::black_box(d.ok_or("the bound never denies")?.touch());
                     }
                 }
                 _ => {
