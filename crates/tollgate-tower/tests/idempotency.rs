@@ -195,6 +195,7 @@ async fn held(app: &Router, h: &Handler, key: &str) -> tokio::task::JoinHandle<R
 async fn suite(kind: Kind) {
     first_run_and_byte_identical_replay(kind).await;
     another_payload_is_422(kind).await;
+    a_multipart_retry_with_a_new_boundary_replays(kind).await;
     in_flight_is_409_with_retry_after(kind).await;
     bad_keys_are_400(kind).await;
     a_big_body_is_413_and_nothing_is_stored(kind).await;
@@ -268,6 +269,33 @@ async fn another_payload_is_422(kind: Kind) {
     let other_type = with(req("/orders", "t1", k, "1"), "content-type", "text/plain");
     send(&app, other_type).await.assert_problem(422);
     assert_eq!(h.runs(), 1);
+}
+
+/// A client draws a new multipart boundary for every request, its retries
+/// too: the same parts under a new boundary are the same payload.
+async fn a_multipart_retry_with_a_new_boundary_replays(kind: Kind) {
+    let (h, app) = default_app(kind).await;
+    let key = unique("k");
+    let form = |boundary: &str, qty: &str| {
+        let body = format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"qty\"\r\n\r\n{qty}\r\n--{boundary}--\r\n"
+        );
+        let r = req("/orders", "t1", Some(key.as_bytes()), "");
+        let r = with(
+            r,
+            "content-type",
+            &format!("multipart/form-data; boundary={boundary}"),
+        );
+        r.map(|_| Body::from(body))
+    };
+    let first = send(&app, form("a1b2", "1")).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{kind:?}");
+    let retry = send(&app, form("----retry9z", "1")).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{kind:?}");
+    assert_eq!(retry.headers["idempotent-replayed"], "true");
+    assert_eq!(retry.body, first.body);
+    send(&app, form("c3d4", "2")).await.assert_problem(422);
+    assert_eq!(h.runs(), 1, "{kind:?}");
 }
 
 async fn in_flight_is_409_with_retry_after(kind: Kind) {

@@ -19,7 +19,9 @@
 //! 3. the request body is read, up to [`max_request_body`](IdempotencyLayer::max_request_body)
 //!    (1 MiB): larger, **413** and nothing stored. The payload's
 //!    fingerprint is a SHA-256 of the method, path and query, content type
-//!    and body;
+//!    and body — of a multipart body, its parts between the delimiters and
+//!    its content type without the boundary, which a client draws anew for
+//!    every request, retries included;
 //! 4. the key is claimed, in one round trip:
 //!    - **claimed**: the inner service is called (the claim's
 //!      [`FencingToken`](tollgate_core::FencingToken) and
@@ -309,16 +311,62 @@ pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let content_type = parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes());
     let mut h = Sha256::new();
-    for field in [
-        parts.method.as_str().as_bytes(),
-        path.as_bytes(),
-        content_type.unwrap_or(b"\0none"),
-        body,
-    ] {
-        h.update((field.len() as u64).to_be_bytes());
-        h.update(field);
+    // Each field behind its length: no two field lists hash alike.
+    let mut field = |f: &[u8]| {
+        h.update((f.len() as u64).to_be_bytes());
+        h.update(f);
+    };
+    field(parts.method.as_str().as_bytes());
+    field(path.as_bytes());
+    match content_type.and_then(Multipart::of) {
+        // A client draws a new boundary per request, retries included: the
+        // payload is the parts between the delimiters, whatever it was.
+        Some(multipart) => {
+            field(multipart.content_type.as_bytes());
+            let mut start = 0;
+            for at in memchr::memmem::find_iter(body, &multipart.delimiter) {
+                field(&body[start..at]);
+                start = at + multipart.delimiter.len();
+            }
+            field(&body[start..]);
+        }
+        None => {
+            field(content_type.unwrap_or(b"\0none"));
+            field(body);
+        }
     }
     Fingerprint::from_digest(h.finalize().into())
+}
+
+/// A multipart body's content type without its boundary, and its delimiter
+/// (`--` and the boundary, RFC 2046).
+struct Multipart {
+    /// The media type and its other parameters, then `;boundary=` and a NUL,
+    /// which no header value holds: it reads as no content type sent.
+    content_type: String,
+    delimiter: Vec<u8>,
+}
+
+impl Multipart {
+    fn of(content_type: &[u8]) -> Option<Multipart> {
+        let mime: mime::Mime = std::str::from_utf8(content_type).ok()?.parse().ok()?;
+        if mime.type_() != mime::MULTIPART {
+            return None;
+        }
+        let boundary = mime.get_param(mime::BOUNDARY)?.as_str();
+        if boundary.is_empty() {
+            return None;
+        }
+        let mut canonical = mime.essence_str().to_owned();
+        for (name, value) in mime.params().filter(|(n, _)| *n != mime::BOUNDARY) {
+            canonical.push_str(&format!(";{name}={value}"));
+        }
+        canonical.push_str(";boundary=\0");
+        Some(Multipart {
+            content_type: canonical,
+            delimiter: [b"--", boundary.as_bytes()].concat(),
+        })
+    }
 }
 
 #[cfg(feature = "metrics")]
@@ -395,6 +443,75 @@ mod tests {
         ] {
             assert_ne!(base, other);
         }
+    }
+
+    /// Records stored before a deploy are matched after it: the digest of
+    /// a payload that is not multipart never changes.
+    #[test]
+    fn fingerprints_stay_what_they_were() {
+        let json = http::Request::post("/orders?x=1")
+            .header(CONTENT_TYPE, "application/json")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_eq!(
+            fingerprint(&json, br#"{"qty":1}"#).to_hex(),
+            "782a1f40b0f48eb783d597ebe34990e85b04ca07f7f62abdc23a5195d2468fd5"
+        );
+        let bare = http::Request::post("/orders")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        assert_eq!(
+            fingerprint(&bare, b"").to_hex(),
+            "42dc03eee54c81c31e8dbbd9eca6b47ea9f9d7f2b9ac0e058673e2956a8787bc"
+        );
+    }
+
+    /// A multipart payload is its parts: a new boundary (as every client
+    /// draws per request) is the same payload; other parts are not.
+    #[test]
+    fn a_multipart_fingerprint_leaves_the_boundary_out() {
+        let form = |boundary: &str, value: &str| {
+            let parts = http::Request::post("/upload")
+                .header(
+                    CONTENT_TYPE,
+                    format!("multipart/form-data; boundary={boundary}"),
+                )
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0;
+            let body = format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n{value}\r\n--{boundary}--\r\n"
+            );
+            fingerprint(&parts, body.as_bytes())
+        };
+        assert_eq!(form("XyZ1", "1"), form("----WebKitFormBoundary7MA4", "1"));
+        assert_ne!(form("XyZ1", "1"), form("XyZ1", "2"));
+        // Quoted or not, and whatever case the type is written in.
+        let quoted = http::Request::post("/upload")
+            .header(CONTENT_TYPE, "Multipart/Form-Data; boundary=\"q q\"")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let body = "--q q\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--q q--\r\n";
+        assert_eq!(fingerprint(&quoted, body.as_bytes()), form("XyZ1", "1"));
+        // A delimiter is not content: a part holding the text the
+        // delimiters are replaced by is another payload.
+        assert_ne!(form("XyZ1", "1"), form("XyZ1", "1\r\n--XyZ2"));
+        // Not the same as the raw body under a content type without a boundary.
+        let bare = http::Request::post("/upload")
+            .header(CONTENT_TYPE, "multipart/form-data")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let raw = "\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--\r\n";
+        assert_ne!(fingerprint(&bare, raw.as_bytes()), form("XyZ1", "1"));
     }
 
     #[test]
