@@ -6,7 +6,10 @@
 -- A settle corrects what one admitted check took to `actual` units, at most
 -- once per charge; a refund is a settle to 0.
 -- KEYS[1]: the marker: one settle or refund per charge.
--- KEYS[2..n]: one key per quota, as the check's, all sharing one hash tag.
+-- KEYS[2..n-1]: one key per quota, as the check's, all sharing one hash tag.
+-- KEYS[n]: the subject's reset stamp (rate_reset.lua): a charge taken at or
+-- before a reset is not settled — its units went with the reset, and giving
+-- them back would add them to the fresh quota.
 -- ARGV[3]: the charge's id (hex; the log's member prefix).
 -- ARGV[4]: the instant the check decided at (µs).
 -- ARGV[5]: how long after it the settle may still be applied (µs).
@@ -17,12 +20,13 @@
 -- ARGV[7+2i], ARGV[8+2i]: quota i's parameters, as the check's.
 -- Then, for a give-back on a token bucket or GCRA, each quota's own span
 -- (µs), in order.
-local at, q = ARGV[4] + 0, n - 1
+local at, q = ARGV[4] + 0, n - 2
 local delta = ARGV[6] - cost
 -- Units to give back (under the estimate) or to owe (over it).
 local give, owe = math.max(-delta, 0), math.max(delta, 0)
 local applied = false
-if delta ~= 0 and at + ARGV[5] > now then
+local reset = delta ~= 0 and redis.call('GET', KEYS[n])
+if delta ~= 0 and at + ARGV[5] > now and not (reset and at <= (tonumber(reset) or -1)) then
   -- The marker lives as long as any settle of the charge could apply, so
   -- a replay after a lost reply finds it and changes nothing twice.
   applied = redis.call('SET', KEYS[1], '1', 'NX', 'PX',

@@ -11,8 +11,8 @@ use futures_util::future::join_all;
 use rate_common::{assert_ttls, cluster, prefix, server};
 use tollgate_core::admin::{Admin, Registered};
 use tollgate_core::{
-    Algorithm, Backend, DecisionSource, Error, MemoryBackend, Quota, RateLimiter, RedisBackend,
-    Semaphore, Subject,
+    Algorithm, Backend, DecisionSource, Error, ManualClock, MemoryBackend, Quota, RateLimiter,
+    RedisBackend, Semaphore, Subject,
 };
 use tollgate_testkit::{eventually, ReplyDelay};
 
@@ -587,4 +587,56 @@ fn the_operator_planes_own_names_are_reserved() {
         assert!(tollgate_core::Keyspace::new("app", name).is_err(), "{name}");
     }
     assert!(tollgate_core::Keyspace::new("app", "login").is_ok());
+}
+
+/// A charge taken before a reset is void after it: its refund gives
+/// nothing back, or the subject would get it on top of its fresh quota —
+/// on every algorithm, in memory, on a server and on a cluster. A charge
+/// taken after the reset is given back as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_taken_before_a_reset_is_not_given_back_after_it() {
+    // The memory store's clock is moved past the reset by hand (a check in
+    // the reset's own microsecond counts as before it); a server's `TIME`
+    // moves between round trips.
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    for backend in [
+        MemoryBackend::with_clock(clock.clone()).into(),
+        standalone().await,
+        clustered().await,
+    ] {
+        for algorithm in [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+        ] {
+            let limiter = RateLimiter::builder(Backend::clone(&backend), algorithm)
+                .quota(Quota::per_hour(3))
+                .prefix(prefix())
+                .name("api")
+                .deny_cache(0)
+                .build()
+                .unwrap();
+            let what = format!("{algorithm:?} on {}", limiter.backend_kind());
+            let alice = Subject::new("alice");
+            let before = limiter.check(&alice).await.unwrap().charge.unwrap();
+            limiter.reset(&alice).await.unwrap();
+            clock.advance(Duration::from_millis(1));
+            let after = limiter.check(&alice).await.unwrap().charge.unwrap();
+            for _ in 0..2 {
+                assert!(limiter.check(&alice).await.unwrap().allowed, "{what}");
+            }
+            assert!(!limiter.check(&alice).await.unwrap().allowed, "{what}");
+            assert!(
+                !limiter.refund(&alice, &before).await.unwrap(),
+                "{what}: applied"
+            );
+            let d = limiter.check(&alice).await.unwrap();
+            assert!(!d.allowed, "{what}: {d:?}");
+            assert!(limiter.refund(&alice, &after).await.unwrap(), "{what}");
+            let d = limiter.check(&alice).await.unwrap();
+            assert!(d.allowed, "{what}: {d:?}");
+        }
+    }
 }

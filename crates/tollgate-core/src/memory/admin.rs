@@ -10,7 +10,8 @@ use std::time::Duration;
 use futures_util::future::{self, BoxFuture};
 use futures_util::FutureExt;
 
-use super::{lock, MemoryBackend};
+use super::rate::Slot;
+use super::{lock, Entry, MemoryBackend};
 use crate::error::Result;
 use crate::store::{AdminBackend, AdminListener, DenialCount, Listeners};
 
@@ -112,13 +113,38 @@ impl AdminBackend for MemoryBackend {
         ready(all)
     }
 
-    fn delete<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Result<()>> {
-        // A request's keys live in its first key's shard.
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [String],
+        stamp: &'a str,
+        now_micros: Option<u64>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
+        // A request's keys live in its first key's shard, and so does the
+        // stamp its settles read (`lua/rate_reset.lua`'s twin).
         if let Some(first) = keys.first() {
+            let now = self.now();
+            let at = now_micros.unwrap_or(now);
             let mut shard = lock(self.shard_for(first));
             for k in keys {
                 shard.map.remove(k);
             }
+            let ttl = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX).max(1);
+            let (mut at, mut expires_at) = (at, now.saturating_add(ttl));
+            if let Some(Entry {
+                slot: Slot::Reset(before),
+                expires_at: until,
+            }) = shard.map.get(stamp)
+            {
+                if *until > now {
+                    at = at.max(*before);
+                    expires_at = expires_at.max(*until);
+                }
+            }
+            let slot = Slot::Reset(at);
+            shard
+                .map
+                .insert(stamp.to_owned(), Entry { slot, expires_at });
         }
         ready(())
     }

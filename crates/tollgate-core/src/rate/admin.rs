@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::lease::Revocation;
 use super::limiter::{Inner, Operated, BLOCK_KIND};
+use super::settle::reset_stamp_of;
 use super::RateLimiter;
 use crate::error::{Error, Result};
 use crate::keyspace::Subject;
@@ -26,6 +27,27 @@ impl RateLimiter {
     /// quota keys).
     pub fn block_key_for(&self, subject: &Subject) -> String {
         self.inner.keyspace.key_of(BLOCK_KIND, subject, None)
+    }
+
+    /// The time a settle of this limiter reads as now (µs): its own clock's,
+    /// else `None` (the store's), as a reset's stamp must be.
+    fn settle_clock(&self) -> Option<u64> {
+        self.inner.clock.as_ref().map(|c| c.now_micros())
+    }
+
+    /// How long after a check its charge may still be settled, at most
+    /// (every quota's longest horizon: two periods for the sliding counter,
+    /// the time to refill a whole bucket), and a second more: how long a
+    /// reset's stamp must outlive the reset.
+    fn settle_horizon(&self) -> Duration {
+        let inner = &self.inner;
+        let longest = inner.quotas.iter().map(|q| {
+            let refill = u128::from(inner.algorithm.capacity(q)) * u128::from(q.period_micros())
+                / u128::from(q.limit().max(1));
+            u128::from(q.period_micros()).saturating_mul(2).max(refill)
+        });
+        let micros = u64::try_from(longest.max().unwrap_or(0)).unwrap_or(u64::MAX);
+        Duration::from_micros(micros).saturating_add(Duration::from_secs(1))
     }
 
     /// Joins the operator plane of its store, if the store has one:
@@ -111,7 +133,11 @@ impl RateLimiter {
                 let keys = fallback.keys_for(&subject);
                 use futures_util::FutureExt;
                 match (notice.action, notice.millis) {
-                    (Action::Reset, _) => drop(store.delete(&keys).now_or_never()),
+                    (Action::Reset, _) => {
+                        let stamp = reset_stamp_of(&keys);
+                        let (now, ttl) = (fallback.settle_clock(), fallback.settle_horizon());
+                        drop(store.reset(&keys, &stamp, now, ttl).now_or_never());
+                    }
                     (Action::Block, Some(ms)) => {
                         let block = store.set_block(&block, Duration::from_millis(ms), false);
                         drop(block.now_or_never());
@@ -247,7 +273,10 @@ impl RateLimiter {
     pub async fn reset(&self, subject: &Subject) -> Result<()> {
         self.traced(Action::Reset, subject, async {
             let store = Arc::clone(&self.operated()?.store);
-            store.delete(&self.keys_for(subject)).await?;
+            let keys = self.keys_for(subject);
+            let stamp = reset_stamp_of(&keys);
+            let (now, ttl) = (self.settle_clock(), self.settle_horizon());
+            store.reset(&keys, &stamp, now, ttl).await?;
             self.revoke_leases(subject, Revocation::Reset);
             self.announce(Action::Reset, subject, None).await
         })

@@ -53,6 +53,7 @@ pub(super) fn settle_request(
     SettleRequest {
         algorithm,
         marker: format!("{}:r:{:016x}", keys[0], charge.id),
+        reset_stamp: reset_stamp_of(&keys),
         keys,
         quotas: Arc::clone(quotas),
         cost: charge.cost,
@@ -65,6 +66,12 @@ pub(super) fn settle_request(
         marker_span_micros: give_back.max(debt),
         quota_spans_micros,
     }
+}
+
+/// The reset stamp of the subject whose quota keys are `keys`: beside the
+/// first (same hash tag), one per limiter and algorithm, as its keys are.
+pub(super) fn reset_stamp_of(keys: &[String]) -> String {
+    format!("{}:reset", keys[0])
 }
 
 impl RateLimiter {

@@ -12,7 +12,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use redis::Cmd;
 
-use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, THROTTLED_ADD};
+use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, RATE_RESET, THROTTLED_ADD};
 use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
 use crate::store::{
@@ -137,11 +137,23 @@ impl AdminBackend for RedisBackend {
         .boxed()
     }
 
-    fn delete<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Result<()>> {
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [String],
+        stamp: &'a str,
+        now_micros: Option<u64>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>> {
         async move {
-            if !keys.is_empty() {
-                let _: i64 = self.query(redis::cmd("DEL").arg(keys)).await?;
-            }
+            self.invoke(&RATE_RESET, |cmd| {
+                cmd.arg(keys.len() + 1).arg(keys).arg(stamp);
+                match now_micros {
+                    Some(now) => cmd.arg(now),
+                    None => cmd.arg(""),
+                };
+                cmd.arg(millis_ceil(ttl).max(1));
+            })
+            .await?;
             Ok(())
         }
         .boxed()

@@ -375,10 +375,11 @@ impl RateBackend for RedisBackend {
         async move {
             let value = self
                 .invoke(scripts::settle(req.algorithm), |cmd| {
-                    cmd.arg(1 + req.keys.len()).arg(req.marker.as_str());
+                    cmd.arg(2 + req.keys.len()).arg(req.marker.as_str());
                     for k in &req.keys {
                         cmd.arg(k.as_str());
                     }
+                    cmd.arg(req.reset_stamp.as_str());
                     match req.now_micros {
                         Some(now) => cmd.arg(now),
                         None => cmd.arg(""),

@@ -109,8 +109,18 @@ pub trait AdminBackend: Send + Sync + 'static {
     /// Every `(field, value)` of the registry `key`.
     fn registered<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>>;
 
-    /// Deletes `keys` (one subject's: one hash tag).
-    fn delete<'a>(&'a self, keys: &'a [String]) -> BoxFuture<'a, Result<()>>;
+    /// Resets a subject: deletes its quota `keys` (one hash tag) and
+    /// stamps the reset on `stamp` (beside them) at `now_micros`, or the
+    /// store's time when `None`, for at least `ttl`: a settle of a charge
+    /// taken at or before the stamp changes nothing. A stamp never moves
+    /// back, nor its TTL.
+    fn reset<'a>(
+        &'a self,
+        keys: &'a [String],
+        stamp: &'a str,
+        now_micros: Option<u64>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<()>>;
 
     /// Sets the block `key` for `ttl`: replacing an earlier one, or, with
     /// `at_least`, only where it would end later than the one in place.

@@ -248,6 +248,9 @@ pub struct SettleRequest {
     /// One key per quota, as the check's (no block key: a settle is not
     /// refused by a block).
     pub keys: Vec<String>,
+    /// The subject's reset stamp ([`AdminBackend::reset`](crate::store::AdminBackend::reset)):
+    /// a charge taken at or before it is not settled.
+    pub reset_stamp: String,
     /// The quotas, as the check's.
     pub quotas: Arc<[Quota]>,
     /// Units the check took.

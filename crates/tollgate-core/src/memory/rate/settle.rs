@@ -18,8 +18,17 @@ impl MemoryBackend {
         let mut shard = lock(self.shard_for(first));
         shard.tick(now);
         let until = req.at_micros.saturating_add(req.span_micros);
+        // A charge taken at or before a reset went with it (`lua/settle_prelude.lua`).
+        let reset = match shard.map.get(&req.reset_stamp) {
+            Some(Entry {
+                slot: Slot::Reset(at),
+                expires_at,
+            }) if *expires_at > now => Some(*at),
+            _ => None,
+        };
         let applied = req.actual != req.cost
             && until > now
+            && reset.is_none_or(|at| req.at_micros > at)
             && shard
                 .map
                 .get(&req.marker)

@@ -251,4 +251,6 @@ pub(crate) enum Slot {
     },
     /// Sliding log, sorted.
     Log(VecDeque<u64>),
+    /// A subject's reset stamp: when it was reset (µs, the settles' clock).
+    Reset(u64),
 }
