@@ -1,8 +1,9 @@
 //! `IdempotencyLayer` with streaming response bodies, on memory, a
-//! standalone Redis and a three-master cluster: a body larger than
-//! `max_stored_body` reaches its client as it comes (it is never buffered
-//! whole) and is recorded as not replayable; a request dropped while its
-//! handler's body is read is still stored, so a retry replays it.
+//! standalone Redis and a three-master cluster: a body of unknown length
+//! reaches its client as it comes and is replayed whole once it ended; a
+//! body larger than `max_stored_body` streams and is recorded as not
+//! replayable; a client that goes away mid-body leaves the response to be
+//! read and stored, so a retry replays it.
 //!
 //! Bodies are fed through a channel the test controls, never by sleeps;
 //! every wait is bounded.
@@ -84,6 +85,7 @@ fn req(key: &str) -> Request<Body> {
 
 async fn suite(kind: Kind) {
     a_body_too_large_to_store_streams(kind).await;
+    a_streamed_body_reaches_its_client_as_it_comes(kind).await;
     a_request_dropped_after_its_handler_returned_is_stored(kind).await;
 }
 
@@ -138,6 +140,52 @@ async fn a_body_too_large_to_store_streams(kind: Kind) {
     assert_eq!(s.runs(), 1, "never twice for one key");
 }
 
+/// A body of unknown length (a stream of events, an LLM's tokens) reaches
+/// its client chunk by chunk while the handler still produces it; a retry
+/// meanwhile is told the key is in flight, and once the body has ended it
+/// is replayed whole.
+async fn a_streamed_body_reaches_its_client_as_it_comes(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = app(layer, &s);
+    let key = unique("k");
+    let first = tokio::spawn(app.clone().oneshot(req(&key)));
+    tx.send(Bytes::from_static(b"event: 1\n\n")).await.unwrap();
+    let res = tokio::time::timeout(BOUND, first)
+        .await
+        .expect("the response comes before its body ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let mut body = res.into_body();
+    let frame = tokio::time::timeout(BOUND, body.frame())
+        .await
+        .expect("the first chunk reaches the client while the body is open")
+        .expect("the body is still open")
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "event: 1\n\n");
+
+    let (status, _, problem) = send(&app, req(&key)).await;
+    assert_eq!(status, 409, "{kind:?}");
+    let problem = std::str::from_utf8(&problem).unwrap();
+    assert!(problem.contains("still being processed"), "{problem}");
+
+    tx.send(Bytes::from_static(b"event: 2\n\n")).await.unwrap();
+    drop(tx);
+    let rest = tokio::time::timeout(BOUND, body.collect())
+        .await
+        .expect("bounded")
+        .unwrap()
+        .to_bytes();
+    assert_eq!(rest, "event: 2\n\n");
+    // The body's end waited for the record: a retry now replays it.
+    let (status, headers, replay) = send(&app, req(&key)).await;
+    assert_eq!(status, 201, "{kind:?}");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(replay, "event: 1\n\nevent: 2\n\n");
+    assert_eq!(s.runs(), 1, "never twice for one key");
+}
+
 /// The handler has returned (its body is being read) when the client goes
 /// away: the side effect is done, so the response is still read and stored,
 /// and a retry replays it instead of running the handler again.
@@ -148,11 +196,22 @@ async fn a_request_dropped_after_its_handler_returned_is_stored(kind: Kind) {
     let key = unique("k");
     let first = tokio::spawn(app.clone().oneshot(req(&key)));
     tx.send(Bytes::from_static(b"part1,")).await.unwrap();
-    // Returns once part1 was read: the handler has returned.
-    tx.send(Bytes::from_static(b"part2,")).await.unwrap();
-    first.abort();
-    assert!(first.await.unwrap_err().is_cancelled());
+    let res = tokio::time::timeout(BOUND, first)
+        .await
+        .expect("bounded")
+        .unwrap()
+        .unwrap();
+    let mut body = res.into_body();
+    let frame = tokio::time::timeout(BOUND, body.frame())
+        .await
+        .expect("bounded")
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "part1,");
+    // The client goes away mid-body.
+    drop(body);
     // The body goes on, and ends.
+    tx.send(Bytes::from_static(b"part2,")).await.unwrap();
     let _ = tx.send(Bytes::from_static(b"part3")).await;
     drop(tx);
     let (status, headers, body) =

@@ -8,11 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
-use http_body::{Body, Frame};
+use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
@@ -21,6 +21,7 @@ use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
 use tollgate_core::Subject;
 use tower_service::Service;
 
+use super::relay::{self, is_grpc_status};
 use super::service::Shared;
 use super::{count, fingerprint, OnUnavailable, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody, Tail};
@@ -36,9 +37,8 @@ const T: &str = "tollgate_tower::idempotency";
 pub(crate) enum Buffered {
     /// The whole body: its data, then its trailers or its error.
     Whole { data: Bytes, tail: Option<Tail> },
-    /// Too large to store: the chunks read, then the rest, streamed.
-    Rest {
-        read: VecDeque<Bytes>,
+    /// The handler's response, passed on as it is read (see `relay`).
+    Relayed {
         body: UnsyncBoxBody<Bytes, BoxError>,
     },
 }
@@ -47,7 +47,7 @@ impl Buffered {
     fn into_body<B>(self) -> ResponseBody<B> {
         match self {
             Buffered::Whole { data, tail } => ResponseBody::buffered(data, tail),
-            Buffered::Rest { read, body } => ResponseBody::rest(read, body),
+            Buffered::Relayed { body } => ResponseBody::rest(VecDeque::new(), body),
         }
     }
 }
@@ -279,101 +279,15 @@ where
     };
     let (head, body) = response.into_parts();
     let body = body.map_err(Into::into).boxed_unsync();
-    // The handler has returned: its side effect is done. From here the body
-    // is read and the claim settled in a task of its own, so that a client
-    // going away now (this future dropped) no longer cancels them — the
-    // response is still stored, and a retry replays it instead of running
-    // the handler again.
-    let settling = tokio::spawn(settle(head, body, holding, Arc::clone(&shared)));
-    match settling.await {
-        Ok((head, read)) => Ok(Step::Done(Response::from_parts(head, read))),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => {
-            // The runtime is shutting down; the claim may not be settled.
-            let mut res = Response::new(Bytes::new());
-            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            Ok(Step::made(res))
-        }
-    }
-}
-
-/// Reads the claimed request's response body (up to what is stored) and
-/// settles the claim: completed with the response, or as not replayable,
-/// or abandoned.
-async fn settle(
-    head: http::response::Parts,
-    body: UnsyncBoxBody<Bytes, BoxError>,
-    mut holding: Holding,
-    shared: Arc<Shared>,
-) -> (http::response::Parts, Buffered) {
-    let read = read_capped(body, shared.max_stored_body).await;
-    let failed = grpc_failed(&head.headers, &read);
-    match &read {
-        Buffered::Whole {
-            tail: Some(Tail::Error(_)),
-            ..
-        } => {
-            holding
-                .abandon("abandoned", "the response body failed")
-                .await;
-        }
-        // A gRPC call's outcome is its `grpc-status`, not its HTTP 200: a
-        // failed call is not stored (a retry runs again), as a 5xx is not.
-        _ if failed => {
-            holding
-                .abandon("not_stored", "the gRPC status is not OK")
-                .await;
-        }
-        _ if !(shared.store_when)(head.status) => {
-            holding
-                .abandon("not_stored", "the status is not stored")
-                .await;
-        }
-        Buffered::Whole { data, tail: None } => {
-            // A trailers-only gRPC answer carries its status in its headers.
-            let headers = head
-                .headers
-                .iter()
-                .filter(|(n, _)| shared.replays(n) || is_grpc_status(n));
-            let headers = headers.map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()));
-            let stored =
-                StoredResponse::new(head.status.as_u16(), headers.collect(), data.to_vec());
-            holding.complete(stored, &shared).await;
-        }
-        Buffered::Whole { tail: Some(_), .. } => {
-            // Trailers are not stored: the response cannot be replayed.
-            let stored = StoredResponse::not_replayable(head.status.as_u16());
-            holding.complete(stored, &shared).await;
-        }
-        Buffered::Rest { .. } => {
-            tracing::debug!(target: T, record = %holding.digest, max = shared.max_stored_body, "response body too large to store; streamed");
-            let stored = StoredResponse::not_replayable(head.status.as_u16());
-            holding.complete(stored, &shared).await;
-        }
-    }
-    (head, read)
-}
-
-/// Whether a gRPC response says its call failed: a `grpc-status` other
-/// than 0 in its headers (a trailers-only answer) or its trailers.
-fn grpc_failed(headers: &http::HeaderMap, read: &Buffered) -> bool {
-    let trailers = match read {
-        Buffered::Whole {
-            tail: Some(Tail::Trailers(t)),
-            ..
-        } => Some(t),
-        _ => None,
-    };
-    let status = headers
-        .get("grpc-status")
-        .or_else(|| trailers.and_then(|t| t.get("grpc-status")));
-    status.is_some_and(|s| s.as_bytes() != b"0")
-}
-
-/// `grpc-status` and `grpc-message`: stored and replayed with a
-/// trailers-only gRPC answer, whatever the allow-list.
-fn is_grpc_status(name: &HeaderName) -> bool {
-    name.as_str() == "grpc-status" || name.as_str() == "grpc-message"
+    let (body, answer) = relay::start(head.status, &head.headers, body, holding, &shared);
+    // A body that fits the record is recorded before the client is
+    // answered; any other streams at once (see `relay`). A relay gone (a
+    // runtime shutting down) answers too: its body then fails.
+    let _ = answer.await;
+    Ok(Step::Done(Response::from_parts(
+        head,
+        Buffered::Relayed { body },
+    )))
 }
 
 /// The stored response, replayed: status, allow-listed headers, the body
@@ -403,60 +317,20 @@ fn replay<F>(shared: &Shared, parts: &Parts, stored: StoredResponse, digest: &st
     Step::made(res)
 }
 
-/// Reads `body` to its end (the data, then its trailers or its error), or
-/// until more than `max` bytes were read: then the chunks read so far and
-/// the rest of the body, unread. Never holds more than `max` bytes and the
-/// chunk that went past them.
-async fn read_capped(mut body: UnsyncBoxBody<Bytes, BoxError>, max: usize) -> Buffered {
-    let mut read = VecDeque::new();
-    let mut len = 0usize;
-    let tail = loop {
-        match body.frame().await.map(|f| f.map(Frame::into_data)) {
-            None => break None,
-            Some(Ok(Ok(chunk))) => {
-                if chunk.is_empty() {
-                    continue;
-                }
-                len = len.saturating_add(chunk.len());
-                read.push_back(chunk);
-                if len > max {
-                    return Buffered::Rest { read, body };
-                }
-            }
-            Some(Ok(Err(frame))) => {
-                if let Ok(trailers) = frame.into_trailers() {
-                    break Some(Tail::Trailers(trailers));
-                }
-            }
-            Some(Err(e)) => break Some(Tail::Error(e)),
-        }
-    };
-    let data = match read.len() {
-        0 => Bytes::new(),
-        1 => read.pop_front().expect("one chunk"),
-        _ => {
-            let mut data = BytesMut::with_capacity(len);
-            read.iter().for_each(|chunk| data.extend_from_slice(chunk));
-            data.freeze()
-        }
-    };
-    Buffered::Whole { data, tail }
-}
-
 /// A claim while its request runs. Dropped before it was settled (the
 /// request future dropped before the handler returned: the client went
 /// away), it is counted as abandoned, and [`Claimed`]'s own drop abandons
 /// it in the background. After the handler returned, it is settled in a
 /// task that the request future only awaits.
-struct Holding {
+pub(super) struct Holding {
     claim: Option<Claimed>,
-    digest: String,
+    pub(super) digest: String,
 }
 
 impl Holding {
     /// Gives the claim up and waits for it, so that a retry right after
     /// this response runs again.
-    async fn abandon(&mut self, outcome: &'static str, why: &'static str) {
+    pub(super) async fn abandon(&mut self, outcome: &'static str, why: &'static str) {
         let Some(claim) = self.claim.take() else {
             return;
         };
@@ -473,7 +347,7 @@ impl Holding {
     /// for that at most two round-trip bounds (the first try and the next),
     /// then goes out while the completion goes on in the background — a
     /// retry meanwhile is told the key is in flight.
-    async fn complete(&mut self, response: StoredResponse, shared: &Shared) {
+    pub(super) async fn complete(&mut self, response: StoredResponse, shared: &Shared) {
         let Some(claim) = self.claim.take() else {
             return;
         };

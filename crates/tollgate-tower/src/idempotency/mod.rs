@@ -37,20 +37,23 @@
 //!      beside it, and the cancelled run stores nothing
 //!      ([`OnLeaseLost::Cancel`](crate::lock::OnLeaseLost::Cancel), the
 //!      default; see [`on_lease_lost`](IdempotencyLayer::on_lease_lost)).
-//!      Its response is **read to the end** — the layer
-//!      buffers it, up to [`max_stored_body`](IdempotencyLayer::max_stored_body)
-//!      — and, when [`store_when`](IdempotencyLayer::store_when) says so
-//!      (2xx and 4xx except 408, 409 and 429 by default), stored before
-//!      it is returned, with every header its body needs to be read as it
-//!      was sent ([`REPRESENTATION_HEADERS`]: `Content-Type`,
+//!      Its response is **read to the end** in a task of its own, and
+//!      a copy kept up to [`max_stored_body`](IdempotencyLayer::max_stored_body);
+//!      when [`store_when`](IdempotencyLayer::store_when) says so
+//!      (2xx and 4xx except 408, 409 and 429 by default), it is stored
+//!      before the client can tell it is whole: a body of known length
+//!      that fits is stored before the client is answered; any other (a
+//!      stream of events, an LLM's tokens) reaches the client chunk by
+//!      chunk as the handler produces it, and only its end and its
+//!      trailers wait for the record. It is stored with every header its
+//!      body needs to be read as it was sent ([`REPRESENTATION_HEADERS`]: `Content-Type`,
 //!      `Content-Encoding`, `Content-Language`, `Content-Location`,
 //!      `Content-Range`, `Content-Disposition`, `Vary`, `ETag`,
 //!      `Last-Modified`, `Location`) and the
 //!      [allow-listed ones](IdempotencyLayer::replay_headers) (`Link` by
-//!      default). A body that grows past `max_stored_body` is buffered
-//!      no further: the key is completed as not replayable, and the client
-//!      gets the bytes read, then the rest as the handler produces it (a
-//!      download, a stream of events). When the status is not stored (for
+//!      default). A body that grows past `max_stored_body` is copied no
+//!      further: the key is completed as not replayable at once, and the
+//!      rest streams on. When the status is not stored (for
 //!      gRPC, whose HTTP status is always 200: a `grpc-status` other than
 //!      0), the inner service fails, the response body fails or the request is
 //!      dropped before the handler returned (the client went away), the
@@ -152,6 +155,7 @@
 
 mod future;
 mod layer;
+mod relay;
 mod service;
 
 use http::header::{HeaderName, CONTENT_TYPE};
