@@ -126,8 +126,8 @@ pin_project! {
     /// [`Lock`](crate::lock::Lock): the inner service's body, or the short
     /// body of a rejection built by the middleware, or a response the
     /// [idempotency layer](crate::idempotency) read to its end (to store
-    /// it) or replayed from its record, or one too large to store: the
-    /// chunks it read, then the rest of the inner body as it comes.
+    /// it) or replayed from its record, or one it passes on as it reads
+    /// it.
     ///
     /// Like tower-http's `ResponseBody` types, it wraps the inner body so
     /// that rejections can carry their problem document whatever the inner

@@ -210,6 +210,7 @@ async fn suite(kind: Kind) {
     edges::a_lost_claim_continues_when_told(kind).await;
     edges::replays_carry_what_the_body_needs(kind).await;
     edges::a_failed_grpc_call_is_not_stored(kind).await;
+    edges::a_grpc_call_replays_with_its_trailers(kind).await;
 }
 
 idempotency_on_every_backend!(suite);

@@ -86,6 +86,8 @@ fn req(key: &str) -> Request<Body> {
 async fn suite(kind: Kind) {
     a_body_too_large_to_store_streams(kind).await;
     a_streamed_body_reaches_its_client_as_it_comes(kind).await;
+    a_stalled_client_does_not_hold_the_record_back(kind).await;
+    a_body_not_stored_is_read_no_further_once_its_client_left(kind).await;
     a_request_dropped_after_its_handler_returned_is_stored(kind).await;
 }
 
@@ -224,4 +226,83 @@ async fn a_request_dropped_after_its_handler_returned_is_stored(kind: Kind) {
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(body, "part1,part2,part3");
     assert_eq!(s.runs(), 1, "never twice for one key");
+}
+
+/// The body is read at the handler's pace, not the client's: a client that
+/// reads one chunk and stalls does not keep the record waiting (its claim's
+/// lease could run out meanwhile, and the handler run again).
+async fn a_stalled_client_does_not_hold_the_record_back(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = app(layer, &s);
+    let key = unique("k");
+    let first = tokio::spawn(app.clone().oneshot(req(&key)));
+    tx.send(Bytes::from_static(b"0,")).await.unwrap();
+    let res = tokio::time::timeout(BOUND, first)
+        .await
+        .expect("bounded")
+        .unwrap()
+        .unwrap();
+    let mut stalled = res.into_body();
+    let frame = tokio::time::timeout(BOUND, stalled.frame())
+        .await
+        .expect("bounded")
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "0,");
+    // Far more chunks than any read-ahead, none read by the client.
+    let mut whole = String::from("0,");
+    for i in 1..64 {
+        let chunk = format!("{i},");
+        whole.push_str(&chunk);
+        tokio::time::timeout(BOUND, tx.send(Bytes::from(chunk)))
+            .await
+            .expect("the handler's body is read while its client stalls")
+            .unwrap();
+    }
+    drop(tx);
+    let (status, headers, body) = eventually(BOUND, "stored while the client stalls", || async {
+        let r = send(&app, req(&key)).await;
+        (r.0 != StatusCode::CONFLICT).then_some(r)
+    })
+    .await;
+    assert_eq!(status, 201, "{kind:?}");
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(body, whole);
+    assert_eq!(s.runs(), 1);
+    drop(stalled);
+}
+
+/// Past `max_stored_body` nothing more is stored: once the client has gone,
+/// the handler's body is read no further (a download or an endless stream
+/// is not drained for nobody).
+async fn a_body_not_stored_is_read_no_further_once_its_client_left(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let layer =
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")).max_stored_body(4);
+    let app = app(layer, &s);
+    let key = unique("k");
+    let first = tokio::spawn(app.clone().oneshot(req(&key)));
+    tx.send(Bytes::from_static(b"0123456789")).await.unwrap();
+    let res = tokio::time::timeout(BOUND, first)
+        .await
+        .expect("bounded")
+        .unwrap()
+        .unwrap();
+    let mut body = res.into_body();
+    let frame = tokio::time::timeout(BOUND, body.frame())
+        .await
+        .expect("bounded")
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "0123456789");
+    drop(body);
+    // The next chunk finds nobody to read it: the handler's body is dropped.
+    let _ = tx.send(Bytes::from_static(b"more")).await;
+    tokio::time::timeout(BOUND, tx.closed())
+        .await
+        .expect("the handler's body is dropped once its client left");
+    let (status, _, _) = send(&app, req(&key)).await;
+    assert_eq!(status, 409, "completed, not replayable");
+    assert_eq!(s.runs(), 1);
 }

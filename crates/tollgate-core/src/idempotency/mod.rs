@@ -75,8 +75,18 @@ mod tests {
             Vec::new(),
         );
         let bytes = r.encode_headers();
-        assert_eq!(StoredResponse::decode_headers(&bytes).unwrap(), r.headers);
-        assert_eq!(StoredResponse::decode_headers(b"").unwrap(), vec![]);
+        let (headers, trailers) = StoredResponse::decode_headers(&bytes).unwrap();
+        assert_eq!((headers, trailers), (r.headers.clone(), vec![]));
+        let t = r.clone().with_trailers(vec![
+            ("grpc-status".into(), b"0".to_vec()),
+            ("grpc-message".into(), Vec::new()),
+        ]);
+        let (headers, trailers) = StoredResponse::decode_headers(&t.encode_headers()).unwrap();
+        assert_eq!((headers, trailers), (t.headers, t.trailers));
+        assert_eq!(
+            StoredResponse::decode_headers(b"").unwrap(),
+            (vec![], vec![])
+        );
         assert!(StoredResponse::decode_headers(b"a\0").is_none());
         assert!(StoredResponse::decode_headers(b"a\0b").is_none());
     }

@@ -60,9 +60,12 @@ fn parse_claim(value: Value) -> Result<ClaimReply> {
                 .flatten()
                 .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
                 .ok_or_else(bad)?;
-            let headers = field(1)
+            let (headers, trailers) = field(1)
                 .ok_or_else(bad)?
-                .map_or(Some(Vec::new()), StoredResponse::decode_headers)
+                .map_or(
+                    Some((Vec::new(), Vec::new())),
+                    StoredResponse::decode_headers,
+                )
                 .ok_or_else(bad)?;
             let body = field(2).ok_or_else(bad)?.map(<[u8]>::to_vec);
             let replayable = field(3).ok_or_else(bad)? == Some(b"1".as_slice());
@@ -76,6 +79,7 @@ fn parse_claim(value: Value) -> Result<ClaimReply> {
                     } else {
                         None
                     },
+                    trailers,
                 },
             })
         }

@@ -60,7 +60,14 @@ pub struct StoredResponse {
     pub headers: Vec<(String, Vec<u8>)>,
     /// The body, byte for byte; `None`: completed, but not replayable.
     pub body: Option<Vec<u8>>,
+    /// Trailer names (lower case) and values, in order: what follows the
+    /// body (a gRPC call's `grpc-status`).
+    pub trailers: Vec<(String, Vec<u8>)>,
 }
+
+/// What marks a trailer among the stored header fields: `:` is no header
+/// name's character, so no header reads as one.
+const TRAILER: &str = ":trailer:";
 
 impl StoredResponse {
     /// A replayable response.
@@ -69,7 +76,14 @@ impl StoredResponse {
             status,
             headers,
             body: Some(body),
+            trailers: Vec::new(),
         }
+    }
+
+    /// With `trailers` after the body.
+    pub fn with_trailers(mut self, trailers: Vec<(String, Vec<u8>)>) -> Self {
+        self.trailers = trailers;
+        self
     }
 
     /// A completed request whose response was not kept (too large).
@@ -78,14 +92,18 @@ impl StoredResponse {
             status,
             headers: Vec::new(),
             body: None,
+            trailers: Vec::new(),
         }
     }
 
-    /// Headers as stored: `name NUL value NUL …` (HTTP header names and
-    /// values cannot contain NUL).
+    /// Headers, then trailers, as stored: `name NUL value NUL …`, each
+    /// trailer's name after `:trailer:` (HTTP field names and values
+    /// cannot contain NUL, nor names `:`).
     pub(crate) fn encode_headers(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        for (name, value) in &self.headers {
+        let trailers = self.trailers.iter().map(|(n, v)| (TRAILER, n, v));
+        for (mark, name, value) in self.headers.iter().map(|(n, v)| ("", n, v)).chain(trailers) {
+            out.extend_from_slice(mark.as_bytes());
             out.extend_from_slice(name.as_bytes());
             out.push(0);
             out.extend_from_slice(value);
@@ -94,22 +112,30 @@ impl StoredResponse {
         out
     }
 
-    /// The inverse of [`encode_headers`](Self::encode_headers); `None` for a
-    /// value that is not one.
-    pub(crate) fn decode_headers(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    /// The inverse of [`encode_headers`](Self::encode_headers): the
+    /// headers and the trailers; `None` for a value that is not one.
+    pub(crate) fn decode_headers(bytes: &[u8]) -> Option<Fields> {
+        let (mut headers, mut trailers) = (Vec::new(), Vec::new());
         if bytes.is_empty() {
-            return Some(Vec::new());
+            return Some((headers, trailers));
         }
         let parts: Vec<&[u8]> = bytes.strip_suffix(&[0])?.split(|b| *b == 0).collect();
         if !parts.len().is_multiple_of(2) {
             return None;
         }
-        parts
-            .chunks(2)
-            .map(|kv| Some((String::from_utf8(kv[0].to_vec()).ok()?, kv[1].to_vec())))
-            .collect()
+        for kv in parts.chunks(2) {
+            let name = String::from_utf8(kv[0].to_vec()).ok()?;
+            match name.strip_prefix(TRAILER) {
+                Some(trailer) => trailers.push((trailer.to_owned(), kv[1].to_vec())),
+                None => headers.push((name, kv[1].to_vec())),
+            }
+        }
+        Some((headers, trailers))
     }
 }
+
+/// Stored header fields: the headers, then the trailers.
+pub(crate) type Fields = (Vec<(String, Vec<u8>)>, Vec<(String, Vec<u8>)>);
 
 /// The keys of one idempotency record: the lease's lock keys
 /// (`<prefix>:idem:{<key>}`, its fence and release channel) and the record

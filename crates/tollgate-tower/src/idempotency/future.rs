@@ -21,7 +21,7 @@ use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
 use tollgate_core::Subject;
 use tower_service::Service;
 
-use super::relay::{self, is_grpc_status};
+use super::relay::{self, is_grpc_status, Answer};
 use super::service::Shared;
 use super::{count, fingerprint, OnUnavailable, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody, Tail};
@@ -279,15 +279,23 @@ where
     };
     let (head, body) = response.into_parts();
     let body = body.map_err(Into::into).boxed_unsync();
-    let (body, answer) = relay::start(head.status, &head.headers, body, holding, &shared);
+    let relay = relay::start(head.status, &head.headers, body, holding, &shared);
     // A body that fits the record is recorded before the client is
-    // answered; any other streams at once (see `relay`). A relay gone (a
-    // runtime shutting down) answers too: its body then fails.
-    let _ = answer.await;
-    Ok(Step::Done(Response::from_parts(
-        head,
-        Buffered::Relayed { body },
-    )))
+    // answered; any other streams at once (see `relay`).
+    let body = match relay.answer.await {
+        Ok(Answer::Whole { data, tail }) => Buffered::Whole { data, tail },
+        Ok(Answer::Streams) => Buffered::Relayed { body: relay.body },
+        Err(_) => match relay.task.await {
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            _ => {
+                // The runtime is shutting down; the claim may not be settled.
+                let mut res = Response::new(Bytes::new());
+                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                return Ok(Step::made(res));
+            }
+        },
+    };
+    Ok(Step::Done(Response::from_parts(head, body)))
 }
 
 /// The stored response, replayed: status, allow-listed headers, the body
@@ -304,17 +312,29 @@ fn replay<F>(shared: &Shared, parts: &Parts, stored: StoredResponse, digest: &st
     let mut res = Response::new(Bytes::from(body));
     *res.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let h = res.headers_mut();
-    for (name, value) in stored.headers {
+    *h = replayed(shared, stored.headers);
+    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    let trailers = (!stored.trailers.is_empty()).then(|| replayed(shared, stored.trailers));
+    Step::Done(res.map(|data| Buffered::Whole {
+        data,
+        tail: trailers.map(Tail::Trailers),
+    }))
+}
+
+/// The stored `fields` a replay carries (the allow-list, and a gRPC
+/// call's status), in order.
+fn replayed(shared: &Shared, fields: Vec<(String, Vec<u8>)>) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in fields {
         let name = HeaderName::from_bytes(name.as_bytes());
         let value = HeaderValue::from_bytes(&value);
         if let (Ok(name), Ok(value)) = (name, value) {
             if shared.replays(&name) || is_grpc_status(&name) {
-                h.append(name, value);
+                map.append(name, value);
             }
         }
     }
-    h.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    Step::made(res)
+    map
 }
 
 /// A claim while its request runs. Dropped before it was settled (the

@@ -100,10 +100,11 @@ impl<K> IdempotencyLayer<K> {
         self
     }
 
-    /// The largest response body stored (default 1 MiB), and buffered: a
-    /// larger response is recorded as completed but not replayable (a
-    /// retry gets 409) as soon as it grows past this, and streamed to its
-    /// client from there (the bytes read, then the rest as it comes).
+    /// The largest response body stored (default 1 MiB): a larger
+    /// response is recorded as completed but not replayable (a retry gets
+    /// 409) as soon as it grows past this, and streams on to its client.
+    /// A body of known length up to this is read whole before its client
+    /// is answered; any other streams as it comes (see the module docs).
     pub fn max_stored_body(mut self, bytes: usize) -> Self {
         self.shared.max_stored_body = bytes;
         self

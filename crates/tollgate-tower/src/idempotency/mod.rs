@@ -70,18 +70,19 @@
 //!      treated as a crash of the holder: the record cannot say whether the
 //!      handler ran, and the next claim runs it again. So is a response
 //!      whose body is still being read when the hold cap ends the lease;
-//!    - **completed**: the stored status, headers and byte-identical body
-//!      are replayed with `Idempotent-Replayed: true` — never the original's
-//!      `Set-Cookie` or rate-limit headers. A body compressed inside the
+//!    - **completed**: the stored status, headers, byte-identical body and
+//!      trailers (a gRPC call's `grpc-status`, `grpc-message` and
+//!      `grpc-status-details-bin`, and allow-listed ones) are replayed with
+//!      `Idempotent-Replayed: true` — never the original's `Set-Cookie` or
+//!      rate-limit headers. A body compressed inside the
 //!      layer replays compressed, with its `Content-Encoding`, whatever the
 //!      retry accepts: put a compression layer outside this one to
 //!      negotiate per request. A response larger than
-//!      [`max_stored_body`](IdempotencyLayer::max_stored_body) (or one with
-//!      trailers, as a successful gRPC call's) is stored as "completed, not
-//!      replayable": a retry gets **409** saying so, and the handler never
-//!      runs twice for one key while its record lives. That holds for a
-//!      gRPC stream past `max_stored_body` whatever its status (its
-//!      trailers come after the record is written);
+//!      [`max_stored_body`](IdempotencyLayer::max_stored_body) is stored as
+//!      "completed, not replayable": a retry gets **409** saying so, and
+//!      the handler never runs twice for one key while its record lives.
+//!      That holds for a gRPC stream past `max_stored_body` whatever its
+//!      status (its trailers come after the record is written);
 //!    - **in flight**: **409** with `Retry-After` (the holder's remaining
 //!      lease, whole seconds, at least 1);
 //!    - another payload under the same key: **422**;

@@ -4,13 +4,16 @@
 //!
 //! The handler has returned, so its side effect is done: the task goes on
 //! when the client goes away, and the response is stored (a retry replays
-//! it instead of running the handler again). A body of known length that
+//! it instead of running the handler again). A body of known length (its
+//! size, or the `Content-Length` its head announces) that
 //! fits the record is read whole and recorded before the client is
 //! answered, as a client that has it all may retry at once. Any other
 //! body — a stream of events, a download — reaches the client as it comes,
-//! and only its end (and its trailers) waits for the record. A body that
-//! grows past `max_stored_body` is recorded as not replayable at once and
-//! streams on.
+//! and only its end (and its trailers) waits for the record; it is read at
+//! the handler's pace, not the client's, so a stalled client never keeps
+//! the claim's lease waiting. A body that grows past `max_stored_body` is
+//! recorded as not replayable at once and streams on, read as the client
+//! reads it and no more once the client is gone.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -18,11 +21,13 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use bytes::{Bytes, BytesMut};
+use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, HeaderName, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::task::JoinHandle;
 use tollgate_core::idempotency::StoredResponse;
 
 use super::future::Holding;
@@ -31,12 +36,33 @@ use crate::body::{BoxError, Tail};
 
 const T: &str = "tollgate_tower::idempotency";
 
-/// How many frames the relay reads ahead of a slow client.
+/// How many frames past what is stored the relay reads ahead of a slow
+/// client (what is stored is read at the handler's pace, whatever the
+/// client's: its lease must not wait on a stalled reader).
 const FRAMES_AHEAD: usize = 8;
 
-/// What the relay hands the client's body.
+/// How the client is answered.
+pub(super) enum Answer {
+    /// Read whole and settled: the body, then its trailers or its error.
+    Whole { data: Bytes, tail: Option<Tail> },
+    /// As it comes: the relay's body.
+    Streams,
+}
+
+/// A relay under way.
+pub(super) struct Started {
+    /// Says how to answer the client, once it may be.
+    pub(super) answer: oneshot::Receiver<Answer>,
+    /// The client's body, when the answer streams.
+    pub(super) body: UnsyncBoxBody<Bytes, BoxError>,
+    /// The relay's task (a panic in it is the request's).
+    pub(super) task: JoinHandle<()>,
+}
+
+/// What the relay hands the client's body: a frame (`true`: one that took
+/// room, past what is stored), the body's error, or its end.
 enum Piece {
-    Frame(Frame<Bytes>),
+    Frame(Frame<Bytes>, bool),
     Failed(BoxError),
     End,
 }
@@ -51,135 +77,182 @@ struct Head {
 }
 
 /// Starts relaying `body` (the handler's, under `status` and `headers`) in
-/// a task that settles `holding` at its end. Returns the client's body,
-/// and what says the client may be answered.
+/// a task that settles `holding` at its end.
 pub(super) fn start(
     status: StatusCode,
     headers: &HeaderMap,
     body: UnsyncBoxBody<Bytes, BoxError>,
     holding: Holding,
     shared: &Arc<Shared>,
-) -> (UnsyncBoxBody<Bytes, BoxError>, oneshot::Receiver<()>) {
-    let kept = headers
-        .iter()
-        .filter(|(n, _)| shared.replays(n) || is_grpc_status(n))
-        .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-        .collect();
+) -> Started {
     let head = Head {
         status,
-        kept,
+        kept: kept(headers, shared),
         grpc_failed: grpc_failed(headers),
     };
-    let size = body.size_hint();
-    let (tx, rx) = mpsc::channel(FRAMES_AHEAD);
+    // Known to fit: by its size, or by the length its head announces (a
+    // client that has that many bytes knows it has it all).
+    let max = shared.max_stored_body as u64;
+    let announced = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let fits = body
+        .size_hint()
+        .exact()
+        .or(announced)
+        .is_some_and(|n| n <= max);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let room = Arc::new(Semaphore::new(FRAMES_AHEAD));
     let (go, answer) = oneshot::channel();
-    tokio::spawn(relay(head, body, holding, Arc::clone(shared), tx, go));
+    let relay = Relay {
+        head,
+        holding,
+        shared: Arc::clone(shared),
+        tx,
+        room: Arc::clone(&room),
+        go: Some(go),
+    };
+    let task = tokio::spawn(relay.run(body, fits));
     let body = Relayed {
         rx,
-        size,
+        room,
         ended: false,
     };
-    (body.boxed_unsync(), answer)
+    Started {
+        answer,
+        body: body.boxed_unsync(),
+        task,
+    }
 }
 
-/// Reads `body` to its end, passing it on through `tx` (a client gone
-/// changes nothing) once `go` has let the client be answered, copying it
-/// up to `max_stored_body`, and settles the claim: stored, not
-/// replayable, or abandoned — as [`settle`] decides.
-async fn relay(
+struct Relay {
     head: Head,
-    mut body: UnsyncBoxBody<Bytes, BoxError>,
-    mut holding: Holding,
+    holding: Holding,
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Piece>,
-    go: oneshot::Sender<()>,
-) {
-    let send = |piece: Piece| {
-        let tx = tx.clone();
-        // A client that went away reads nothing more; the body is still read.
-        async move { drop(tx.send(piece).await) }
-    };
-    let max = shared.max_stored_body;
-    let mut go = Some(go);
-    let mut answer = || {
-        if let Some(go) = go.take() {
-            // A request future gone (the client left) is told nothing.
-            let _ = go.send(());
+    tx: mpsc::UnboundedSender<Piece>,
+    /// Room for frames past what is stored; closed when the client's body
+    /// is dropped.
+    room: Arc<Semaphore>,
+    go: Option<oneshot::Sender<Answer>>,
+}
+
+impl Relay {
+    /// Tells the request future how to answer (once; a future gone — the
+    /// client left — is told nothing).
+    fn answer(&mut self, answer: Answer) {
+        if let Some(go) = self.go.take() {
+            let _ = go.send(answer);
         }
-    };
-    let fits = body.size_hint().exact().is_some_and(|n| n <= max as u64);
-    let mut streaming = !fits;
-    if streaming {
-        answer();
     }
-    // `None` once past what is stored: the record was written then.
-    let mut copy = Some(VecDeque::new());
-    let mut copied = 0usize;
-    // Read while the client waits for the record.
-    let mut waiting = VecDeque::new();
-    let tail = loop {
-        let chunk = match body.frame().await {
-            None => break None,
-            Some(Err(e)) => break Some(Tail::Error(e)),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(chunk) => chunk,
-                Err(frame) => match frame.into_trailers() {
-                    Ok(trailers) => break Some(Tail::Trailers(trailers)),
-                    Err(_) => continue,
-                },
-            },
-        };
-        if chunk.is_empty() {
-            continue;
+
+    /// Passes `frame` on (a client gone changes nothing).
+    fn send(&self, frame: Frame<Bytes>) {
+        let _ = self.tx.send(Piece::Frame(frame, false));
+    }
+
+    /// Reads `body` to its end, copying it up to `max_stored_body`, and
+    /// settles the claim ([`settle`]). A body that `fits` is answered
+    /// whole once settled; any other streams from the start, its end
+    /// waiting for the record. Past `max_stored_body` the record is
+    /// written at once (not replayable), and the rest is read only as the
+    /// client reads it, and no more once it is gone.
+    async fn run(mut self, mut body: UnsyncBoxBody<Bytes, BoxError>, fits: bool) {
+        let max = self.shared.max_stored_body;
+        let mut streaming = !fits;
+        if streaming {
+            self.answer(Answer::Streams);
         }
-        if let Some(kept) = &mut copy {
+        // `None` once past what is stored: the record was written then.
+        let mut copy = Some(VecDeque::new());
+        let mut copied = 0usize;
+        let tail = loop {
+            let chunk = match body.frame().await {
+                None => break None,
+                Some(Err(e)) => break Some(Tail::Error(e)),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(chunk) => chunk,
+                    Err(frame) => match frame.into_trailers() {
+                        Ok(trailers) => break Some(Tail::Trailers(trailers)),
+                        Err(_) => continue,
+                    },
+                },
+            };
+            if chunk.is_empty() {
+                continue;
+            }
+            let Some(kept) = &mut copy else {
+                // Not stored: read as the client reads, while it does.
+                let Ok(room) = self.room.acquire().await else {
+                    return;
+                };
+                room.forget();
+                let _ = self.tx.send(Piece::Frame(Frame::data(chunk), true));
+                continue;
+            };
             copied = copied.saturating_add(chunk.len());
             kept.push_back(chunk.clone());
             if copied > max {
-                copy = None;
-                tracing::debug!(target: T, record = %holding.digest, max, "response body too large to store; streamed");
-                let stored = StoredResponse::not_replayable(head.status.as_u16());
-                holding.complete(stored, &shared).await;
+                let kept = copy.take().unwrap_or_default();
+                tracing::debug!(target: T, record = %self.holding.digest, max, "response body too large to store; streamed");
+                let stored = StoredResponse::not_replayable(self.head.status.as_u16());
+                self.holding.complete(stored, &self.shared).await;
                 // A body longer than it said: it streams from here.
                 if !streaming {
                     streaming = true;
-                    answer();
-                    for chunk in waiting.drain(..) {
-                        send(Piece::Frame(Frame::data(chunk))).await;
-                    }
+                    self.answer(Answer::Streams);
+                    kept.into_iter().for_each(|c| self.send(Frame::data(c)));
+                    continue;
                 }
             }
+            if streaming {
+                self.send(Frame::data(chunk));
+            }
+        };
+        if let Some(chunks) = copy {
+            let data = joined(chunks, copied);
+            settle(
+                &self.head,
+                &data,
+                tail.as_ref(),
+                &mut self.holding,
+                &self.shared,
+            )
+            .await;
+            if !streaming {
+                self.answer(Answer::Whole { data, tail });
+                return;
+            }
         }
-        if streaming {
-            send(Piece::Frame(Frame::data(chunk))).await;
-        } else {
-            waiting.push_back(chunk);
-        }
-    };
-    if let Some(chunks) = copy {
-        settle(&head, chunks, copied, tail.as_ref(), &mut holding, &shared).await;
-    }
-    answer();
-    for chunk in waiting {
-        send(Piece::Frame(Frame::data(chunk))).await;
-    }
-    match tail {
-        None => send(Piece::End).await,
-        Some(Tail::Trailers(trailers)) => {
-            send(Piece::Frame(Frame::trailers(trailers))).await;
-            send(Piece::End).await;
-        }
-        Some(Tail::Error(e)) => send(Piece::Failed(e)).await,
+        let _ = self.tx.send(match tail {
+            None => Piece::End,
+            Some(Tail::Trailers(trailers)) => {
+                self.send(Frame::trailers(trailers));
+                Piece::End
+            }
+            Some(Tail::Error(e)) => Piece::Failed(e),
+        });
     }
 }
 
-/// Settles the claim on a body read whole (`chunks`, `len` bytes, then
-/// `tail`): abandoned when it failed or is not stored (so a retry runs
-/// again), else completed — replayable, or not when it has trailers.
+/// `chunks` (`len` bytes) as one.
+fn joined(chunks: VecDeque<Bytes>, len: usize) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.into_iter().next().unwrap_or_default(),
+        _ => {
+            let mut data = BytesMut::with_capacity(len);
+            chunks.iter().for_each(|c| data.extend_from_slice(c));
+            data.freeze()
+        }
+    }
+}
+
+/// Settles the claim on a body read whole (`data`, then `tail`): abandoned
+/// when it failed or is not stored (so a retry runs again), else completed
+/// with its trailers.
 async fn settle(
     head: &Head,
-    chunks: VecDeque<Bytes>,
-    len: usize,
+    data: &Bytes,
     tail: Option<&Tail>,
     holding: &mut Holding,
     shared: &Shared,
@@ -203,25 +276,28 @@ async fn settle(
                 .abandon("not_stored", "the status is not stored")
                 .await;
         }
-        None => {
-            let data = match chunks.len() {
-                1 => chunks.into_iter().next().expect("one chunk"),
-                _ => {
-                    let mut data = BytesMut::with_capacity(len);
-                    chunks.iter().for_each(|c| data.extend_from_slice(c));
-                    data.freeze()
-                }
+        None | Some(Tail::Trailers(_)) => {
+            // Trailers (a gRPC call's status) replay after the body.
+            let trailers = match tail {
+                Some(Tail::Trailers(t)) => kept(t, shared),
+                _ => Vec::new(),
             };
             let stored =
-                StoredResponse::new(head.status.as_u16(), head.kept.clone(), data.to_vec());
-            holding.complete(stored, shared).await;
-        }
-        Some(Tail::Trailers(_)) => {
-            // Trailers are not stored: the response cannot be replayed.
-            let stored = StoredResponse::not_replayable(head.status.as_u16());
+                StoredResponse::new(head.status.as_u16(), head.kept.clone(), data.to_vec())
+                    .with_trailers(trailers);
             holding.complete(stored, shared).await;
         }
     }
+}
+
+/// The fields of a head or trailers a replay carries: the allow-list, and
+/// a gRPC call's status.
+fn kept(fields: &HeaderMap, shared: &Shared) -> Vec<(String, Vec<u8>)> {
+    fields
+        .iter()
+        .filter(|(n, _)| shared.replays(n) || is_grpc_status(n))
+        .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+        .collect()
 }
 
 /// Whether a head or trailers say a gRPC call failed: a `grpc-status`
@@ -232,19 +308,22 @@ fn grpc_failed(headers: &HeaderMap) -> bool {
         .is_some_and(|s| s.as_bytes() != b"0")
 }
 
-/// `grpc-status` and `grpc-message`: stored and replayed with a
-/// trailers-only gRPC answer, whatever the allow-list.
+/// `grpc-status`, `grpc-message` and `grpc-status-details-bin`: a gRPC
+/// call's outcome, stored and replayed (in its head or its trailers),
+/// whatever the allow-list.
 pub(super) fn is_grpc_status(name: &HeaderName) -> bool {
-    name.as_str() == "grpc-status" || name.as_str() == "grpc-message"
+    matches!(
+        name.as_str(),
+        "grpc-status" | "grpc-message" | "grpc-status-details-bin"
+    )
 }
 
-/// The client's body: what the relay passes on. Cut short (the relay's
-/// task gone without an end: a panic, a runtime shutting down), it fails
-/// rather than end as if whole.
+/// The client's body when the answer streams: what the relay passes on.
+/// Cut short (the relay's task gone without an end: a panic, a runtime
+/// shutting down), it fails rather than end as if whole.
 struct Relayed {
-    rx: mpsc::Receiver<Piece>,
-    /// The handler's body's size hint, less what was passed on.
-    size: SizeHint,
+    rx: mpsc::UnboundedReceiver<Piece>,
+    room: Arc<Semaphore>,
     ended: bool,
 }
 
@@ -261,14 +340,9 @@ impl Body for Relayed {
         }
         let piece = ready!(self.rx.poll_recv(cx));
         Poll::Ready(match piece {
-            Some(Piece::Frame(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    let n = data.len() as u64;
-                    let size = match self.size.exact() {
-                        Some(exact) => SizeHint::with_exact(exact.saturating_sub(n)),
-                        None => SizeHint::default(),
-                    };
-                    self.size = size;
+            Some(Piece::Frame(frame, took_room)) => {
+                if took_room {
+                    self.room.add_permits(1);
                 }
                 Some(Ok(frame))
             }
@@ -292,6 +366,13 @@ impl Body for Relayed {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.size
+        SizeHint::default()
+    }
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        // The client is gone: a relay past what is stored reads no more.
+        self.room.close();
     }
 }

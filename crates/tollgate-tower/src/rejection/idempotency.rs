@@ -35,15 +35,14 @@ impl Rejection {
     }
 
     /// The `Idempotency-Key`'s request completed, but its response was not
-    /// stored (too large, or streamed with trailers): 409, no `Retry-After`.
+    /// stored (too large): 409, no `Retry-After`.
     pub fn idempotency_not_replayable(status: u16) -> Self {
         Self::new(
             RejectionReason::IdempotencyConflict,
             Some(Middleware::Idempotency),
             format!(
                 "the request with this Idempotency-Key was already processed (status {status}), \
-                 but its response was not stored (too large, or ended with trailers, as a \
-                 gRPC call's does) and cannot be replayed"
+                 but its response was too large to store and cannot be replayed"
             ),
         )
     }

@@ -6,16 +6,19 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
 use http::{HeaderName, HeaderValue, StatusCode};
+use http_body_util::BodyExt;
 use tollgate_core::{LeaseLost, LockOptions};
 use tollgate_testkit::eventually;
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::lock::OnLeaseLost;
 use tollgate_tower::IdempotencyLayer;
+use tower::ServiceExt;
 
 use super::common::idempotency::{builder, failing_completes, store, Kind, BOUND};
 use super::common::unique;
@@ -231,8 +234,10 @@ pub(crate) async fn a_failed_grpc_call_is_not_stored(kind: Kind) {
     let key = unique("k");
     let k = Some(key.as_bytes());
     let grpc = |status: &str| with(req("/pkg.Svc/Call", "t1", k, "1"), "x-grpc-status", status);
-    let failed = send(&app, grpc("14")).await;
-    assert_eq!(failed.headers["grpc-status"], "14");
+    // A trailers-only answer ends its stream in its head, as gRPC clients
+    // other than tonic require.
+    let failed = app.clone().oneshot(grpc("14")).await.unwrap();
+    super::common::grpc::assert_trailers_only(failed, "14").await;
     let ok = send(&app, grpc("0")).await;
     assert_eq!(ok.headers["grpc-status"], "0");
     assert_eq!(
@@ -240,8 +245,67 @@ pub(crate) async fn a_failed_grpc_call_is_not_stored(kind: Kind) {
         2,
         "the failed call was stored"
     );
-    let replay = send(&app, grpc("0")).await;
-    assert_eq!(replay.headers["grpc-status"], "0");
-    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    let replay = app.clone().oneshot(grpc("0")).await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    super::common::grpc::assert_trailers_only(replay, "0").await;
     assert_eq!(h.runs.load(Ordering::SeqCst), 2);
+}
+
+/// A successful gRPC call ends with trailers (its `grpc-status` 0): it is
+/// stored with them, and a retry replays the messages and the trailers —
+/// not a 409 saying it cannot be replayed.
+pub(crate) async fn a_grpc_call_replays_with_its_trailers(kind: Kind) {
+    async fn call(State(h): State<Handler>) -> Response {
+        h.runs.fetch_add(1, Ordering::SeqCst);
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("grpc-message", HeaderValue::from_static("done"));
+        let frames = futures::stream::iter([
+            Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from_static(
+                b"\0\0\0\0\x02hi",
+            ))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ]);
+        let mut res = Response::new(axum::body::Body::new(http_body_util::StreamBody::new(
+            frames,
+        )));
+        res.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/grpc"));
+        res
+    }
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = Router::new()
+        .route("/pkg.Svc/Call", post(call))
+        .layer(layer)
+        .with_state(h.clone());
+    let key = unique("k");
+    let unary = || req("/pkg.Svc/Call", "t1", Some(key.as_bytes()), "1");
+    let whole = |req: http::Request<axum::body::Body>| {
+        let app = app.clone();
+        async move {
+            let res = tokio::time::timeout(BOUND, app.oneshot(req))
+                .await
+                .expect("bounded")
+                .unwrap();
+            let (head, body) = res.into_parts();
+            let body = tokio::time::timeout(BOUND, body.collect())
+                .await
+                .expect("bounded")
+                .unwrap();
+            let trailers = body.trailers().cloned().unwrap_or_default();
+            (head, body.to_bytes(), trailers)
+        }
+    };
+    let (first, data, trailers) = whole(unary()).await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(trailers["grpc-status"], "0", "{kind:?}");
+    let (replay, replayed, again) = whole(unary()).await;
+    assert_eq!(replay.status, StatusCode::OK, "{kind:?}");
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.headers["content-type"], "application/grpc");
+    assert_eq!(replayed, data, "byte-identical");
+    assert_eq!(again["grpc-status"], "0", "{kind:?}");
+    assert_eq!(again["grpc-message"], "done");
+    assert_eq!(h.runs.load(Ordering::SeqCst), 1, "{kind:?}");
 }
