@@ -558,3 +558,45 @@ async fn a_dead_redis_passes_through_when_told() {
     }
     assert_eq!(h.runs(), 2);
 }
+
+/// Under a `LockLayer` outside it, the handler's `FencingToken` (and
+/// `LeaseLost`) is the lock's, which fences the resource — not the
+/// idempotency claim's, which is the layer's own business.
+#[tokio::test]
+async fn a_lock_outside_keeps_its_fencing_token() {
+    use axum::Extension;
+    use tollgate_core::admin::Admin;
+    use tollgate_core::{FencingToken, Locker, MemoryBackend};
+    use tollgate_tower::LockLayer;
+
+    let backend = MemoryBackend::new();
+    let admin = Admin::new(backend.clone());
+    // The handler answers its token and the fence the lock's holder has.
+    let fenced = move |Extension(token): Extension<FencingToken>| {
+        let admin = admin.clone();
+        async move {
+            let holders = admin.holders().await.unwrap();
+            let lock = holders
+                .iter()
+                .find(|h| h.name == "lock")
+                .expect("the lock held");
+            format!("{} {}", token.get(), lock.fence)
+        }
+    };
+    let app = Router::new()
+        .route("/orders", post(fenced))
+        .layer(IdempotencyLayer::new(
+            IdempotencyStore::new(backend.clone()),
+            HeaderKey::new("x-api-key"),
+        ))
+        .layer(LockLayer::new(
+            Locker::new(backend),
+            HeaderKey::new("x-api-key"),
+        ));
+    let key = unique("k");
+    let reply = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let body = std::str::from_utf8(&reply.body).unwrap();
+    let (token, lock) = body.split_once(' ').unwrap();
+    assert_eq!(token, lock, "the handler's token is the lock's");
+}

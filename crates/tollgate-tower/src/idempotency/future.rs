@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tollgate_core::failure::is_outage;
 use tollgate_core::idempotency::{Claim, Claimed, StoredResponse};
-use tollgate_core::Subject;
+use tollgate_core::{FencingToken, Subject};
 use tower_service::Service;
 
 use super::relay::{self, is_grpc_status, Answer};
@@ -234,8 +234,12 @@ where
     tracing::debug!(target: T, record = %digest, fence = claimed.fence().get(), "Idempotency-Key claimed");
     let lost = claimed.lost();
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
-    req.extensions_mut().insert(claimed.fence());
-    req.extensions_mut().insert(lost.clone());
+    // A lock's token, from a layer outside this one, stays: it fences the
+    // resource. The claim's is this layer's own business.
+    if req.extensions().get::<FencingToken>().is_none() {
+        req.extensions_mut().insert(claimed.fence());
+        req.extensions_mut().insert(lost.clone());
+    }
     // Kept to answer with when the handler is cancelled.
     let head = (shared.on_lost == OnLeaseLost::Cancel).then(|| head_of(&req));
     let mut holding = Holding {

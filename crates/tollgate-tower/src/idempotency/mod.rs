@@ -26,7 +26,9 @@
 //!    - **claimed**: the inner service is called (the claim's
 //!      [`FencingToken`](tollgate_core::FencingToken) and
 //!      [`LeaseLost`](tollgate_core::LeaseLost) are in the request
-//!      extensions) while the claim's lease is renewed. If the lease is
+//!      extensions, unless a layer outside this one — a `LockLayer` —
+//!      put its own there: a lock's token, which fences the resource,
+//!      stays) while the claim's lease is renewed. If the lease is
 //!      lost before the inner future has produced the response — Redis
 //!      unreachable past the lease's safe deadline, or the hold cap of the
 //!      store's [`LockOptions`](tollgate_core::LockOptions::max_hold)
