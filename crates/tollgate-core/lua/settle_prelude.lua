@@ -18,6 +18,8 @@
 -- lives (µs): the longest horizon of either direction, so that a settle
 -- refused as a replay stays refused whichever way a later one goes.
 -- ARGV[7+2i], ARGV[8+2i]: quota i's parameters, as the check's.
+-- ARGV[9+2q]: when the charge's units were taken (µs): ARGV[4] less a
+-- reservation's wait for its slot.
 -- Then, for a give-back on a token bucket or GCRA, each quota's own span
 -- (µs), in order.
 local at, q = ARGV[4] + 0, n - 2
@@ -26,7 +28,8 @@ local delta = ARGV[6] - cost
 local give, owe = math.max(-delta, 0), math.max(delta, 0)
 local applied = false
 local reset = delta ~= 0 and redis.call('GET', KEYS[n])
-if delta ~= 0 and at + ARGV[5] > now and not (reset and at <= (tonumber(reset) or -1)) then
+local taken = ARGV[9 + 2 * q] + 0
+if delta ~= 0 and at + ARGV[5] > now and not (reset and taken <= (tonumber(reset) or -1)) then
   -- The marker lives as long as any settle of the charge could apply, so
   -- a replay after a lost reply finds it and changes nothing twice.
   applied = redis.call('SET', KEYS[1], '1', 'NX', 'PX',
@@ -43,7 +46,7 @@ end
 -- already was used, and giving it back too would admit it twice); none
 -- once the span has passed.
 local function still_held(i, give, interval, per)
-  local span = ARGV[8 + 2 * q + i] or ARGV[5]
+  local span = ARGV[9 + 2 * q + i] or ARGV[5]
   local left = at + span - now
   if left <= 0 then return 0 end
   return math.min(give * interval, left * per)

@@ -640,3 +640,44 @@ async fn a_charge_taken_before_a_reset_is_not_given_back_after_it() {
         }
     }
 }
+
+/// A reservation (a bucket's `acquire` that waits for its slot) is charged
+/// at its slot but taken when it was made: made before a reset, it is not
+/// given back after it, even when its slot comes after the reset.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_made_before_a_reset_is_not_given_back_after_it() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let limiter = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), algorithm)
+            .quota(Quota::per_second(1))
+            .name("api")
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        let alice = Subject::new("alice");
+        assert!(limiter.check(&alice).await.unwrap().allowed);
+        // Reserved a second ahead (tokio's paused clock lets the wait pass).
+        let reserved = limiter
+            .acquire(&alice, 1, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(
+            reserved.allowed && reserved.waited > Duration::ZERO,
+            "{reserved:?}"
+        );
+        clock.advance(Duration::from_millis(100));
+        limiter.reset(&alice).await.unwrap();
+        clock.advance(Duration::from_millis(100));
+        assert!(
+            limiter.check(&alice).await.unwrap().allowed,
+            "{algorithm:?}"
+        );
+        let charge = reserved.charge.unwrap();
+        assert!(
+            !limiter.refund(&alice, &charge).await.unwrap(),
+            "{algorithm:?}: applied"
+        );
+        let d = limiter.check(&alice).await.unwrap();
+        assert!(!d.allowed, "{algorithm:?}: {d:?}");
+    }
+}

@@ -123,8 +123,9 @@ impl AdminBackend for MemoryBackend {
         // A request's keys live in its first key's shard, and so does the
         // stamp its settles read (`lua/rate_reset.lua`'s twin).
         if let Some(first) = keys.first() {
-            let now = self.now();
-            let at = now_micros.unwrap_or(now);
+            // The settles' clock, which also times the stamp's life.
+            let now = now_micros.unwrap_or_else(|| self.now());
+            let at = now;
             let mut shard = lock(self.shard_for(first));
             for k in keys {
                 shard.map.remove(k);

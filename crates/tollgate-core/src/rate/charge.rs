@@ -18,8 +18,11 @@ use crate::store::{Algorithm, RateReply, RateRequest};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge {
     pub(crate) cost: u64,
-    /// The instant the backend decided at (µs, the backend's clock).
+    /// The instant the backend decided at (µs, the backend's clock): a
+    /// reservation's slot.
     pub(crate) at_micros: u64,
+    /// When the units were taken: `at_micros` less a reservation's wait.
+    pub(crate) taken_micros: u64,
     /// Unique per check: the log's member prefix and the refund's marker.
     pub(crate) id: u64,
     /// How long after `at_micros` a refund can still give back (µs).
@@ -94,6 +97,7 @@ pub(super) fn charge_of(
     reply.allowed.then(|| Charge {
         cost: request.cost,
         at_micros: reply.now_micros,
+        taken_micros: reply.now_micros,
         id: request.nonce,
         span_micros: algorithm.refund_span(d),
         local: false,

@@ -364,6 +364,10 @@ impl RateLimiter {
             DecisionSource::Backend,
         );
         d.charge = charge_of(inner.algorithm, request, reply, &d);
+        if let Some(c) = &mut d.charge {
+            // Charged at its slot, taken now.
+            c.taken_micros = c.at_micros.saturating_sub(wait);
+        }
         // A reservation's wait until its slot: `acquire` waits it out.
         d.waited = Duration::from_micros(wait);
         if reply.allowed {

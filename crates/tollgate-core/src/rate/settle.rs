@@ -62,6 +62,7 @@ pub(super) fn settle_request(
         now_micros,
         id: charge.id,
         at_micros: charge.at_micros,
+        taken_micros: charge.taken_micros,
         span_micros,
         marker_span_micros: give_back.max(debt),
         quota_spans_micros,
@@ -102,7 +103,10 @@ impl RateLimiter {
     /// (`applied == false`). A settle to the charge's own cost changes
     /// nothing and leaves the charge open (`applied == false`; a later
     /// settle or refund still applies once). A charge is settled or
-    /// refunded once, not both: they share one marker.
+    /// refunded once, not both: they share one marker. A charge taken at
+    /// or before a [`reset`](Self::reset) of its subject (a reservation:
+    /// when it was made, whatever its slot) is not settled either way: its
+    /// units went with the reset, and so does its debt.
     ///
     /// On a bucket, a give-back while waiters hold reservations
     /// ([`acquire`](Self::acquire)) behind the charge, or while the subject

@@ -395,6 +395,7 @@ impl RateBackend for RedisBackend {
                     };
                     cmd.arg(req.marker_span_micros.max(req.span_micros));
                     quota_args(cmd, req.algorithm, &req.quotas);
+                    cmd.arg(req.taken_micros);
                     for span in &req.quota_spans_micros {
                         cmd.arg(*span);
                     }

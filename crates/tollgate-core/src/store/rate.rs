@@ -265,8 +265,12 @@ pub struct SettleRequest {
     pub now_micros: Option<u64>,
     /// The check's id (its log entries carry it).
     pub id: u64,
-    /// When the check was decided (µs, the backend's clock).
+    /// When the check was decided (µs, the backend's clock): a
+    /// reservation's slot.
     pub at_micros: u64,
+    /// When its units were taken: `at_micros` less a reservation's wait.
+    /// A charge taken at or before a reset of its subject is not settled.
+    pub taken_micros: u64,
     /// How long after `at_micros` the settle can still be applied (µs):
     /// for a give-back the longest of the quotas' refund spans, for a debt
     /// the longer of that and the longest quota period.

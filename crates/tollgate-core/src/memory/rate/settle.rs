@@ -28,7 +28,7 @@ impl MemoryBackend {
         };
         let applied = req.actual != req.cost
             && until > now
-            && reset.is_none_or(|at| req.at_micros > at)
+            && reset.is_none_or(|at| req.taken_micros > at)
             && shard
                 .map
                 .get(&req.marker)

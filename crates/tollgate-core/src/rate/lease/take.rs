@@ -116,6 +116,7 @@ impl Taking {
         let charge = Charge {
             cost: lease.granted,
             at_micros: reply.now_micros,
+            taken_micros: reply.now_micros,
             id: request.nonce,
             span_micros: book.algorithm.refund_span(&taken),
             local: false,
