@@ -10,7 +10,8 @@ use http::{Response, StatusCode};
 use tollgate_core::idempotency::IdempotencyStore;
 use tower_layer::Layer;
 
-use super::service::{Idempotency, Shared};
+use super::service::Idempotency;
+use super::shared::Shared;
 use super::{default_store_when, never_replayed, OnUnavailable};
 use super::{DEFAULT_REPLAY_HEADERS, REPRESENTATION_HEADERS};
 use crate::grpc::Protocol;

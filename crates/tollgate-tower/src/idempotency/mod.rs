@@ -157,9 +157,11 @@
 //! not be stored: the key stays in flight until its lease expires).
 
 mod future;
+mod holding;
 mod layer;
 mod relay;
 mod service;
+mod shared;
 
 use http::header::{HeaderName, CONTENT_TYPE};
 use http::request::Parts;

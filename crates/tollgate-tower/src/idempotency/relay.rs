@@ -30,8 +30,8 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tollgate_core::idempotency::StoredResponse;
 
-use super::future::Holding;
-use super::service::Shared;
+use super::holding::Holding;
+use super::shared::Shared;
 use crate::body::{BoxError, Tail};
 
 const T: &str = "tollgate_tower::idempotency";

@@ -1,63 +1,23 @@
 //! [`Idempotency`]: the service, and what all its clones share.
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderName, CONTENT_LENGTH};
-use http::{Method, Request, Response, StatusCode};
+use http::header::CONTENT_LENGTH;
+use http::{Method, Request, Response};
 use http_body::Body;
 use tollgate_core::idempotency::IdempotencyStore;
 use tollgate_core::Subject;
 use tower_service::Service;
 
 use super::future::{run, ResponseFuture};
-use super::{count, parse_key, OnUnavailable};
+use super::shared::Shared;
+use super::{count, parse_key};
 use crate::body::{BoxError, ResponseBody};
 use crate::key::{route_of, KeyExtractor};
-use crate::lock::OnLeaseLost;
-use crate::middleware::{take_readied, Answer};
+use crate::middleware::take_readied;
 use crate::rejection::Rejection;
-
-/// Decides which statuses are stored.
-pub(crate) type StoreWhen = Arc<dyn Fn(StatusCode) -> bool + Send + Sync>;
-
-/// What every service made by one layer shares.
-#[derive(Clone)]
-pub(crate) struct Shared {
-    pub(crate) store: IdempotencyStore,
-    pub(crate) required: bool,
-    pub(crate) max_request_body: usize,
-    pub(crate) max_stored_body: usize,
-    pub(crate) store_when: StoreWhen,
-    pub(crate) replay_headers: Arc<[HeaderName]>,
-    pub(crate) on_unavailable: OnUnavailable,
-    pub(crate) on_lost: OnLeaseLost,
-    pub(crate) answer: Answer,
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Idempotency")
-            .field("store", &self.store)
-            .field("required", &self.required)
-            .field("max_request_body", &self.max_request_body)
-            .field("max_stored_body", &self.max_stored_body)
-            .field("replay_headers", &self.replay_headers)
-            .field("on_unavailable", &self.on_unavailable)
-            .field("on_lost", &self.on_lost)
-            .field("answer", &self.answer)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    /// Whether `name` is stored and replayed.
-    pub(crate) fn replays(&self, name: &HeaderName) -> bool {
-        self.replay_headers.contains(name)
-    }
-}
 
 /// The service made by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
