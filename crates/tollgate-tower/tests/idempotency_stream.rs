@@ -142,17 +142,17 @@ async fn a_body_too_large_to_store_streams(kind: Kind) {
     assert_eq!(s.runs(), 1, "never twice for one key");
 }
 
-/// A body of unknown length (a stream of events, an LLM's tokens) reaches
-/// its client chunk by chunk while the handler still produces it; a retry
-/// meanwhile is told the key is in flight, and once the body has ended it
-/// is replayed whole.
-async fn a_streamed_body_reaches_its_client_as_it_comes(kind: Kind) {
-    let (s, tx) = Streamer::new();
-    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
-    let app = app(layer, &s);
-    let key = unique("k");
-    let first = tokio::spawn(app.clone().oneshot(req(&key)));
-    tx.send(Bytes::from_static(b"event: 1\n\n")).await.unwrap();
+/// Sends `POST /exports` with `key`, feeds its handler's body `chunk`, and
+/// returns the response's body once that chunk has reached the client (the
+/// handler's body still open).
+async fn first_chunk(
+    app: &Router,
+    key: &str,
+    tx: &mpsc::Sender<Bytes>,
+    chunk: &'static str,
+) -> Body {
+    let first = tokio::spawn(app.clone().oneshot(req(key)));
+    tx.send(Bytes::from_static(chunk.as_bytes())).await.unwrap();
     let res = tokio::time::timeout(BOUND, first)
         .await
         .expect("the response comes before its body ends")
@@ -165,7 +165,32 @@ async fn a_streamed_body_reaches_its_client_as_it_comes(kind: Kind) {
         .expect("the first chunk reaches the client while the body is open")
         .expect("the body is still open")
         .unwrap();
-    assert_eq!(frame.into_data().unwrap(), "event: 1\n\n");
+    assert_eq!(frame.into_data().unwrap(), chunk);
+    body
+}
+
+/// The replay of `key` once its record is stored (409 until then).
+async fn replayed(app: &Router, key: &str, what: &str) -> Bytes {
+    let (status, headers, body) = eventually(BOUND, what, || async {
+        let r = send(app, req(key)).await;
+        (r.0 != StatusCode::CONFLICT).then_some(r)
+    })
+    .await;
+    assert_eq!(status, 201);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    body
+}
+
+/// A body of unknown length (a stream of events, an LLM's tokens) reaches
+/// its client chunk by chunk while the handler still produces it; a retry
+/// meanwhile is told the key is in flight, and once the body has ended it
+/// is replayed whole.
+async fn a_streamed_body_reaches_its_client_as_it_comes(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = app(layer, &s);
+    let key = unique("k");
+    let body = first_chunk(&app, &key, &tx, "event: 1\n\n").await;
 
     let (status, _, problem) = send(&app, req(&key)).await;
     assert_eq!(status, 409, "{kind:?}");
@@ -196,34 +221,13 @@ async fn a_request_dropped_after_its_handler_returned_is_stored(kind: Kind) {
     let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
     let app = app(layer, &s);
     let key = unique("k");
-    let first = tokio::spawn(app.clone().oneshot(req(&key)));
-    tx.send(Bytes::from_static(b"part1,")).await.unwrap();
-    let res = tokio::time::timeout(BOUND, first)
-        .await
-        .expect("bounded")
-        .unwrap()
-        .unwrap();
-    let mut body = res.into_body();
-    let frame = tokio::time::timeout(BOUND, body.frame())
-        .await
-        .expect("bounded")
-        .unwrap()
-        .unwrap();
-    assert_eq!(frame.into_data().unwrap(), "part1,");
     // The client goes away mid-body.
-    drop(body);
+    drop(first_chunk(&app, &key, &tx, "part1,").await);
     // The body goes on, and ends.
     tx.send(Bytes::from_static(b"part2,")).await.unwrap();
     let _ = tx.send(Bytes::from_static(b"part3")).await;
     drop(tx);
-    let (status, headers, body) =
-        eventually(BOUND, "the dropped request's response stored", || async {
-            let r = send(&app, req(&key)).await;
-            (r.0 != StatusCode::CONFLICT).then_some(r)
-        })
-        .await;
-    assert_eq!(status, 201);
-    assert_eq!(headers["idempotent-replayed"], "true");
+    let body = replayed(&app, &key, "the dropped request's response stored").await;
     assert_eq!(body, "part1,part2,part3");
     assert_eq!(s.runs(), 1, "never twice for one key");
 }
@@ -236,20 +240,7 @@ async fn a_stalled_client_does_not_hold_the_record_back(kind: Kind) {
     let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
     let app = app(layer, &s);
     let key = unique("k");
-    let first = tokio::spawn(app.clone().oneshot(req(&key)));
-    tx.send(Bytes::from_static(b"0,")).await.unwrap();
-    let res = tokio::time::timeout(BOUND, first)
-        .await
-        .expect("bounded")
-        .unwrap()
-        .unwrap();
-    let mut stalled = res.into_body();
-    let frame = tokio::time::timeout(BOUND, stalled.frame())
-        .await
-        .expect("bounded")
-        .unwrap()
-        .unwrap();
-    assert_eq!(frame.into_data().unwrap(), "0,");
+    let stalled = first_chunk(&app, &key, &tx, "0,").await;
     // Far more chunks than any read-ahead, none read by the client.
     let mut whole = String::from("0,");
     for i in 1..64 {
@@ -261,14 +252,8 @@ async fn a_stalled_client_does_not_hold_the_record_back(kind: Kind) {
             .unwrap();
     }
     drop(tx);
-    let (status, headers, body) = eventually(BOUND, "stored while the client stalls", || async {
-        let r = send(&app, req(&key)).await;
-        (r.0 != StatusCode::CONFLICT).then_some(r)
-    })
-    .await;
-    assert_eq!(status, 201, "{kind:?}");
-    assert_eq!(headers["idempotent-replayed"], "true");
-    assert_eq!(body, whole);
+    let body = replayed(&app, &key, "stored while the client stalls").await;
+    assert_eq!(body, whole, "{kind:?}");
     assert_eq!(s.runs(), 1);
     drop(stalled);
 }
@@ -282,21 +267,7 @@ async fn a_body_not_stored_is_read_no_further_once_its_client_left(kind: Kind) {
         IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")).max_stored_body(4);
     let app = app(layer, &s);
     let key = unique("k");
-    let first = tokio::spawn(app.clone().oneshot(req(&key)));
-    tx.send(Bytes::from_static(b"0123456789")).await.unwrap();
-    let res = tokio::time::timeout(BOUND, first)
-        .await
-        .expect("bounded")
-        .unwrap()
-        .unwrap();
-    let mut body = res.into_body();
-    let frame = tokio::time::timeout(BOUND, body.frame())
-        .await
-        .expect("bounded")
-        .unwrap()
-        .unwrap();
-    assert_eq!(frame.into_data().unwrap(), "0123456789");
-    drop(body);
+    drop(first_chunk(&app, &key, &tx, "0123456789").await);
     // The next chunk finds nobody to read it: the handler's body is dropped.
     let _ = tx.send(Bytes::from_static(b"more")).await;
     tokio::time::timeout(BOUND, tx.closed())

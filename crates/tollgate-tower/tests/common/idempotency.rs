@@ -173,6 +173,16 @@ impl<B: IdempotencyBackend> IdempotencyBackend for FailingCompletes<B> {
 
 /// Sends `req` and collects the whole response, each within [`BOUND`].
 pub async fn collect(app: &Router, req: Request<Body>) -> (StatusCode, HeaderMap, Bytes) {
+    let (head, body, _) = collect_whole(app, req).await;
+    (head.status, head.headers, body)
+}
+
+/// [`collect`], with the response's whole head and its trailers (empty
+/// when it has none).
+pub async fn collect_whole(
+    app: &Router,
+    req: Request<Body>,
+) -> (http::response::Parts, Bytes, HeaderMap) {
     let res = tokio::time::timeout(BOUND, app.clone().oneshot(req))
         .await
         .expect("bounded")
@@ -182,7 +192,8 @@ pub async fn collect(app: &Router, req: Request<Body>) -> (StatusCode, HeaderMap
         .await
         .expect("bounded")
         .unwrap();
-    (head.status, head.headers, body.to_bytes())
+    let trailers = body.trailers().cloned().unwrap_or_default();
+    (head, body.to_bytes(), trailers)
 }
 
 /// One `#[tokio::test]` per backend, each running `$suite(kind)`.

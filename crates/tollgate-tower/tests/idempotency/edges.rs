@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
 use http::{HeaderName, HeaderValue, StatusCode};
-use http_body_util::BodyExt;
 use tollgate_core::{LeaseLost, LockOptions};
 use tollgate_testkit::eventually;
 use tollgate_tower::key::HeaderKey;
@@ -20,7 +19,7 @@ use tollgate_tower::lock::OnLeaseLost;
 use tollgate_tower::IdempotencyLayer;
 use tower::ServiceExt;
 
-use super::common::idempotency::{builder, failing_completes, store, Kind, BOUND};
+use super::common::idempotency::{builder, collect_whole, failing_completes, store, Kind, BOUND};
 use super::common::unique;
 use super::{app, held, req, send, with, Handler};
 
@@ -281,26 +280,10 @@ pub(crate) async fn a_grpc_call_replays_with_its_trailers(kind: Kind) {
         .with_state(h.clone());
     let key = unique("k");
     let unary = || req("/pkg.Svc/Call", "t1", Some(key.as_bytes()), "1");
-    let whole = |req: http::Request<axum::body::Body>| {
-        let app = app.clone();
-        async move {
-            let res = tokio::time::timeout(BOUND, app.oneshot(req))
-                .await
-                .expect("bounded")
-                .unwrap();
-            let (head, body) = res.into_parts();
-            let body = tokio::time::timeout(BOUND, body.collect())
-                .await
-                .expect("bounded")
-                .unwrap();
-            let trailers = body.trailers().cloned().unwrap_or_default();
-            (head, body.to_bytes(), trailers)
-        }
-    };
-    let (first, data, trailers) = whole(unary()).await;
+    let (first, data, trailers) = collect_whole(&app, unary()).await;
     assert_eq!(first.status, StatusCode::OK);
     assert_eq!(trailers["grpc-status"], "0", "{kind:?}");
-    let (replay, replayed, again) = whole(unary()).await;
+    let (replay, replayed, again) = collect_whole(&app, unary()).await;
     assert_eq!(replay.status, StatusCode::OK, "{kind:?}");
     assert_eq!(replay.headers["idempotent-replayed"], "true");
     assert_eq!(replay.headers["content-type"], "application/grpc");
