@@ -600,3 +600,45 @@ async fn a_lock_outside_keeps_its_fencing_token() {
     let (token, lock) = body.split_once(' ').unwrap();
     assert_eq!(token, lock, "the handler's token is the lock's");
 }
+
+/// With `OnLeaseLost::Continue` the handler must watch its claim itself:
+/// behind a `ConcurrencyLimitLayer` (whose permit puts its own token in the
+/// request) it still gets the claim's `FencingToken` and `LeaseLost`.
+#[tokio::test]
+async fn a_handler_that_continues_gets_the_claims_token() {
+    use axum::Extension;
+    use tollgate_core::admin::Admin;
+    use tollgate_core::{FencingToken, MemoryBackend, Semaphore};
+    use tollgate_tower::lock::OnLeaseLost;
+    use tollgate_tower::ConcurrencyLimitLayer;
+
+    let backend = MemoryBackend::new();
+    let admin = Admin::new(backend.clone());
+    // The handler answers its token and the fence of the claim in flight.
+    let fenced = move |Extension(token): Extension<FencingToken>| {
+        let admin = admin.clone();
+        async move {
+            let claims = admin.idempotency_in_flight().await.unwrap();
+            format!("{} {}", token.get(), claims[0].fence)
+        }
+    };
+    let app = Router::new()
+        .route("/orders", post(fenced))
+        .layer(
+            IdempotencyLayer::new(
+                IdempotencyStore::new(backend.clone()),
+                HeaderKey::new("x-api-key"),
+            )
+            .on_lease_lost(OnLeaseLost::Continue),
+        )
+        .layer(ConcurrencyLimitLayer::new(
+            Semaphore::new(backend, 2).unwrap(),
+            HeaderKey::new("x-api-key"),
+        ));
+    let key = unique("k");
+    let reply = send(&app, req("/orders", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.body);
+    let body = std::str::from_utf8(&reply.body).unwrap();
+    let (token, claim) = body.split_once(' ').unwrap();
+    assert_eq!(token, claim, "the handler's token is the claim's");
+}

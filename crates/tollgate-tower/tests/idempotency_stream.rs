@@ -28,7 +28,7 @@ use tollgate_tower::key::HeaderKey;
 use tollgate_tower::IdempotencyLayer;
 use tower::ServiceExt;
 
-use common::idempotency::{collect as send, store, Kind, BOUND};
+use common::idempotency::{builder, collect as send, store, Kind, BOUND};
 use common::unique;
 
 /// A handler whose first run answers 201 with a body fed by the test
@@ -88,6 +88,8 @@ async fn suite(kind: Kind) {
     a_streamed_body_reaches_its_client_as_it_comes(kind).await;
     a_stalled_client_does_not_hold_the_record_back(kind).await;
     a_body_not_stored_is_read_no_further_once_its_client_left(kind).await;
+    a_large_response_that_is_not_stored_lets_a_retry_run(kind).await;
+    a_claim_lost_while_its_body_is_read_lets_a_retry_run(kind).await;
     a_request_dropped_after_its_handler_returned_is_stored(kind).await;
 }
 
@@ -276,4 +278,78 @@ async fn a_body_not_stored_is_read_no_further_once_its_client_left(kind: Kind) {
     let (status, _, _) = send(&app, req(&key)).await;
     assert_eq!(status, 409, "completed, not replayable");
     assert_eq!(s.runs(), 1);
+}
+
+/// A status that is not stored (a 503) is abandoned whatever its body's
+/// length: past `max_stored_body` too, a retry runs again rather than
+/// being told the response cannot be replayed.
+async fn a_large_response_that_is_not_stored_lets_a_retry_run(kind: Kind) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let unavailable = move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { (StatusCode::SERVICE_UNAVAILABLE, "0123456789") }
+    };
+    let layer =
+        IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key")).max_stored_body(4);
+    let app = Router::new()
+        .route("/exports", post(unavailable))
+        .layer(layer);
+    let key = unique("k");
+    let (status, _, body) = send(&app, req(&key)).await;
+    assert_eq!(
+        (status, body.as_ref()),
+        (StatusCode::SERVICE_UNAVAILABLE, &b"0123456789"[..])
+    );
+    let (status, _, _) = eventually(BOUND, "the claim abandoned", || async {
+        let r = send(&app, req(&key)).await;
+        (r.0 != StatusCode::CONFLICT).then_some(r)
+    })
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{kind:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "{kind:?}");
+}
+
+/// A claim lost while its response is still read (here its hold cap ends
+/// it) can store nothing: a retry runs again, as after a crash of the
+/// holder, while the first response still goes on to its client — and is
+/// read no further once that client has gone.
+async fn a_claim_lost_while_its_body_is_read_lets_a_retry_run(kind: Kind) {
+    let (s, tx) = Streamer::new();
+    let options = tollgate_core::LockOptions::new()
+        .ttl(Duration::from_millis(300))
+        .max_hold(Duration::from_secs(1));
+    let store = builder(kind).await.lease(options).build().unwrap();
+    let app = app(
+        IdempotencyLayer::new(store, HeaderKey::new("x-api-key")),
+        &s,
+    );
+    let key = unique("k");
+    let mut body = first_chunk(&app, &key, &tx, "0,").await;
+    // The handler's body goes on; the claim's hold cap ends the claim.
+    let (status, _, again) = eventually(BOUND, "the lost claim let go", || async {
+        let r = send(&app, req(&key)).await;
+        (r.0 != StatusCode::CONFLICT).then_some(r)
+    })
+    .await;
+    assert_eq!(
+        (status, again.as_ref()),
+        (StatusCode::CREATED, &b"again"[..]),
+        "{kind:?}"
+    );
+    assert_eq!(s.runs(), 2);
+    tx.send(Bytes::from_static(b"1,")).await.unwrap();
+    let frame = tokio::time::timeout(BOUND, body.frame())
+        .await
+        .expect("the first response still reaches its client")
+        .unwrap()
+        .unwrap();
+    assert_eq!(frame.into_data().unwrap(), "1,");
+    // Nothing to store: once its client has gone, the body is read no
+    // further (an endless stream is not read for nobody).
+    drop(body);
+    let _ = tx.send(Bytes::from_static(b"2,")).await;
+    tokio::time::timeout(BOUND, tx.closed())
+        .await
+        .expect("the handler's body is dropped once its client left");
 }

@@ -236,8 +236,10 @@ where
     let lost = claimed.lost();
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
     // A lock's token, from a layer outside this one, stays: it fences the
-    // resource. The claim's is this layer's own business.
-    if req.extensions().get::<FencingToken>().is_none() {
+    // resource, while this layer watches its claim itself. Unless the
+    // handler is to go on past a lost claim: then it needs the claim's.
+    let outside = req.extensions().get::<FencingToken>().is_some();
+    if !outside || shared.on_lost == OnLeaseLost::Continue {
         req.extensions_mut().insert(claimed.fence());
         req.extensions_mut().insert(lost.clone());
     }

@@ -19,6 +19,11 @@ pub(super) struct Holding {
 }
 
 impl Holding {
+    /// What resolves when the claim's lease is lost (`None` once settled).
+    pub(super) fn lost(&self) -> Option<tollgate_core::LeaseLost> {
+        self.claim.as_ref().map(Claimed::lost)
+    }
+
     /// Gives the claim up and waits for it, so that a retry right after
     /// this response runs again.
     pub(super) async fn abandon(&mut self, outcome: &'static str, why: &'static str) {

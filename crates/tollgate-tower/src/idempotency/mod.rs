@@ -26,9 +26,12 @@
 //!    - **claimed**: the inner service is called (the claim's
 //!      [`FencingToken`](tollgate_core::FencingToken) and
 //!      [`LeaseLost`](tollgate_core::LeaseLost) are in the request
-//!      extensions, unless a layer outside this one — a `LockLayer` —
-//!      put its own there: a lock's token, which fences the resource,
-//!      stays) while the claim's lease is renewed. If the lease is
+//!      extensions, unless a layer outside this one — a `LockLayer` or a
+//!      `ConcurrencyLimitLayer` — put its own there: a lock's token, which
+//!      fences the resource, stays, while this layer watches its claim;
+//!      with [`OnLeaseLost::Continue`](crate::lock::OnLeaseLost::Continue)
+//!      the claim's replace it, as the handler must watch the claim) while
+//!      the claim's lease is renewed. If the lease is
 //!      lost before the inner future has produced the response — Redis
 //!      unreachable past the lease's safe deadline, or the hold cap of the
 //!      store's [`LockOptions`](tollgate_core::LockOptions::max_hold)

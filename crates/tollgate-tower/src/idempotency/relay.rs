@@ -101,6 +101,7 @@ pub(super) fn start(
         .exact()
         .or(announced)
         .is_some_and(|n| n <= max);
+    let size = body.size_hint();
     let (tx, rx) = mpsc::unbounded_channel();
     let room = Arc::new(Semaphore::new(FRAMES_AHEAD));
     let (go, answer) = oneshot::channel();
@@ -116,6 +117,7 @@ pub(super) fn start(
     let body = Relayed {
         rx,
         room,
+        size: size.exact(),
         ended: false,
     };
     Started {
@@ -165,8 +167,34 @@ impl Relay {
         // `None` once past what is stored: the record was written then.
         let mut copy = Some(VecDeque::new());
         let mut copied = 0usize;
+        let mut lost = self.holding.lost();
         let tail = loop {
-            let chunk = match body.frame().await {
+            let frame = match &mut lost {
+                // While it may still be stored: a claim lost meanwhile (its
+                // hold cap, or the store gone past its safe deadline) can
+                // store nothing, and another claim may run the handler
+                // again, as after a crash of the holder. The response goes
+                // on to its client, read as the client reads it.
+                Some(claim_lost) if copy.is_some() => tokio::select! {
+                    biased;
+                    () = claim_lost => {
+                        lost = None;
+                        let kept = copy.take().unwrap_or_default();
+                        self.holding
+                            .abandon("lost", "the claim's lease was lost while the response was read")
+                            .await;
+                        if !streaming {
+                            streaming = true;
+                            self.answer(Answer::Streams);
+                            kept.into_iter().for_each(|c| self.send(Frame::data(c)));
+                        }
+                        continue;
+                    }
+                    frame = body.frame() => frame,
+                },
+                _ => body.frame().await,
+            };
+            let chunk = match frame {
                 None => break None,
                 Some(Err(e)) => break Some(Tail::Error(e)),
                 Some(Ok(frame)) => match frame.into_data() {
@@ -193,9 +221,16 @@ impl Relay {
             kept.push_back(chunk.clone());
             if copied > max {
                 let kept = copy.take().unwrap_or_default();
-                tracing::debug!(target: T, record = %self.holding.digest, max, "response body too large to store; streamed");
-                let stored = StoredResponse::not_replayable(self.head.status.as_u16());
-                self.holding.complete(stored, &self.shared).await;
+                if self.head.grpc_failed || !(self.shared.store_when)(self.head.status) {
+                    // Not stored whatever its length: a retry runs again.
+                    self.holding
+                        .abandon("not_stored", "the status is not stored")
+                        .await;
+                } else {
+                    tracing::debug!(target: T, record = %self.holding.digest, max, "response body too large to store; streamed");
+                    let stored = StoredResponse::not_replayable(self.head.status.as_u16());
+                    self.holding.complete(stored, &self.shared).await;
+                }
                 // A body longer than it said: it streams from here.
                 if !streaming {
                     streaming = true;
@@ -324,6 +359,9 @@ pub(super) fn is_grpc_status(name: &HeaderName) -> bool {
 struct Relayed {
     rx: mpsc::UnboundedReceiver<Piece>,
     room: Arc<Semaphore>,
+    /// The handler's body's exact length, when known, less what was
+    /// passed on.
+    size: Option<u64>,
     ended: bool,
 }
 
@@ -343,6 +381,9 @@ impl Body for Relayed {
             Some(Piece::Frame(frame, took_room)) => {
                 if took_room {
                     self.room.add_permits(1);
+                }
+                if let (Some(left), Some(data)) = (self.size, frame.data_ref()) {
+                    self.size = Some(left.saturating_sub(data.len() as u64));
                 }
                 Some(Ok(frame))
             }
@@ -366,7 +407,8 @@ impl Body for Relayed {
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
+        self.size
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
     }
 }
 
