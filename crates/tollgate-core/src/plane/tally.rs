@@ -6,7 +6,7 @@
 //! limiter's throttled list. The operator plane merges every instance's.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -51,11 +51,43 @@ pub(crate) fn traffic_key(prefix: &str, limiter: &str) -> String {
 #[derive(Default)]
 pub(crate) struct Tally {
     counts: Mutex<HashMap<String, DenialCount, QuickHash>>,
-    admitted: AtomicU64,
+    admitted: Striped,
     refused: AtomicU64,
     /// The wall clock (ms), as of the last flush tick: a denial's time to
     /// the second without a clock read per denial.
     clock_ms: AtomicU64,
+}
+
+/// A count written on one of several cache lines, chosen per thread, so
+/// that admissions on many cores do not all write one line (every
+/// admitted check counts here); read whole once a second.
+#[derive(Default)]
+struct Striped([Line; STRIPES]);
+
+/// One cache line's count.
+#[derive(Default)]
+#[repr(align(64))]
+struct Line(AtomicU64);
+
+const STRIPES: usize = 8;
+
+impl Striped {
+    fn add_one(&self) {
+        thread_local! {
+            /// This thread's line: threads take them in turn.
+            static LINE: usize = {
+                static NEXT: AtomicUsize = AtomicUsize::new(0);
+                NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES
+            };
+        }
+        let line = LINE.try_with(|l| *l).unwrap_or(0);
+        self.0[line].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The count since the last take.
+    fn take(&self) -> u64 {
+        self.0.iter().map(|l| l.0.swap(0, Ordering::Relaxed)).sum()
+    }
 }
 
 /// The sketch's hasher: a quick word hash. It holds at most [`TRACKED`]
@@ -92,7 +124,7 @@ pub(crate) fn now_ms() -> u64 {
 impl Tally {
     /// Counts one admission.
     pub(crate) fn admitted(&self) {
-        self.admitted.fetch_add(1, Ordering::Relaxed);
+        self.admitted.add_one();
     }
 
     /// Counts one denial of `subject`. When the sketch is full, a new
@@ -159,7 +191,7 @@ impl Tally {
                 let Some(me) = me.upgrade() else { return };
                 me.clock_ms.store(now_ms(), Ordering::Relaxed);
                 let counts = me.take();
-                let admitted = me.admitted.swap(0, Ordering::Relaxed);
+                let admitted = me.admitted.take();
                 let refused = me.refused.swap(0, Ordering::Relaxed);
                 drop(me);
                 if admitted + refused > 0 {
@@ -181,5 +213,24 @@ impl Tally {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Admissions counted on many threads (on their own lines) add up, and
+    /// a take starts the count again.
+    #[test]
+    fn admissions_on_many_threads_add_up() {
+        let tally = Tally::default();
+        std::thread::scope(|s| {
+            for _ in 0..(2 * STRIPES + 3) {
+                s.spawn(|| (0..1000).for_each(|_| tally.admitted()));
+            }
+        });
+        assert_eq!(tally.admitted.take(), (2 * STRIPES as u64 + 3) * 1000);
+        assert_eq!(tally.admitted.take(), 0);
     }
 }
