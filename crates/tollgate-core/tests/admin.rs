@@ -681,3 +681,49 @@ async fn a_reservation_made_before_a_reset_is_not_given_back_after_it() {
         assert!(!d.allowed, "{algorithm:?}: {d:?}");
     }
 }
+
+/// A reservation's slot may lie far past its reset: the stamp lives as
+/// long as a reservation may reach, so the refund of one made before the
+/// reset, with its slot seconds after the stamp's other horizons, still
+/// gives nothing back.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_far_ahead_of_a_reset_is_not_given_back_after_it() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let limiter = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), algorithm)
+            .quota(Quota::per_second(1))
+            .name("api")
+            .deny_cache(0)
+            .build()
+            .unwrap();
+        let alice = Subject::new("alice");
+        assert!(limiter.check(&alice).await.unwrap().allowed);
+        // Five reservations queue up: the last one's slot is 5 s ahead.
+        let mut last = None;
+        for _ in 0..5 {
+            last = Some(
+                limiter
+                    .acquire(&alice, 1, Duration::from_secs(10))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let last = last.unwrap();
+        assert!(last.waited >= Duration::from_secs(5), "{last:?}");
+        clock.advance(Duration::from_millis(100));
+        limiter.reset(&alice).await.unwrap();
+        // Past the quota's own horizons (2 periods, a whole refill, 1 s).
+        clock.advance(Duration::from_millis(3500));
+        assert!(
+            limiter.check(&alice).await.unwrap().allowed,
+            "{algorithm:?}"
+        );
+        let charge = last.charge.unwrap();
+        assert!(
+            !limiter.refund(&alice, &charge).await.unwrap(),
+            "{algorithm:?}: applied"
+        );
+        let d = limiter.check(&alice).await.unwrap();
+        assert!(!d.allowed, "{algorithm:?}: {d:?}");
+    }
+}

@@ -149,7 +149,7 @@ impl RateLimiter {
     /// The longest wait a store is asked to reserve (µs): 2^40, and no
     /// further than 2^51 units of any quota's 1/per µs, so that a reserved
     /// instant is read back (none is read 2^52 units or more from now).
-    fn most_wait(&self) -> u64 {
+    pub(super) fn most_wait(&self) -> u64 {
         let inner = &self.inner;
         inner
             .quotas

@@ -35,10 +35,11 @@ impl RateLimiter {
         self.inner.clock.as_ref().map(|c| c.now_micros())
     }
 
-    /// How long after a check its charge may still be settled, at most
-    /// (every quota's longest horizon: two periods for the sliding counter,
-    /// the time to refill a whole bucket), and a second more: how long a
-    /// reset's stamp must outlive the reset.
+    /// How long after a reset a charge taken before it may still be
+    /// settled, at most — every quota's longest horizon (two periods for
+    /// the sliding counter, the time to refill a whole bucket), after a
+    /// bucket's longest reservation (its slot may lie that far ahead of
+    /// the reset) — and a second more: how long a reset's stamp lives.
     fn settle_horizon(&self) -> Duration {
         let inner = &self.inner;
         let longest = inner.quotas.iter().map(|q| {
@@ -47,7 +48,13 @@ impl RateLimiter {
             u128::from(q.period_micros()).saturating_mul(2).max(refill)
         });
         let micros = u64::try_from(longest.max().unwrap_or(0)).unwrap_or(u64::MAX);
-        Duration::from_micros(micros).saturating_add(Duration::from_secs(1))
+        let reserved = if inner.algorithm.uses_burst() {
+            self.most_wait()
+        } else {
+            0
+        };
+        Duration::from_micros(micros.saturating_add(reserved))
+            .saturating_add(Duration::from_secs(1))
     }
 
     /// Joins the operator plane of its store, if the store has one:
