@@ -370,8 +370,10 @@ impl Multipart {
             return None;
         }
         let mut canonical = mime.essence_str().to_owned();
+        // Each value quoted, so a quoted `;` reads as no second parameter.
         for (name, value) in mime.params().filter(|(n, _)| *n != mime::BOUNDARY) {
-            canonical.push_str(&format!(";{name}={value}"));
+            let value = value.as_str().replace('\\', "\\\\").replace('"', "\\\"");
+            canonical.push_str(&format!(";{name}=\"{value}\""));
         }
         canonical.push_str(";boundary=\0");
         Some(Multipart {
@@ -524,6 +526,21 @@ mod tests {
             .0;
         let raw = "\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--\r\n";
         assert_ne!(fingerprint(&bare, raw.as_bytes()), form("XyZ1", "1"));
+        // A quoted parameter holding `;` is not two parameters.
+        let with = |ct: &str| {
+            let parts = http::Request::post("/upload")
+                .header(CONTENT_TYPE, ct)
+                .body(())
+                .unwrap()
+                .into_parts()
+                .0;
+            let body = "--B\r\n\r\n1\r\n--B--\r\n";
+            fingerprint(&parts, body.as_bytes())
+        };
+        assert_ne!(
+            with("multipart/mixed; a=\"x;b=y\"; boundary=B"),
+            with("multipart/mixed; a=x; b=y; boundary=B")
+        );
     }
 
     #[test]
