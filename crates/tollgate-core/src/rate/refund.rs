@@ -31,6 +31,10 @@ pub(super) fn unclaimed(
     policy: String,
 ) -> Unclaimed {
     Unclaimed::new(move |request, reply| {
+        // A reservation is charged at its slot, its units taken now.
+        let wait = reply.wait_micros();
+        let slot = reply.at_slot();
+        let reply = slot.as_ref().unwrap_or(reply);
         let d = Decision::from_outcomes(
             algorithm,
             &quotas,
@@ -38,7 +42,10 @@ pub(super) fn unclaimed(
             reply.allowed,
             DecisionSource::Backend,
         );
-        let charge = charge_of(algorithm, request, reply, &d);
+        let charge = charge_of(algorithm, request, reply, &d).map(|mut c| {
+            c.taken_micros = c.at_micros.saturating_sub(wait);
+            c
+        });
         let refund = charge.map(|c| {
             let now = clock.as_ref().map(|c| c.now_micros());
             // Its quota keys (a block key may follow).

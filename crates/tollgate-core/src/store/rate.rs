@@ -218,11 +218,10 @@ impl Unclaimed {
     }
 
     /// What gives back `reply` to `request`, when it admitted and took
-    /// something (else nothing to do).
+    /// something (else nothing to do). A reservation's reply is given as
+    /// the store sent it: its wait says when its units were taken.
     pub fn give_back(request: &RateRequest, reply: &RateReply) -> Option<BoxFuture<'static, ()>> {
         let this = request.unclaimed.as_ref()?;
-        let slot = reply.at_slot();
-        let reply = slot.as_ref().unwrap_or(reply);
         (reply.allowed && request.cost > 0).then(|| (this.0)(request, reply))
     }
 }
