@@ -291,7 +291,7 @@ where
     // answered; any other streams at once (see `relay`).
     let body = match relay.answer.await {
         Ok(Answer::Whole { data, tail }) => Buffered::Whole { data, tail },
-        Ok(Answer::Streams) => Buffered::Relayed { body: relay.body },
+        Ok(Answer::Streams(body)) => Buffered::Relayed { body },
         Err(_) => match relay.task.await {
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             _ => {

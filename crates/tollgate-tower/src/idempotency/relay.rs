@@ -46,15 +46,13 @@ pub(super) enum Answer {
     /// Read whole and settled: the body, then its trailers or its error.
     Whole { data: Bytes, tail: Option<Tail> },
     /// As it comes: the relay's body.
-    Streams,
+    Streams(UnsyncBoxBody<Bytes, BoxError>),
 }
 
 /// A relay under way.
 pub(super) struct Started {
     /// Says how to answer the client, once it may be.
     pub(super) answer: oneshot::Receiver<Answer>,
-    /// The client's body, when the answer streams.
-    pub(super) body: UnsyncBoxBody<Bytes, BoxError>,
     /// The relay's task (a panic in it is the request's).
     pub(super) task: JoinHandle<()>,
 }
@@ -96,46 +94,38 @@ pub(super) fn start(
     let announced = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let fits = body
-        .size_hint()
-        .exact()
-        .or(announced)
-        .is_some_and(|n| n <= max);
-    let size = body.size_hint();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let room = Arc::new(Semaphore::new(FRAMES_AHEAD));
+    let size = body.size_hint().exact();
+    let fits = size.or(announced).is_some_and(|n| n <= max);
     let (go, answer) = oneshot::channel();
     let relay = Relay {
         head,
         holding,
         shared: Arc::clone(shared),
-        tx,
-        room: Arc::clone(&room),
+        size,
+        client: None,
         go: Some(go),
     };
     let task = tokio::spawn(relay.run(body, fits));
-    let body = Relayed {
-        rx,
-        room,
-        size: size.exact(),
-        ended: false,
-    };
-    Started {
-        answer,
-        body: body.boxed_unsync(),
-        task,
-    }
+    Started { answer, task }
 }
 
 struct Relay {
     head: Head,
     holding: Holding,
     shared: Arc<Shared>,
+    /// The handler's body's exact length, when known.
+    size: Option<u64>,
+    /// The client's body, once the answer streams.
+    client: Option<Client>,
+    go: Option<oneshot::Sender<Answer>>,
+}
+
+/// The relay's end of a streaming answer.
+struct Client {
     tx: mpsc::UnboundedSender<Piece>,
     /// Room for frames past what is stored; closed when the client's body
     /// is dropped.
     room: Arc<Semaphore>,
-    go: Option<oneshot::Sender<Answer>>,
 }
 
 impl Relay {
@@ -147,9 +137,35 @@ impl Relay {
         }
     }
 
-    /// Passes `frame` on (a client gone changes nothing).
+    /// Answers with a body that streams from here (once), passing on
+    /// `read`: what was read and not passed on yet.
+    fn stream(&mut self, read: impl IntoIterator<Item = Bytes>) {
+        if self.client.is_some() {
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let room = Arc::new(Semaphore::new(FRAMES_AHEAD));
+        let body = Relayed {
+            rx,
+            room: Arc::clone(&room),
+            size: self.size,
+            ended: false,
+        };
+        self.client = Some(Client { tx, room });
+        self.answer(Answer::Streams(body.boxed_unsync()));
+        read.into_iter().for_each(|c| self.send(Frame::data(c)));
+    }
+
+    /// Passes `piece` on, when the answer streams (a client gone changes
+    /// nothing).
+    fn pass(&self, piece: Piece) {
+        if let Some(client) = &self.client {
+            let _ = client.tx.send(piece);
+        }
+    }
+
     fn send(&self, frame: Frame<Bytes>) {
-        let _ = self.tx.send(Piece::Frame(frame, false));
+        self.pass(Piece::Frame(frame, false));
     }
 
     /// Reads `body` to its end, copying it up to `max_stored_body`, and
@@ -160,9 +176,8 @@ impl Relay {
     /// client reads it, and no more once it is gone.
     async fn run(mut self, mut body: UnsyncBoxBody<Bytes, BoxError>, fits: bool) {
         let max = self.shared.max_stored_body;
-        let mut streaming = !fits;
-        if streaming {
-            self.answer(Answer::Streams);
+        if !fits {
+            self.stream([]);
         }
         // `None` once past what is stored: the record was written then.
         let mut copy = Some(VecDeque::new());
@@ -183,11 +198,7 @@ impl Relay {
                         self.holding
                             .abandon("lost", "the claim's lease was lost while the response was read")
                             .await;
-                        if !streaming {
-                            streaming = true;
-                            self.answer(Answer::Streams);
-                            kept.into_iter().for_each(|c| self.send(Frame::data(c)));
-                        }
+                        self.stream(kept);
                         continue;
                     }
                     frame = body.frame() => frame,
@@ -210,11 +221,14 @@ impl Relay {
             }
             let Some(kept) = &mut copy else {
                 // Not stored: read as the client reads, while it does.
-                let Ok(room) = self.room.acquire().await else {
+                let Some(room) = self.client.as_ref().map(|c| Arc::clone(&c.room)) else {
                     return;
                 };
-                room.forget();
-                let _ = self.tx.send(Piece::Frame(Frame::data(chunk), true));
+                let Ok(permit) = room.acquire().await else {
+                    return;
+                };
+                permit.forget();
+                self.pass(Piece::Frame(Frame::data(chunk), true));
                 continue;
             };
             copied = copied.saturating_add(chunk.len());
@@ -231,17 +245,14 @@ impl Relay {
                     let stored = StoredResponse::not_replayable(self.head.status.as_u16());
                     self.holding.complete(stored, &self.shared).await;
                 }
-                // A body longer than it said: it streams from here.
-                if !streaming {
-                    streaming = true;
-                    self.answer(Answer::Streams);
-                    kept.into_iter().for_each(|c| self.send(Frame::data(c)));
+                // A body longer than it said streams from here, this chunk
+                // (the last one kept) with it.
+                if self.client.is_none() {
+                    self.stream(kept);
                     continue;
                 }
             }
-            if streaming {
-                self.send(Frame::data(chunk));
-            }
+            self.send(Frame::data(chunk));
         };
         if let Some(chunks) = copy {
             let data = joined(chunks, copied);
@@ -253,19 +264,19 @@ impl Relay {
                 &self.shared,
             )
             .await;
-            if !streaming {
+            if self.client.is_none() {
                 self.answer(Answer::Whole { data, tail });
                 return;
             }
         }
-        let _ = self.tx.send(match tail {
-            None => Piece::End,
+        match tail {
+            None => self.pass(Piece::End),
             Some(Tail::Trailers(trailers)) => {
                 self.send(Frame::trailers(trailers));
-                Piece::End
+                self.pass(Piece::End);
             }
-            Some(Tail::Error(e)) => Piece::Failed(e),
-        });
+            Some(Tail::Error(e)) => self.pass(Piece::Failed(e)),
+        }
     }
 }
 
