@@ -27,9 +27,12 @@ local delta = ARGV[6] - cost
 -- Units to give back (under the estimate) or to owe (over it).
 local give, owe = math.max(-delta, 0), math.max(delta, 0)
 local applied = false
-local reset = delta ~= 0 and redis.call('GET', KEYS[n])
-local taken = ARGV[9 + 2 * q] + 0
-if delta ~= 0 and at + ARGV[5] > now and not (reset and taken <= (tonumber(reset) or -1)) then
+-- A charge taken at or before the subject's last reset went with it.
+local function before_reset()
+  local reset = tonumber(redis.call('GET', KEYS[n]) or '')
+  return reset ~= nil and ARGV[9 + 2 * q] + 0 <= reset
+end
+if delta ~= 0 and at + ARGV[5] > now and not before_reset() then
   -- The marker lives as long as any settle of the charge could apply, so
   -- a replay after a lost reply finds it and changes nothing twice.
   applied = redis.call('SET', KEYS[1], '1', 'NX', 'PX',

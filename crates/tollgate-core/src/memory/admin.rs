@@ -125,13 +125,12 @@ impl AdminBackend for MemoryBackend {
         if let Some(first) = keys.first() {
             // The settles' clock, which also times the stamp's life.
             let now = now_micros.unwrap_or_else(|| self.now());
-            let at = now;
             let mut shard = lock(self.shard_for(first));
             for k in keys {
                 shard.map.remove(k);
             }
             let ttl = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX).max(1);
-            let (mut at, mut expires_at) = (at, now.saturating_add(ttl));
+            let (mut at, mut expires_at) = (now, now.saturating_add(ttl));
             if let Some(Entry {
                 slot: Slot::Reset(before),
                 expires_at: until,

@@ -31,7 +31,7 @@ impl RateLimiter {
 
     /// The time a settle of this limiter reads as now (µs): its own clock's,
     /// else `None` (the store's), as a reset's stamp must be.
-    fn settle_clock(&self) -> Option<u64> {
+    pub(super) fn settle_clock(&self) -> Option<u64> {
         self.inner.clock.as_ref().map(|c| c.now_micros())
     }
 

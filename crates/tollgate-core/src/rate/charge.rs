@@ -88,21 +88,16 @@ pub(crate) fn next_id() -> u64 {
         /// This thread's next count and the end of its block.
         static BLOCK: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
     }
-    let taken = |(next, end): (u64, u64)| {
-        let (next, end) = if next == end {
-            let start = NEXT.fetch_add(ID_BLOCK, Ordering::Relaxed);
-            (start, start + ID_BLOCK)
-        } else {
-            (next, end)
-        };
-        (next, (next + 1, end))
-    };
     // A thread being torn down takes one count at a time.
     let count = BLOCK
         .try_with(|b| {
-            let (count, rest) = taken(b.get());
-            b.set(rest);
-            count
+            let (mut next, mut end) = b.get();
+            if next == end {
+                next = NEXT.fetch_add(ID_BLOCK, Ordering::Relaxed);
+                end = next + ID_BLOCK;
+            }
+            b.set((next + 1, end));
+            next
         })
         .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed));
     BASE.wrapping_add(count)

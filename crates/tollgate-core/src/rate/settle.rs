@@ -199,7 +199,7 @@ impl RateLimiter {
             // the give-back lands and answered after it: not cached.
             cache.forget();
         }
-        let now = inner.clock.as_ref().map(|c| c.now_micros());
+        let now = self.settle_clock();
         let request = settle_request(
             inner.algorithm,
             &inner.quotas,
