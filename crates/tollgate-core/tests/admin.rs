@@ -641,11 +641,12 @@ async fn a_charge_taken_before_a_reset_is_not_given_back_after_it() {
     }
 }
 
-/// A reservation (a bucket's `acquire` that waits for its slot) is charged
-/// at its slot but taken when it was made: made before a reset, it is not
-/// given back after it, even when its slot comes after the reset.
-#[tokio::test(start_paused = true)]
-async fn a_reservation_made_before_a_reset_is_not_given_back_after_it() {
+/// On a bucket of one a second in memory (tokio's paused clock lets each
+/// wait for a slot pass): a check, `queued` reservations (the last one's
+/// slot `queued` seconds ahead), a reset 100 ms later, then `after` more
+/// and a fresh check, admitted. The last reservation's refund gives
+/// nothing back: the subject stays refused.
+async fn a_reservation_is_not_given_back_after_a_reset(queued: u32, after: Duration) {
     let clock = ManualClock::new(1_700_000_000_000_000);
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
         let limiter = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), algorithm)
@@ -656,51 +657,8 @@ async fn a_reservation_made_before_a_reset_is_not_given_back_after_it() {
             .unwrap();
         let alice = Subject::new("alice");
         assert!(limiter.check(&alice).await.unwrap().allowed);
-        // Reserved a second ahead (tokio's paused clock lets the wait pass).
-        let reserved = limiter
-            .acquire(&alice, 1, Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert!(
-            reserved.allowed && reserved.waited > Duration::ZERO,
-            "{reserved:?}"
-        );
-        clock.advance(Duration::from_millis(100));
-        limiter.reset(&alice).await.unwrap();
-        clock.advance(Duration::from_millis(100));
-        assert!(
-            limiter.check(&alice).await.unwrap().allowed,
-            "{algorithm:?}"
-        );
-        let charge = reserved.charge.unwrap();
-        assert!(
-            !limiter.refund(&alice, &charge).await.unwrap(),
-            "{algorithm:?}: applied"
-        );
-        let d = limiter.check(&alice).await.unwrap();
-        assert!(!d.allowed, "{algorithm:?}: {d:?}");
-    }
-}
-
-/// A reservation's slot may lie far past its reset: the stamp lives as
-/// long as a reservation may reach, so the refund of one made before the
-/// reset, with its slot seconds after the stamp's other horizons, still
-/// gives nothing back.
-#[tokio::test(start_paused = true)]
-async fn a_reservation_far_ahead_of_a_reset_is_not_given_back_after_it() {
-    let clock = ManualClock::new(1_700_000_000_000_000);
-    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        let limiter = RateLimiter::builder(MemoryBackend::with_clock(clock.clone()), algorithm)
-            .quota(Quota::per_second(1))
-            .name("api")
-            .deny_cache(0)
-            .build()
-            .unwrap();
-        let alice = Subject::new("alice");
-        assert!(limiter.check(&alice).await.unwrap().allowed);
-        // Five reservations queue up: the last one's slot is 5 s ahead.
         let mut last = None;
-        for _ in 0..5 {
+        for _ in 0..queued {
             last = Some(
                 limiter
                     .acquire(&alice, 1, Duration::from_secs(10))
@@ -708,12 +666,14 @@ async fn a_reservation_far_ahead_of_a_reset_is_not_given_back_after_it() {
                     .unwrap(),
             );
         }
-        let last = last.unwrap();
-        assert!(last.waited >= Duration::from_secs(5), "{last:?}");
+        let last = last.expect("at least one reservation");
+        assert!(
+            last.allowed && last.waited >= Duration::from_secs(queued.into()),
+            "{last:?}"
+        );
         clock.advance(Duration::from_millis(100));
         limiter.reset(&alice).await.unwrap();
-        // Past the quota's own horizons (2 periods, a whole refill, 1 s).
-        clock.advance(Duration::from_millis(3500));
+        clock.advance(after);
         assert!(
             limiter.check(&alice).await.unwrap().allowed,
             "{algorithm:?}"
@@ -726,4 +686,21 @@ async fn a_reservation_far_ahead_of_a_reset_is_not_given_back_after_it() {
         let d = limiter.check(&alice).await.unwrap();
         assert!(!d.allowed, "{algorithm:?}: {d:?}");
     }
+}
+
+/// A reservation (a bucket's `acquire` that waits for its slot) is charged
+/// at its slot but taken when it was made: made before a reset, it is not
+/// given back after it, even when its slot comes after the reset.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_made_before_a_reset_is_not_given_back_after_it() {
+    a_reservation_is_not_given_back_after_a_reset(1, Duration::from_millis(100)).await;
+}
+
+/// A reservation's slot may lie far past its reset: the stamp lives as
+/// long as a reservation may reach, so the refund of one made before the
+/// reset, with its slot seconds after the stamp's other horizons (2
+/// periods, a whole refill, 1 s), still gives nothing back.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_far_ahead_of_a_reset_is_not_given_back_after_it() {
+    a_reservation_is_not_given_back_after_a_reset(5, Duration::from_millis(3500)).await;
 }

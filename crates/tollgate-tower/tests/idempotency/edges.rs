@@ -224,12 +224,7 @@ pub(crate) async fn a_failed_grpc_call_is_not_stored(kind: Kind) {
         out.insert("grpc-status", status);
         res
     }
-    let h = Handler::default();
-    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
-    let app = Router::new()
-        .route("/pkg.Svc/Call", post(call))
-        .layer(layer)
-        .with_state(h.clone());
+    let (h, app) = grpc_app(kind, call).await;
     let key = unique("k");
     let k = Some(key.as_bytes());
     let grpc = |status: &str| with(req("/pkg.Svc/Call", "t1", k, "1"), "x-grpc-status", status);
@@ -272,12 +267,7 @@ pub(crate) async fn a_grpc_call_replays_with_its_trailers(kind: Kind) {
             .insert("content-type", HeaderValue::from_static("application/grpc"));
         res
     }
-    let h = Handler::default();
-    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
-    let app = Router::new()
-        .route("/pkg.Svc/Call", post(call))
-        .layer(layer)
-        .with_state(h.clone());
+    let (h, app) = grpc_app(kind, call).await;
     let key = unique("k");
     let unary = || req("/pkg.Svc/Call", "t1", Some(key.as_bytes()), "1");
     let (first, data, trailers) = collect_whole(&app, unary()).await;
@@ -291,4 +281,20 @@ pub(crate) async fn a_grpc_call_replays_with_its_trailers(kind: Kind) {
     assert_eq!(again["grpc-status"], "0", "{kind:?}");
     assert_eq!(again["grpc-message"], "done");
     assert_eq!(h.runs.load(Ordering::SeqCst), 1, "{kind:?}");
+}
+
+/// `call` as the gRPC method `/pkg.Svc/Call` behind a default layer on
+/// `kind`, and its handler's state.
+async fn grpc_app<H, T>(kind: Kind, call: H) -> (Handler, Router)
+where
+    H: axum::handler::Handler<T, Handler>,
+    T: 'static,
+{
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key"));
+    let app = Router::new()
+        .route("/pkg.Svc/Call", post(call))
+        .layer(layer)
+        .with_state(h.clone());
+    (h, app)
 }
