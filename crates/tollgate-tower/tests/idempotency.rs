@@ -481,6 +481,28 @@ async fn scopes_and_routes_are_apart(kind: Kind) {
     let mut anonymous = req("/orders", "x", k, "1");
     anonymous.headers_mut().remove("x-api-key");
     assert_eq!(send(&app, anonymous).await.status, 401);
+
+    // Under an optional scope, a caller whose scope is "-" is not the
+    // callers without one.
+    let h = Handler::default();
+    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key").optional().plain());
+    let app = crate::app(layer, &h);
+    let key = unique("k");
+    let k = Some(key.as_bytes());
+    let mut unscoped = req("/orders", "x", k, "1");
+    unscoped.headers_mut().remove("x-api-key");
+    let unscoped = send(&app, unscoped).await;
+    let dash = send(&app, req("/orders", "-", k, "1")).await;
+    for r in [&unscoped, &dash] {
+        assert_eq!(r.status, 201);
+        assert!(!r.headers.contains_key("idempotent-replayed"));
+    }
+    assert_eq!(h.runs(), 2);
+    let mut again = req("/orders", "x", k, "1");
+    again.headers_mut().remove("x-api-key");
+    assert_eq!(send(&app, again).await.body, unscoped.body);
+    assert_eq!(send(&app, req("/orders", "-", k, "1")).await.body, dash.body);
+    assert_eq!(h.runs(), 2);
 }
 
 async fn a_response_too_large_to_store_is_not_replayed(kind: Kind) {

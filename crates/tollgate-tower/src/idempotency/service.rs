@@ -131,7 +131,7 @@ where
             }
         };
         let scope = match self.scope.extract(&parts) {
-            Ok(scope) => scope.unwrap_or_else(|| Subject::new("-")),
+            Ok(scope) => scope,
             Err(e) => {
                 count("key_error");
                 tracing::debug!(target: T, status = e.status().as_u16(), error = %e, "request could not be scoped");
@@ -147,12 +147,23 @@ where
             return reject(&parts, r);
         }
         let record = Subject::compound([
-            scope.as_encoded(),
+            scope_part(scope.as_ref()),
             parts.method.as_str(),
             route_of(&parts),
             key.as_str(),
         ]);
         // Lazy: nothing is read or claimed until the future is polled.
         ResponseFuture::running(Box::pin(run(inner, parts, body, record, shared)))
+    }
+}
+
+/// The record key's scope part: the scope's encoded form, or `-` for a
+/// request without one. A scope that encodes as `-` itself becomes `%-`,
+/// which no encoded subject can be, so it never shares the unscoped records.
+fn scope_part(scope: Option<&Subject>) -> &str {
+    match scope.map(Subject::as_encoded) {
+        None => "-",
+        Some("-") => "%-",
+        Some(encoded) => encoded,
     }
 }
