@@ -186,11 +186,13 @@ pub(crate) fn status_with_retry_info(code: u8, message: &str, wait: Duration) ->
 /// (the gRPC HTTP/2 protocol spec).
 const GRPC_MESSAGE_ESCAPES: &AsciiSet = &CONTROLS.add(b'%');
 
-/// A trailers-only gRPC response: HTTP 200, `content-type: application/grpc`,
-/// `grpc-status`, `grpc-message`, `extra` as metadata and, with a wait,
+/// A trailers-only gRPC response: HTTP 200, `content_type`
+/// (`application/grpc`, or a gRPC-Web request's own), `grpc-status`,
+/// `grpc-message`, `extra` as metadata and, with a wait,
 /// `retry-after` (seconds, rounded up) and a `google.rpc.RetryInfo` in
 /// `grpc-status-details-bin`.
 pub(crate) fn trailers_only(
+    content_type: HeaderValue,
     code: GrpcCode,
     message: &str,
     retry: Option<Duration>,
@@ -199,7 +201,7 @@ pub(crate) fn trailers_only(
     let mut res = Response::new(Bytes::new());
     let h = res.headers_mut();
     h.extend(extra.clone());
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert(CONTENT_TYPE, content_type);
     h.insert(GRPC_STATUS, HeaderValue::from(u16::from(code.code())));
     let encoded = utf8_percent_encode(message, GRPC_MESSAGE_ESCAPES).to_string();
     if let Ok(v) = HeaderValue::from_str(&encoded) {
@@ -254,15 +256,26 @@ mod tests {
         );
     }
 
+    fn grpc() -> HeaderValue {
+        HeaderValue::from_static("application/grpc")
+    }
+
     #[test]
     fn grpc_message_encoding() {
-        let res = trailers_only(GrpcCode::Internal, "a b%c\né", None, &HeaderMap::new());
+        let res = trailers_only(
+            grpc(),
+            GrpcCode::Internal,
+            "a b%c\né",
+            None,
+            &HeaderMap::new(),
+        );
         assert_eq!(res.headers()[GRPC_MESSAGE], "a b%25c%0A%C3%A9");
     }
 
     #[test]
     fn details_are_unpadded_base64() {
         let res = trailers_only(
+            grpc(),
             GrpcCode::ResourceExhausted,
             "slow down",
             Some(Duration::from_millis(1500)),

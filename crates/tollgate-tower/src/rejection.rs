@@ -223,7 +223,9 @@ pub struct Rejection {
     /// A rate limit's denying policies, for the problem body.
     violated: Vec<String>,
     error: Option<Error>,
-    grpc: bool,
+    /// Shaped for gRPC: the response's content type (the request's
+    /// gRPC-Web one, else `application/grpc`).
+    grpc: Option<HeaderValue>,
 }
 
 impl fmt::Debug for Rejection {
@@ -235,7 +237,7 @@ impl fmt::Debug for Rejection {
             .field("retry_after", &self.retry_after)
             .field("violated_policies", &self.violated)
             .field("error", &self.error)
-            .field("grpc", &self.grpc)
+            .field("grpc", &self.grpc.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -274,7 +276,7 @@ impl Rejection {
             decision: None,
             violated: Vec::new(),
             error: None,
-            grpc: false,
+            grpc: None,
         }
     }
 
@@ -496,9 +498,17 @@ impl Rejection {
     }
 
     /// Shapes the response for gRPC (a trailers-only response) when
-    /// `protocol` says so for a request with `headers`.
+    /// `protocol` says so for a request with `headers`. A gRPC-Web request
+    /// is answered in its own content type (`application/grpc-web+proto`,
+    /// `application/grpc-web-text`, …), which its client checks.
     pub fn for_protocol(mut self, protocol: Protocol, headers: &HeaderMap) -> Self {
-        self.grpc = protocol.is_grpc(headers);
+        self.grpc = protocol.is_grpc(headers).then(|| {
+            let web = headers
+                .get(CONTENT_TYPE)
+                .filter(|v| v.as_bytes().starts_with(b"application/grpc-web"));
+            web.cloned()
+                .unwrap_or(HeaderValue::from_static("application/grpc"))
+        });
         self
     }
 
@@ -554,7 +564,7 @@ impl Rejection {
 
     /// Whether the response is shaped for gRPC.
     pub fn is_grpc(&self) -> bool {
-        self.grpc
+        self.grpc.is_some()
     }
 
     /// The mark its response carries in the extensions.
@@ -565,8 +575,9 @@ impl Rejection {
     /// The response tollgate sends for this rejection, marked [`Refused`]
     /// in its extensions.
     pub fn default_response(&self) -> Response<Bytes> {
-        let mut res = if self.grpc {
+        let mut res = if let Some(content_type) = &self.grpc {
             trailers_only(
+                content_type.clone(),
                 self.reason.grpc_code(),
                 &self.message,
                 self.retry_after,

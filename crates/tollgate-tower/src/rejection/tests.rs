@@ -222,6 +222,32 @@ async fn a_rate_limit_denial_is_a_quota_exceeded_problem() {
     assert_eq!(grpc.headers()[CONTENT_TYPE], "application/grpc");
 }
 
+/// A gRPC-Web request is refused in its own content type (its client
+/// checks it); a gRPC one in `application/grpc`, with or without a codec.
+#[test]
+fn grpc_web_rejections_keep_the_request_content_type() {
+    for (request, answered) in [
+        ("application/grpc-web", "application/grpc-web"),
+        ("application/grpc-web+proto", "application/grpc-web+proto"),
+        ("application/grpc-web-text", "application/grpc-web-text"),
+        (
+            "application/grpc-web-text+proto",
+            "application/grpc-web-text+proto",
+        ),
+        ("application/grpc", "application/grpc"),
+        ("application/grpc+proto", "application/grpc"),
+    ] {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(request));
+        let res = Rejection::busy(Some(Duration::from_secs(1)))
+            .for_protocol(Protocol::Auto, &headers)
+            .default_response();
+        assert_eq!(res.status(), StatusCode::OK, "{request}");
+        assert_eq!(res.headers()[CONTENT_TYPE], answered, "{request}");
+        assert!(res.headers().contains_key("grpc-status"), "{request}");
+    }
+}
+
 /// Other rejections keep no violated policies.
 #[test]
 fn only_rate_limit_denials_name_policies() {
