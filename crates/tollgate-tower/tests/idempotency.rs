@@ -485,7 +485,10 @@ async fn scopes_and_routes_are_apart(kind: Kind) {
     // Under an optional scope, a caller whose scope is "-" is not the
     // callers without one.
     let h = Handler::default();
-    let layer = IdempotencyLayer::new(store(kind).await, HeaderKey::new("x-api-key").optional().plain());
+    let layer = IdempotencyLayer::new(
+        store(kind).await,
+        HeaderKey::new("x-api-key").optional().plain(),
+    );
     let app = crate::app(layer, &h);
     let key = unique("k");
     let k = Some(key.as_bytes());
@@ -501,7 +504,10 @@ async fn scopes_and_routes_are_apart(kind: Kind) {
     let mut again = req("/orders", "x", k, "1");
     again.headers_mut().remove("x-api-key");
     assert_eq!(send(&app, again).await.body, unscoped.body);
-    assert_eq!(send(&app, req("/orders", "-", k, "1")).await.body, dash.body);
+    assert_eq!(
+        send(&app, req("/orders", "-", k, "1")).await.body,
+        dash.body
+    );
     assert_eq!(h.runs(), 2);
 }
 
