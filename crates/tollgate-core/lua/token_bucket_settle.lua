@@ -16,6 +16,9 @@ if applied and give > 0 then
     local empty = stored_instant(KEYS[i + 1], per)
     if empty and empty > math.max(at - now, 0) * per then applied = false end
   end
+  -- Refused: the marker this call wrote goes, and the charge stays open
+  -- (a give-back once the waiters have gone still applies).
+  if not applied then redis.call('DEL', KEYS[1]) end
 end
 if applied then
   for i = 1, q do

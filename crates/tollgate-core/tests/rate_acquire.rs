@@ -141,14 +141,15 @@ async fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
             assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
             let dropped = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
+            // The tasks alive besides the two waiters (the store's own).
+            let alive = alive_tasks() - 1;
             let last = waiter(&l, Duration::from_secs(1));
             until(&l, "s", &what, |d| d.reset_after == 300 * MS).await;
-            let entries = t.memory.as_ref().map(MemoryBackend::len);
             dropped.abort();
             assert!(dropped.await.unwrap_err().is_cancelled(), "{what}");
             // Its give-back runs in a task of its own: wait until it has
-            // been decided (its marker is written), then the line is as it was.
-            give_back_decided(&t, &p, entries, &what).await;
+            // been decided (that task has ended), then the line is as it was.
+            tasks_down_to(alive, &what).await;
             let d = l.check_n("s", 0).await.unwrap();
             assert_eq!(d.reset_after, 300 * MS, "{what}: the line kept its end");
             let next = waiter(&l, Duration::from_secs(1));
@@ -194,30 +195,57 @@ async fn a_give_back_ahead_of_waiters_gives_nothing() {
     }
 }
 
-/// Waits until a give-back's marker is written: on memory an entry more
-/// than `entries`, on Redis a key `…:r:<id>` under `prefix`.
-async fn give_back_decided(t: &Target, prefix: &str, entries: Option<usize>, what: &str) {
+/// The tasks alive on this runtime.
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Waits until no more than `alive` tasks are alive besides the last waiter
+/// (a dropped waiter's give-back has run), or panics after 5 s.
+async fn tasks_down_to(alive: usize, what: &str) {
     for _ in 0..500 {
-        let written = match (&t.memory, entries) {
-            (Some(m), Some(before)) => m.len() > before,
-            _ => {
-                let nodes: Vec<&tollgate_testkit::RedisServer> = match t.kind {
-                    Kind::Cluster => cluster().nodes().iter().collect(),
-                    _ => vec![server()],
-                };
-                nodes.iter().any(|n| {
-                    !n.cli(&["--scan", "--pattern", &format!("{prefix}:*:r:*")])
-                        .trim()
-                        .is_empty()
-                })
-            }
-        };
-        if written {
+        if alive_tasks() <= alive + 1 {
             return;
         }
         tokio::time::sleep(10 * MS).await;
     }
-    panic!("{what}: the give-back was never decided");
+    panic!(
+        "{what}: the give-back never ended ({} tasks)",
+        alive_tasks()
+    );
+}
+
+/// A give-back refused behind a waiter leaves the charge open: once the
+/// waiter has left (giving its own slot back as the last in line), the
+/// same give-back applies — once. 1 a second, burst 2: C takes 2, a waiter
+/// reserves 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_refused_behind_a_waiter_applies_once_it_has_gone() {
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let quota = Quota::per_second(1).with_burst(2).unwrap();
+            let l = t.limiter(alg, &[quota], &prefix(), &clock);
+            let c = l.check_n("s", 2).await.unwrap().charge.expect("took 2");
+            let w = waiter(&l, Duration::from_secs(10));
+            until(&l, "s", &what, |d| d.reset_after == 3000 * MS).await;
+            assert!(
+                !l.settle("s", &c, 0).await.unwrap().applied,
+                "{what}: behind a waiter"
+            );
+            w.abort();
+            assert!(w.await.unwrap_err().is_cancelled(), "{what}");
+            until(&l, "s", &what, |d| d.reset_after == 2000 * MS).await;
+            let s = l.settle("s", &c, 0).await.unwrap();
+            assert!(s.applied, "{what}: nothing behind it now");
+            assert_eq!(peek(&l, "s").await.remaining, 2, "{what}");
+            assert!(!l.settle("s", &c, 0).await.unwrap().applied, "{what}: once");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -113,7 +113,9 @@ impl RateLimiter {
     /// is in debt, gives nothing (`applied == false`): the waiters' slots
     /// were fixed by the schedule as it stood, and moving it back would
     /// admit newcomers on top of them. Only the last reservation, given back
-    /// before its slot, may return itself. That difference is lost (an
+    /// before its slot, may return itself. Such a refusal leaves the charge
+    /// open: the same give-back, tried again once the waiters have gone,
+    /// applies (once). Until then the difference is lost (an
     /// under-admission, never an over-admission).
     ///
     /// The [`Settlement`] carries the subject's figures after settling, as

@@ -26,13 +26,16 @@ impl MemoryBackend {
             }) if *expires_at > now => Some(*at),
             _ => None,
         };
+        // A give-back refused behind later reservations writes no marker:
+        // the charge stays open (`lua/gcra_settle.lua`).
         let applied = req.actual != req.cost
             && until > now
             && reset.is_none_or(|at| req.taken_micros > at)
             && shard
                 .map
                 .get(&req.marker)
-                .is_none_or(|e| e.expires_at <= now);
+                .is_none_or(|e| e.expires_at <= now)
+            && !behind_later_ones(&shard, req, now);
         if applied {
             shard.map.insert(
                 req.marker.clone(),
@@ -44,7 +47,6 @@ impl MemoryBackend {
                 },
             );
         }
-        let applied = applied && !behind_later_ones(&shard, req, now);
         if applied {
             adjust(&mut shard, req, now);
         }
