@@ -4,9 +4,13 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::future::BoxFuture;
+use tollgate_core::store::{
+    LeaseReply, LeaseSize, RateReply, RateRequest, SettleReply, SettleRequest,
+};
 use tollgate_core::{
-    Algorithm, DecisionSource, Error, ManualClock, MemoryBackend, Quota, QuotaLeases, RateLimiter,
-    RedisBackend, Subject,
+    Algorithm, DecisionSource, Error, ManualClock, MemoryBackend, Quota, QuotaLeases, RateBackend,
+    RateLimiter, RateLimiterBuilder, RedisBackend, Result, Subject,
 };
 use tollgate_testkit::RedisServer;
 
@@ -361,6 +365,135 @@ async fn served_admissions_are_counted_by_the_operator_plane() {
                 .as_ref()
                 .is_some_and(|t| (t.allowed_per_second * 5.0).round() as u64 == admitted)
         })
+    })
+    .await;
+}
+
+/// A memory store whose first lease call takes its units, then waits at a
+/// gate before it answers: a take in flight, for an admin action to land
+/// in. Everything else goes straight through.
+#[derive(Debug, Clone)]
+struct GatedLease {
+    inner: MemoryBackend,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    entered: std::sync::Arc<tokio::sync::Notify>,
+    gate: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl RateBackend for GatedLease {
+    fn check_rate<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>> {
+        self.inner.check_rate(request)
+    }
+
+    fn check_rate_now(&self, request: &RateRequest) -> Option<Result<RateReply>> {
+        self.inner.check_rate_now(request)
+    }
+
+    fn settle_rate<'a>(&'a self, request: &'a SettleRequest) -> BoxFuture<'a, Result<SettleReply>> {
+        self.inner.settle_rate(request)
+    }
+
+    fn settle_rate_now(&self, request: &SettleRequest) -> Option<Result<SettleReply>> {
+        self.inner.settle_rate_now(request)
+    }
+
+    fn supports_leases(&self) -> bool {
+        true
+    }
+
+    fn lease_rate<'a>(
+        &'a self,
+        request: &'a RateRequest,
+        size: LeaseSize,
+    ) -> BoxFuture<'a, Result<LeaseReply>> {
+        Box::pin(async move {
+            let taken = self.inner.lease_rate(request, size).await;
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                self.entered.notify_one();
+                drop(self.gate.acquire().await);
+            }
+            taken
+        })
+    }
+
+    fn lease_rate_now(&self, _: &RateRequest, _: LeaseSize) -> Option<Result<LeaseReply>> {
+        None
+    }
+
+    fn local_rate(&self) -> std::sync::Arc<dyn RateBackend> {
+        self.inner.local_rate()
+    }
+
+    fn kind(&self) -> &'static str {
+        "gated"
+    }
+
+    fn decision_clock(&self) -> Option<std::sync::Arc<dyn tollgate_core::Clock>> {
+        self.inner.decision_clock()
+    }
+
+    fn admin(&self) -> Option<std::sync::Arc<dyn tollgate_core::store::AdminBackend>> {
+        self.inner.admin()
+    }
+}
+
+/// A take whose call is in flight when a block lands installs no slice,
+/// and gives back what it took beyond its check: the fleet's quota keeps
+/// every unit no check used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_in_flight_during_a_block_gives_its_units_back() {
+    let memory = MemoryBackend::new();
+    let gated = GatedLease {
+        inner: memory.clone(),
+        armed: Default::default(),
+        entered: Default::default(),
+        gate: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
+    };
+    let quota = Quota::per_hour(100_000);
+    let build = |b: RateLimiterBuilder| b.quota(quota).name("gated").build().unwrap();
+    let leasing = build(
+        RateLimiter::builder(gated.clone(), Algorithm::FixedWindow).quota_leases(long_leases()),
+    );
+    let peer = build(RateLimiter::builder(memory, Algorithm::FixedWindow));
+    let subject = Subject::new("hot");
+    gated.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Checks until the first take is held at the gate (and one more, at
+    // most, once it has answered).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let checks = tokio::spawn({
+        let (leasing, subject, stop) = (leasing.clone(), subject.clone(), stop.clone());
+        async move {
+            let mut admitted = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let d = leasing.check(subject.clone()).await.unwrap();
+                admitted += u64::from(d.allowed);
+            }
+            admitted
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(10), gated.entered.notified())
+        .await
+        .expect("a take");
+    let held = 100_000 - remaining(&peer, "hot").await;
+    leasing
+        .block(&subject, Duration::from_secs(60))
+        .await
+        .unwrap();
+    gated.gate.add_permits(1);
+    // The take answered and every check since is refused by the block.
+    wait_for("a refusal", async || {
+        peer.check_n("hot", 1).await.unwrap().is_denied()
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let admitted = checks.await.unwrap();
+    assert!(
+        held > admitted + 10,
+        "the take took a slice ({held} for {admitted} checks)"
+    );
+    leasing.unblock(&subject).await.unwrap();
+    wait_for("the take's units given back", async || {
+        remaining(&peer, "hot").await == 100_000 - admitted
     })
     .await;
 }

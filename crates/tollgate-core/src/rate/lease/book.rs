@@ -432,7 +432,7 @@ impl Book {
 
 /// Gives back `s`'s unused units in the background (nothing without a
 /// runtime: they return as the quota refills).
-fn give_back_later(limiter: &RateLimiter, s: Slice) {
+pub(super) fn give_back_later(limiter: &RateLimiter, s: Slice) {
     if s.used() == s.charge.cost {
         return;
     }

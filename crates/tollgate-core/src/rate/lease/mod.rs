@@ -91,7 +91,9 @@ use crate::store::{Algorithm, RateBackend, RateReply, RateRequest};
 /// An operator's reset or block ends the subject's slices on every
 /// instance: after a reset nothing of them goes back (the store forgot
 /// what they took and owe); after a block, which leaves the quota counted,
-/// their unused units go back and their debts are charged. A possibly
+/// their unused units go back and their debts are charged. A take still
+/// on its way when either lands installs no slice: after a block what it
+/// took beyond its check goes back the same way. A possibly
 /// missed admin message (it may have been a reset) ends every slice: its
 /// debts are charged, its unused units are not given back.
 ///

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use futures_util::future::BoxFuture;
 
-use super::book::{give_back, Book, Leases, Slice, WINDOW_MICROS};
+use super::book::{give_back, give_back_later, Book, Leases, Slice, WINDOW_MICROS};
 use super::revoke::{lock, Epoch};
 use crate::error::Result;
 use crate::keyspace::Subject;
@@ -136,11 +136,13 @@ impl Taking {
             outcomes: reply.outcomes.clone(),
             charge,
         };
+        if left == 0 {
+            return reply;
+        }
         let mut map = lock(&book.subjects);
-        // A revocation since the take was sent: its units are dropped, and
-        // the reply stays the store's.
-        if left > 0 && book.revocations.epoch(&self.subject) == self.epoch {
-            if let Some(t) = map.get_mut(self.subject.as_encoded()) {
+        let current = book.revocations.epoch(&self.subject) == self.epoch;
+        match map.get_mut(self.subject.as_encoded()).filter(|_| current) {
+            Some(t) => {
                 let id = slice.id;
                 self.installed.store(id, Ordering::Relaxed);
                 t.slice = Some(slice);
@@ -152,6 +154,16 @@ impl Taking {
                 if timed {
                     end_when_aged(book, &self.subject, id, age);
                 }
+            }
+            // Revoked since the take was sent (or no longer tracked): no
+            // slice, the reply stays the store's, and the units beyond the
+            // check go back as a revoked slice's do (not after a reset).
+            // Under an id of their own: the check's charge keeps the take's.
+            None => {
+                drop(map);
+                let mut slice = slice;
+                slice.charge.id = next_id();
+                give_back_later(&book.returner, slice);
             }
         }
         reply
