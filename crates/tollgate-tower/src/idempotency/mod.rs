@@ -162,6 +162,7 @@
 mod future;
 mod holding;
 mod layer;
+mod pipe;
 mod relay;
 mod service;
 mod shared;

@@ -11,11 +11,11 @@
 //! body — a stream of events, a download — reaches the client as it comes,
 //! and only its end (and its trailers) waits for the record; it is read at
 //! the handler's pace, not the client's, so a stalled client never keeps
-//! the claim's lease waiting. A body that grows past `max_stored_body` is
+//! the claim's lease waiting (what waits for it is held as its bytes, tiny
+//! frames merged: see the pipe). A body that grows past `max_stored_body` is
 //! recorded as not replayable at once and streams on, read as the client
 //! reads it and no more once the client is gone.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -26,11 +26,12 @@ use http::{HeaderMap, HeaderName, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use tokio::task::JoinHandle;
 use tollgate_core::idempotency::StoredResponse;
 
 use super::holding::Holding;
+use super::pipe::{pipe, Piece, Receiver, Sender};
 use super::shared::Shared;
 use crate::body::{BoxError, Tail};
 
@@ -55,14 +56,6 @@ pub(super) struct Started {
     pub(super) answer: oneshot::Receiver<Answer>,
     /// The relay's task (a panic in it is the request's).
     pub(super) task: JoinHandle<()>,
-}
-
-/// What the relay hands the client's body: a frame (`true`: one that took
-/// room, past what is stored), the body's error, or its end.
-enum Piece {
-    Frame(Frame<Bytes>, bool),
-    Failed(BoxError),
-    End,
 }
 
 /// What the record keeps of the response head.
@@ -122,7 +115,7 @@ struct Relay {
 
 /// The relay's end of a streaming answer.
 struct Client {
-    tx: mpsc::UnboundedSender<Piece>,
+    tx: Sender,
     /// Room for frames past what is stored; closed when the client's body
     /// is dropped.
     room: Arc<Semaphore>,
@@ -143,7 +136,7 @@ impl Relay {
         if self.client.is_some() {
             return;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = pipe();
         let room = Arc::new(Semaphore::new(FRAMES_AHEAD));
         let body = Relayed {
             rx,
@@ -160,7 +153,7 @@ impl Relay {
     /// nothing).
     fn pass(&self, piece: Piece) {
         if let Some(client) = &self.client {
-            let _ = client.tx.send(piece);
+            client.tx.send(piece);
         }
     }
 
@@ -180,8 +173,9 @@ impl Relay {
             self.stream([]);
         }
         // `None` once past what is stored: the record was written then.
-        let mut copy = Some(VecDeque::new());
-        let mut copied = 0usize;
+        // One buffer, not a list of frames: tiny frames cost their bytes.
+        let known = self.size.filter(|n| *n <= max as u64).unwrap_or(0);
+        let mut copy = Some(BytesMut::with_capacity(known as usize));
         let mut lost = self.holding.lost();
         let tail = loop {
             let frame = match &mut lost {
@@ -198,7 +192,7 @@ impl Relay {
                         self.holding
                             .abandon("lost", "the claim's lease was lost while the response was read")
                             .await;
-                        self.stream(kept);
+                        self.stream([kept.freeze()]);
                         continue;
                     }
                     frame = body.frame() => frame,
@@ -231,9 +225,8 @@ impl Relay {
                 self.pass(Piece::Frame(Frame::data(chunk), true));
                 continue;
             };
-            copied = copied.saturating_add(chunk.len());
-            kept.push_back(chunk.clone());
-            if copied > max {
+            kept.extend_from_slice(&chunk);
+            if kept.len() > max {
                 let kept = copy.take().unwrap_or_default();
                 if self.head.grpc_failed || !(self.shared.store_when)(self.head.status) {
                     // Not stored whatever its length: a retry runs again.
@@ -248,14 +241,14 @@ impl Relay {
                 // A body longer than it said streams from here, this chunk
                 // (the last one kept) with it.
                 if self.client.is_none() {
-                    self.stream(kept);
+                    self.stream([kept.freeze()]);
                     continue;
                 }
             }
             self.send(Frame::data(chunk));
         };
-        if let Some(chunks) = copy {
-            let data = joined(chunks, copied);
+        if let Some(kept) = copy {
+            let data = kept.freeze();
             settle(
                 &self.head,
                 &data,
@@ -276,19 +269,6 @@ impl Relay {
                 self.pass(Piece::End);
             }
             Some(Tail::Error(e)) => self.pass(Piece::Failed(e)),
-        }
-    }
-}
-
-/// `chunks` (`len` bytes) as one.
-fn joined(chunks: VecDeque<Bytes>, len: usize) -> Bytes {
-    match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.into_iter().next().unwrap_or_default(),
-        _ => {
-            let mut data = BytesMut::with_capacity(len);
-            chunks.iter().for_each(|c| data.extend_from_slice(c));
-            data.freeze()
         }
     }
 }
@@ -368,7 +348,7 @@ pub(super) fn is_grpc_status(name: &HeaderName) -> bool {
 /// Cut short (the relay's task gone without an end: a panic, a runtime
 /// shutting down), it fails rather than end as if whole.
 struct Relayed {
-    rx: mpsc::UnboundedReceiver<Piece>,
+    rx: Receiver,
     room: Arc<Semaphore>,
     /// The handler's body's exact length, when known, less what was
     /// passed on.
