@@ -3,7 +3,8 @@
 //! with the right wait; refused with an honest retry-after, taking nothing,
 //! when the wait exceeds `max_wait`; several quotas all or nothing; a
 //! dropped waiter's slot reused; a short block waited out; the deny cache
-//! never refusing a wait that fits; the windows polling. And the twins
+//! never refusing a wait that fits; the windows polling; a reservation
+//! made before a reset not given back. And the twins
 //! agree with the scripts on reservations figure for figure.
 
 mod coalesce_common;
@@ -190,6 +191,37 @@ async fn a_give_back_ahead_of_waiters_gives_nothing() {
             clock.advance(1000 * MS);
             assert!(resolved(second, &what).await.allowed, "{what}");
             // At 2 s: the second waiter's unit, and none beside it.
+            assert!(l.check_n("s", 1).await.unwrap().is_denied(), "{what}");
+        }
+    }
+}
+
+/// A reservation made before a reset, whose slot comes after it, is
+/// admitted at its slot but not given back: its units went with the reset,
+/// and giving them back would add them to the fresh quota (the scripts and
+/// the memory twin alike).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_made_before_a_reset_is_not_given_back_after_it() {
+    for kind in KINDS {
+        for alg in BUCKETS {
+            let what = format!("{kind:?} {alg:?}");
+            let clock = ManualClock::starting_now();
+            let t = Target::new(kind, &clock).await;
+            let l = t.limiter(alg, &[Quota::per_second(1)], &prefix(), &clock);
+            assert!(l.check_n("s", 1).await.unwrap().allowed, "{what}");
+            let w = waiter(&l, Duration::from_secs(10));
+            until(&l, "s", &what, |d| d.reset_after == 2000 * MS).await;
+            clock.advance(100 * MS);
+            l.reset(&Subject::new("s")).await.unwrap();
+            clock.advance(900 * MS);
+            let reserved = resolved(w, &what).await;
+            assert!(reserved.allowed, "{what}: {reserved:?}");
+            assert!(
+                l.check_n("s", 1).await.unwrap().allowed,
+                "{what}: the fresh quota"
+            );
+            let c = reserved.charge.expect("a reservation's charge");
+            assert!(!l.refund("s", &c).await.unwrap(), "{what}: given back");
             assert!(l.check_n("s", 1).await.unwrap().is_denied(), "{what}");
         }
     }
