@@ -222,3 +222,64 @@ async fn a_reservation_replied_too_late_gives_its_slot_back() {
     })
     .await;
 }
+
+/// The same late reservation with a reset of its subject between the
+/// reservation and its give-back: the units went with the reset, so the
+/// give-back (which names when they were taken, not the slot) lands on
+/// nothing. The fresh quota's unit, taken after the reset, stays taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reservation_reset_before_its_give_back_gives_nothing() {
+    let server = RedisServer::start().unwrap();
+    let relay = ReplyDelay::start(&server.addr()).await.unwrap();
+    let name = tollgate_testkit::unique("slot");
+    let build = |backend: RedisBackend| {
+        RateLimiter::builder(backend, Algorithm::Gcra)
+            .quota(Quota::per_minute(1))
+            .name(&name)
+            .failure_policy(FailurePolicy::Deny)
+            .timeout(Duration::from_millis(100))
+            .deny_cache(0)
+            .build()
+            .unwrap()
+    };
+    let l = build(RedisBackend::connect(&relay.url()).await.unwrap());
+    let direct = build(RedisBackend::connect(&server.url()).await.unwrap());
+    assert!(l.check("s").await.unwrap().allowed);
+    // Scripts in the server's cache: each script's first call adds one.
+    let cached = || {
+        let info = server.cli(&["INFO", "memory"]);
+        let n = info
+            .lines()
+            .find_map(|l| l.strip_prefix("number_of_cached_scripts:"));
+        n.and_then(|n| n.trim().parse::<u64>().ok())
+            .expect("number_of_cached_scripts")
+    };
+    // The reset's scripts loaded beforehand: the give-back's settle script
+    // is then the only one new to this server.
+    direct.reset(&Subject::new("warm-up")).await.unwrap();
+    let before = cached();
+    let checks = server.command_calls("evalsha") + server.command_calls("eval");
+    // Decided on the server at once, replied after the caller gave up
+    // (within the connection's own timeout): the reset lands in between.
+    relay.set(Duration::from_millis(450));
+    let caller = tokio::spawn({
+        let l = l.clone();
+        async move { l.acquire("s", 1, Duration::from_secs(90)).await }
+    });
+    tollgate_testkit::eventually(Duration::from_secs(5), "the reservation made", || async {
+        let calls = server.command_calls("evalsha") + server.command_calls("eval");
+        (calls > checks).then_some(())
+    })
+    .await;
+    direct.reset(&Subject::new("s")).await.unwrap();
+    assert!(direct.check("s").await.unwrap().allowed, "the fresh quota");
+    let gave_up = caller.await.unwrap();
+    assert!(gave_up.is_err(), "{gave_up:?}");
+    relay.set(Duration::ZERO);
+    tollgate_testkit::eventually(Duration::from_secs(10), "the give-back sent", || async {
+        (cached() > before).then_some(())
+    })
+    .await;
+    let d = direct.check("s").await.unwrap();
+    assert!(d.is_denied(), "the reset's unit given back again: {d:?}");
+}
