@@ -283,3 +283,35 @@ async fn a_late_reservation_reset_before_its_give_back_gives_nothing() {
     let d = direct.check("s").await.unwrap();
     assert!(d.is_denied(), "the reset's unit given back again: {d:?}");
 }
+
+/// A limiter's timeout longer than redis-rs's default reply timeout
+/// (500 ms) is the one that bounds its calls: a reply 800 ms late within a
+/// 3 s timeout decides, rather than failing at 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_timeout_is_not_cut_short_by_the_connection() {
+    let server = RedisServer::start().unwrap();
+    let relay = ReplyDelay::start(&server.addr()).await.unwrap();
+    let backends = [
+        RedisBackend::connect(&relay.url()).await.unwrap(),
+        RedisBackend::connect_lazy(&relay.url()).unwrap(),
+    ];
+    for (i, backend) in backends.into_iter().enumerate() {
+        let l = RateLimiter::builder(backend, Algorithm::Gcra)
+            .quota(Quota::per_minute(10))
+            .name(format!("long-{i}"))
+            .failure_policy(FailurePolicy::Deny)
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        relay.set(Duration::ZERO);
+        assert!(l.check("s").await.unwrap().allowed, "backend {i}");
+        relay.set(Duration::from_millis(800));
+        let d = l.check("s").await;
+        let d = d.unwrap_or_else(|e| panic!("backend {i}: {e}"));
+        assert!(
+            d.allowed && d.source == DecisionSource::Backend,
+            "backend {i}: {d:?}"
+        );
+        assert_eq!(d.remaining, 8, "backend {i}");
+    }
+}

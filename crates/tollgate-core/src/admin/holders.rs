@@ -56,11 +56,8 @@ impl Admin {
     /// # Ok(()) }
     /// ```
     pub async fn holders(&self) -> Result<Vec<Holder>> {
-        let mut all: Vec<Holder> = LockBackend::lock_holders(self.backend(), self.prefix())
-            .await?
-            .into_iter()
-            .map(view)
-            .collect();
+        let walk = LockBackend::lock_holders(self.backend(), self.prefix());
+        let mut all: Vec<Holder> = self.bounded(walk).await?.into_iter().map(view).collect();
         all.sort_by(|a, b| (&a.name, &a.subject, a.fence).cmp(&(&b.name, &b.subject, b.fence)));
         Ok(all)
     }
@@ -115,7 +112,8 @@ impl Admin {
             policy = name,
             subject = subject.as_encoded(),
         );
-        let removed = LockBackend::break_holders(self.backend(), &keys)
+        let removed = self
+            .bounded(LockBackend::break_holders(self.backend(), &keys))
             .instrument(span)
             .await?;
         tracing::info!(

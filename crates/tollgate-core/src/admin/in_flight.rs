@@ -51,12 +51,8 @@ impl Admin {
     /// # Ok(()) }
     /// ```
     pub async fn idempotency_in_flight(&self) -> Result<Vec<InFlightKey>> {
-        let mut all: Vec<InFlightKey> =
-            IdempotencyBackend::records_in_flight(self.backend(), self.prefix())
-                .await?
-                .into_iter()
-                .map(view)
-                .collect();
+        let walk = IdempotencyBackend::records_in_flight(self.backend(), self.prefix());
+        let mut all: Vec<InFlightKey> = self.bounded(walk).await?.into_iter().map(view).collect();
         all.sort_by(|a, b| (&a.name, &a.key, a.fence).cmp(&(&b.name, &b.key, b.fence)));
         Ok(all)
     }

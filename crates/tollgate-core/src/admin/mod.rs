@@ -68,8 +68,9 @@ pub struct Admin {
     timeout: Duration,
 }
 
-/// How long an action's read of a subject's state (`inspect`) waits for
-/// the store by default: an operator's request, not a request path's.
+/// How long each of an action's calls (a read of the registry or of a
+/// subject's state, a reset, a walk of the holders) waits for the store by
+/// default: an operator's request, not a request path's.
 pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Admin {
@@ -88,9 +89,10 @@ impl Admin {
         self
     }
 
-    /// How long [`inspect`](Self::inspect) waits for the subject's state
+    /// How long each call of an action waits for the store
     /// ([`DEFAULT_ACTION_TIMEOUT`] unless set), whatever timeout the
-    /// application gives its limiter.
+    /// application gives its limiter; past it the action fails with
+    /// [`Error::Timeout`].
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -110,9 +112,21 @@ impl Admin {
         self.backend.admin_store()
     }
 
+    /// `call` (one of an action's calls on the store), bounded by the
+    /// action timeout: a store that stopped answering fails the action.
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .unwrap_or(Err(Error::Timeout(self.timeout)))
+    }
+
     /// Everything registered under the prefix, by name.
     pub async fn registered(&self) -> Result<Vec<Registered>> {
-        crate::plane::registry::read(self.store(), &self.prefix).await
+        self.bounded(crate::plane::registry::read(self.store(), &self.prefix))
+            .await
     }
 
     /// The registered limiters, by name, each with what it decided lately
@@ -120,7 +134,7 @@ impl Admin {
     pub async fn limiters(&self) -> Result<Vec<LimiterInfo>> {
         let mut limiters = self.registered_limiters().await?;
         for l in &mut limiters {
-            l.traffic = Some(reports::traffic(self, &l.name).await?);
+            l.traffic = Some(self.bounded(reports::traffic(self, &l.name)).await?);
         }
         Ok(limiters)
     }
@@ -200,6 +214,6 @@ impl Admin {
     /// The most throttled subjects over every registered limiter, most
     /// denied first (at most `n`).
     pub async fn throttled(&self, n: usize) -> Result<Vec<ThrottledSubject>> {
-        reports::throttled(self, n).await
+        self.bounded(reports::throttled(self, n)).await
     }
 }

@@ -199,7 +199,7 @@ impl IdempotencyStore {
                 Ok(reply) => reply,
                 Err(e) => {
                     // The script may have run all the same (its reply late,
-                    // lost or cut off by the connection's own timeout): the
+                    // lost, or past this bound): the
                     // lease goes if it is this claim's, so that a retry can
                     // take the key (and replace the record left in flight).
                     store.release_in_background(request.keys.lease, request.token, bound);
@@ -248,9 +248,9 @@ impl IdempotencyStore {
     /// retried while the backend is unavailable, for up to `bound` (the
     /// lease's TTL: the lease is gone after that anyway). On Redis each try
     /// follows the claim on its connection, so the first one answered runs
-    /// after the claim did; a frozen server's unanswered tries (cut off by
-    /// the connection's own timeout, a `NOSCRIPT` never followed by the
-    /// script) do not count.
+    /// after the claim did; a frozen server's unanswered tries (past the
+    /// store's timeout, a `NOSCRIPT` never followed by the script) do not
+    /// count.
     fn release_in_background(&self, keys: LockKeys, token: String, bound: Duration) {
         let store = self.clone();
         tokio::spawn(async move {

@@ -72,7 +72,11 @@ pub(crate) fn keep_registered(
     }
     let registering = async move {
         'writes: while alive() {
-            if let Err(e) = register(&*store, &prefix, &entry).await {
+            // Bounded: a store that stopped answering holds no task (nor
+            // the store) once its owner is gone.
+            let written = tokio::time::timeout(ALIVE_CHECK, register(&*store, &prefix, &entry));
+            let written = written.await.unwrap_or(Err(Error::Timeout(ALIVE_CHECK)));
+            if let Err(e) = written {
                 tracing::warn!(error = %e, "could not register: the operator plane will not list it");
             }
             // Looked at often, so that the store (its connection) is let go

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::error::Error;
 use crate::keyspace::Subject;
 use crate::store::{AdminBackend, DenialCount};
 
@@ -196,10 +197,11 @@ impl Tally {
                 drop(me);
                 if admitted + refused > 0 {
                     let second = now_ms() / 1000;
-                    let added = store
-                        .add_traffic(&traffic, second, admitted, refused, TRAFFIC_KEPT)
-                        .await;
-                    if let Err(e) = added {
+                    let add = store.add_traffic(&traffic, second, admitted, refused, TRAFFIC_KEPT);
+                    // Bounded: a store that stopped answering holds no task
+                    // (nor the store) past the next flush.
+                    let added = tokio::time::timeout(FLUSH_EVERY, add).await;
+                    if let Err(e) = added.unwrap_or(Err(Error::Timeout(FLUSH_EVERY))) {
                         tracing::debug!(error = %e, "could not add to the traffic counts");
                     }
                 }
@@ -207,7 +209,9 @@ impl Tally {
                     continue;
                 }
                 let key = list_key(&prefix, &limiter, now_ms());
-                if let Err(e) = store.add_denials(&key, &counts, LIST_TTL, LIST_KEEP).await {
+                let add = store.add_denials(&key, &counts, LIST_TTL, LIST_KEEP);
+                let added = tokio::time::timeout(FLUSH_EVERY, add).await;
+                if let Err(e) = added.unwrap_or(Err(Error::Timeout(FLUSH_EVERY))) {
                     // Lost with the outage: the list shows what came before.
                     tracing::debug!(error = %e, "could not add to the throttled list");
                 }

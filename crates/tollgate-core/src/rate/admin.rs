@@ -196,10 +196,18 @@ impl RateLimiter {
             "action" => notice.action.name(),
         )
         .increment(1);
-        self.operated()?
-            .store
-            .announce(&notices.channel, &notices.version_key, &notice.to_message())
+        let store = &self.operated()?.store;
+        self.within(store.announce(&notices.channel, &notices.version_key, &notice.to_message()))
             .await
+    }
+
+    /// One round trip of an admin action, bounded by the limiter's timeout
+    /// (as every check's).
+    async fn within<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+        let bound = self.inner.timeout;
+        tokio::time::timeout(bound, call)
+            .await
+            .unwrap_or(Err(Error::Timeout(bound)))
     }
 
     /// Runs an admin action in a span of its own (OpenTelemetry exports it
@@ -270,7 +278,8 @@ impl RateLimiter {
     /// when it is not: one read of its block key, on the store's clock.
     pub async fn blocked_for(&self, subject: &Subject) -> Result<Option<Duration>> {
         let store = Arc::clone(&self.operated()?.store);
-        store.block_left(&self.block_key_for(subject)).await
+        self.within(store.block_left(&self.block_key_for(subject)))
+            .await
     }
 
     /// Gives `subject` its whole quota back (every instance forgets its
@@ -283,7 +292,7 @@ impl RateLimiter {
             let keys = self.keys_for(subject);
             let stamp = reset_stamp_of(&keys);
             let (now, ttl) = (self.settle_clock(), self.settle_horizon());
-            store.reset(&keys, &stamp, now, ttl).await?;
+            self.within(store.reset(&keys, &stamp, now, ttl)).await?;
             self.revoke_leases(subject, Revocation::Reset);
             self.announce(Action::Reset, subject, None).await
         })
@@ -316,7 +325,9 @@ impl RateLimiter {
             let key = self.block_key_for(subject);
             // Instances copy the block into their local fallback as told:
             // told the block in force, a longer one kept stays longer there.
-            let told = store.set_block(&key, duration, at_least).await?;
+            let told = self
+                .within(store.set_block(&key, duration, at_least))
+                .await?;
             self.revoke_leases(subject, Revocation::Block);
             self.announce(Action::Block, subject, Some(told)).await
         })
@@ -327,7 +338,8 @@ impl RateLimiter {
     pub async fn unblock(&self, subject: &Subject) -> Result<()> {
         self.traced(Action::Unblock, subject, async {
             let store = Arc::clone(&self.operated()?.store);
-            store.unblock(&self.block_key_for(subject)).await?;
+            self.within(store.unblock(&self.block_key_for(subject)))
+                .await?;
             self.announce(Action::Unblock, subject, None).await
         })
         .await

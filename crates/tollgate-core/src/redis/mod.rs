@@ -131,7 +131,7 @@ impl RedisBackend {
     /// endpoint) is followed after one failed call.
     pub async fn connect(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let mut conn = ConnectionManager::new(client.clone())
+        let mut conn = ConnectionManager::new_with_config(client.clone(), standalone::config())
             .await
             .map_err(redis_error)?;
         ensure_supported(&mut conn).await?;
@@ -146,11 +146,8 @@ impl RedisBackend {
     /// [`check_server_version`](Self::check_server_version) once Redis is up.
     pub fn connect_lazy(url: &str) -> Result<Self> {
         let client = redis::Client::open(url).map_err(redis_error)?;
-        let conn = ConnectionManager::new_lazy_with_config(
-            client.clone(),
-            redis::aio::ConnectionManagerConfig::new(),
-        )
-        .map_err(redis_error)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), standalone::config())
+            .map_err(redis_error)?;
         let conn = Standalone::new(client.clone(), conn);
         Ok(Self::with_conn(Conn::Standalone(conn), "redis").with_pubsub(client))
     }
@@ -276,7 +273,9 @@ impl RedisBackend {
     /// server refuses `INFO`.
     pub async fn eviction_policy(&self) -> Result<Option<String>> {
         let mut conn = self.conn.clone();
-        version::eviction(&mut conn).await.map_err(redis_error)
+        let read = tokio::time::timeout(CONNECT_CHECKS, version::eviction(&mut conn)).await;
+        read.map_err(|_| Error::Timeout(CONNECT_CHECKS))?
+            .map_err(redis_error)
     }
 
     /// The client used for the one pub/sub subscription per `Locker`, as
@@ -361,9 +360,19 @@ impl RedisBackend {
     }
 }
 
+/// How long connecting waits for the server to answer its checks.
+const CONNECT_CHECKS: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Refuses a server too old for the scripts, and warns when it may evict
-/// tollgate's keys (see [`version`]).
+/// tollgate's keys (see [`version`]). A server that does not answer within
+/// [`CONNECT_CHECKS`] fails the connect (a timeout).
 async fn ensure_supported<C: ConnectionLike>(conn: &mut C) -> Result<()> {
+    tokio::time::timeout(CONNECT_CHECKS, server_checks(conn))
+        .await
+        .unwrap_or(Err(Error::Timeout(CONNECT_CHECKS)))
+}
+
+async fn server_checks<C: ConnectionLike>(conn: &mut C) -> Result<()> {
     if let Some(problem) = version::check(conn).await.map_err(redis_error)? {
         return Err(Error::InvalidConfig(problem));
     }

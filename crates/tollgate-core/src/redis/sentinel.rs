@@ -88,7 +88,13 @@ impl SentinelConnection {
             return Ok(c);
         }
         let client = sentinel.async_get_client().await?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        // Replies awaited as long as a late one is given back (not
+        // redis-rs's 500 ms): callers bound each call with their own timeout.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(super::unclaimed::KEPT_AT_MOST));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
         // Once per master resolved (not per call): a master too old for the
         // scripts is refused, and asked of Sentinel again on the next call.
         if let Some(problem) = super::version::check(&mut conn).await? {

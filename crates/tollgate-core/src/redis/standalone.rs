@@ -55,8 +55,7 @@ impl Standalone {
         if current.0 != used {
             return;
         }
-        let config = ConnectionManagerConfig::new();
-        match ConnectionManager::new_lazy_with_config(self.inner.client.clone(), config) {
+        match ConnectionManager::new_lazy_with_config(self.inner.client.clone(), config()) {
             Ok(manager) => {
                 tracing::warn!("Redis answered READONLY (a demoted master): reconnecting");
                 *current = (used + 1, manager);
@@ -99,4 +98,13 @@ impl ConnectionLike for Standalone {
     fn get_db(&self) -> i64 {
         self.current().1.get_db()
     }
+}
+
+/// A connection manager's settings: replies awaited as long as a late one
+/// is still given back. redis-rs's default (500 ms) would cut every call
+/// short there, whatever timeout its caller was configured with (a
+/// limiter's, a lock's, an admin action's 5 s), and drop the late replies
+/// that give back what a call nobody waits for took.
+pub(super) fn config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new().set_response_timeout(Some(super::unclaimed::KEPT_AT_MOST))
 }

@@ -17,8 +17,10 @@ use crate::error::Result;
 use crate::store::{LeaseReply, RateReply, RateRequest, Unclaimed};
 
 /// The longest a call nobody waits for is kept: a connection that hangs
-/// longer takes its replies with it (the charges stay).
-const KEPT_AT_MOST: Duration = Duration::from_secs(60);
+/// longer takes its replies with it (the charges stay). Also how long the
+/// connections themselves await a reply ([`super::standalone::config`]):
+/// every call is bounded by its caller's own timeout first.
+pub(super) const KEPT_AT_MOST: Duration = Duration::from_secs(60);
 
 /// One call sent for a caller; dropped before its reply, it is finished by
 /// a task that gives back what it took (see the module).
