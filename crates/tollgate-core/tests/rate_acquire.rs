@@ -175,12 +175,7 @@ async fn a_give_back_ahead_of_waiters_gives_nothing() {
         for alg in BUCKETS {
             let what = format!("{kind:?} {alg:?}");
             let clock = ManualClock::starting_now();
-            let t = Target::new(kind, &clock).await;
-            let quota = Quota::per_second(1).with_burst(2).unwrap();
-            let l = t.limiter(alg, &[quota], &prefix(), &clock);
-            let c = l.check_n("s", 2).await.unwrap().charge.expect("took 2");
-            let first = waiter(&l, Duration::from_secs(10));
-            until(&l, "s", &what, |d| d.reset_after == 3000 * MS).await;
+            let (_t, l, c, first) = two_taken_and_a_waiter(kind, alg, &clock, &what).await;
             let second = waiter(&l, Duration::from_secs(10));
             until(&l, "s", &what, |d| d.reset_after == 4000 * MS).await;
             let s = l.settle("s", &c, 0).await.unwrap();
@@ -194,6 +189,29 @@ async fn a_give_back_ahead_of_waiters_gives_nothing() {
             assert!(l.check_n("s", 1).await.unwrap().is_denied(), "{what}");
         }
     }
+}
+
+/// On `kind` at 1 a second, burst 2: a charge of 2 taken at 0 s, and a
+/// waiter that has reserved the slot at 1 s (the target kept alive with
+/// them).
+async fn two_taken_and_a_waiter(
+    kind: Kind,
+    alg: Algorithm,
+    clock: &ManualClock,
+    what: &str,
+) -> (
+    Target,
+    RateLimiter,
+    tollgate_core::Charge,
+    tokio::task::JoinHandle<tollgate_core::Result<Decision>>,
+) {
+    let t = Target::new(kind, clock).await;
+    let quota = Quota::per_second(1).with_burst(2).unwrap();
+    let l = t.limiter(alg, &[quota], &prefix(), clock);
+    let c = l.check_n("s", 2).await.unwrap().charge.expect("took 2");
+    let w = waiter(&l, Duration::from_secs(10));
+    until(&l, "s", what, |d| d.reset_after == 3000 * MS).await;
+    (t, l, c, w)
 }
 
 /// A reservation made before a reset, whose slot comes after it, is
@@ -259,12 +277,7 @@ async fn a_give_back_refused_behind_a_waiter_applies_once_it_has_gone() {
         for alg in BUCKETS {
             let what = format!("{kind:?} {alg:?}");
             let clock = ManualClock::starting_now();
-            let t = Target::new(kind, &clock).await;
-            let quota = Quota::per_second(1).with_burst(2).unwrap();
-            let l = t.limiter(alg, &[quota], &prefix(), &clock);
-            let c = l.check_n("s", 2).await.unwrap().charge.expect("took 2");
-            let w = waiter(&l, Duration::from_secs(10));
-            until(&l, "s", &what, |d| d.reset_after == 3000 * MS).await;
+            let (_t, l, c, w) = two_taken_and_a_waiter(kind, alg, &clock, &what).await;
             assert!(
                 !l.settle("s", &c, 0).await.unwrap().applied,
                 "{what}: behind a waiter"
