@@ -706,9 +706,9 @@ async fn a_reservation_far_ahead_of_a_reset_is_not_given_back_after_it() {
 }
 
 /// A store that stops answering (a frozen server: connections open, no
-/// replies) fails every admin action with a timeout, the limiter's own
-/// for its actions and the action timeout for `Admin`'s, never holding
-/// its caller until the connection gives up.
+/// replies) fails every admin action with a timeout (5 s a call at least,
+/// the action timeout for `Admin`'s reads), never holding its caller until
+/// the connection gives up. The actions run at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_actions_on_a_frozen_store_time_out() {
     let server = tollgate_testkit::RedisServer::start().unwrap();
@@ -722,31 +722,40 @@ async fn admin_actions_on_a_frozen_store_time_out() {
     let admin = Admin::new(Backend::clone(&backend)).with_timeout(Duration::from_millis(200));
     let alice = Subject::new("alice");
     server.pause();
-    let expect_timeout = |what: &str, r: Result<(), Error>| {
-        assert!(matches!(r, Err(Error::Timeout(_))), "{what}: {r:?}");
-    };
-    expect_timeout("reset", returned(limiter.reset(&alice)).await);
-    let block = limiter.block(&alice, Duration::from_secs(60));
-    expect_timeout("block", returned(block).await);
-    expect_timeout("unblock", returned(limiter.unblock(&alice)).await);
-    let left = returned(limiter.blocked_for(&alice)).await;
-    expect_timeout("blocked_for", left.map(drop));
-    expect_timeout("registered", returned(admin.registered()).await.map(drop));
-    expect_timeout("throttled", returned(admin.throttled(10)).await.map(drop));
-    expect_timeout("holders", returned(admin.holders()).await.map(drop));
-    let in_flight = returned(admin.idempotency_in_flight()).await;
-    expect_timeout("in flight", in_flight.map(drop));
-    let broken = returned(admin.break_lock("lock", &alice)).await;
-    expect_timeout("break_lock", broken.map(drop));
+    let outcomes = tokio::join!(
+        returned(limiter.reset(&alice)),
+        returned(limiter.block(&alice, Duration::from_secs(60))),
+        returned(limiter.unblock(&alice)),
+        returned(async { limiter.blocked_for(&alice).await.map(drop) }),
+        returned(async { admin.registered().await.map(drop) }),
+        returned(async { admin.throttled(10).await.map(drop) }),
+        returned(async { admin.holders().await.map(drop) }),
+        returned(async { admin.idempotency_in_flight().await.map(drop) }),
+        returned(async { admin.break_lock("lock", &alice).await.map(drop) }),
+    );
     server.resume();
+    let outcomes = [
+        ("reset", outcomes.0),
+        ("block", outcomes.1),
+        ("unblock", outcomes.2),
+        ("blocked_for", outcomes.3),
+        ("registered", outcomes.4),
+        ("throttled", outcomes.5),
+        ("holders", outcomes.6),
+        ("in flight", outcomes.7),
+        ("break_lock", outcomes.8),
+    ];
+    for (what, r) in outcomes {
+        assert!(matches!(r, Err(Error::Timeout(_))), "{what}: {r:?}");
+    }
 }
 
-/// `action`'s result, once it returned within 10 s: far past any action's
-/// bound in these tests, far below a connection's own wait for a reply.
+/// `action`'s result, once it returned within 30 s: past any action's
+/// bound (two calls of 5 s), far below a connection's own wait for a reply.
 async fn returned<T>(
     action: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    tokio::time::timeout(Duration::from_secs(10), action)
+    tokio::time::timeout(Duration::from_secs(30), action)
         .await
         .expect("the action returned")
 }

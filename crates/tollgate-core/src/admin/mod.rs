@@ -71,7 +71,7 @@ pub struct Admin {
 /// How long each of an action's calls (a read of the registry or of a
 /// subject's state, a reset, a walk of the holders) waits for the store by
 /// default: an operator's request, not a request path's.
-pub const DEFAULT_ACTION_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_ACTION_TIMEOUT: Duration = crate::store::ACTION_TIMEOUT;
 
 impl Admin {
     /// The operator plane of `backend`, for the default prefix (`tollgate`).
@@ -89,10 +89,12 @@ impl Admin {
         self
     }
 
-    /// How long each call of an action waits for the store
+    /// How long each of its reads (the registry, a subject's state, the
+    /// throttled lists) and breaks waits for the store
     /// ([`DEFAULT_ACTION_TIMEOUT`] unless set), whatever timeout the
     /// application gives its limiter; past it the action fails with
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`]. Resets, blocks and each page of a walk over
+    /// the keys (`holders`) wait [`DEFAULT_ACTION_TIMEOUT`] at least.
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -134,7 +136,7 @@ impl Admin {
     pub async fn limiters(&self) -> Result<Vec<LimiterInfo>> {
         let mut limiters = self.registered_limiters().await?;
         for l in &mut limiters {
-            l.traffic = Some(self.bounded(reports::traffic(self, &l.name)).await?);
+            l.traffic = Some(reports::traffic(self, &l.name).await?);
         }
         Ok(limiters)
     }
@@ -214,6 +216,6 @@ impl Admin {
     /// The most throttled subjects over every registered limiter, most
     /// denied first (at most `n`).
     pub async fn throttled(&self, n: usize) -> Result<Vec<ThrottledSubject>> {
-        self.bounded(reports::throttled(self, n)).await
+        reports::throttled(self, n).await
     }
 }

@@ -15,7 +15,7 @@ pub(super) async fn throttled(admin: &Admin, n: usize) -> Result<Vec<ThrottledSu
         let mut merged: Vec<ThrottledSubject> = Vec::new();
         for at in [now, now.saturating_sub(LIST_WINDOW_MS)] {
             let key = list_key(admin.prefix(), &limiter.name, at);
-            for c in admin.store().top_denials(&key, n).await? {
+            for c in admin.bounded(admin.store().top_denials(&key, n)).await? {
                 match merged.iter_mut().find(|t| t.subject == c.subject) {
                     Some(t) => {
                         t.denied += c.denied;
@@ -50,13 +50,9 @@ pub(super) async fn throttled(admin: &Admin, n: usize) -> Result<Vec<ThrottledSu
 pub(super) async fn traffic(admin: &Admin, limiter: &str) -> Result<Traffic> {
     let now = now_ms() / 1000;
     let from = now.saturating_sub(TRAFFIC_WINDOW);
+    let key = traffic_key(admin.prefix(), limiter);
     let counts = admin
-        .store()
-        .traffic(
-            &traffic_key(admin.prefix(), limiter),
-            from,
-            now.saturating_sub(1),
-        )
+        .bounded(admin.store().traffic(&key, from, now.saturating_sub(1)))
         .await?;
     let (a, r) = counts
         .iter()

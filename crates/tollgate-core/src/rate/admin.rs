@@ -202,9 +202,10 @@ impl RateLimiter {
     }
 
     /// One round trip of an admin action, bounded by the limiter's timeout
-    /// (as every check's).
+    /// or the store's action timeout (5 s), whichever is longer: an operator's request
+    /// may wait longer than a check.
     async fn within<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        let bound = self.inner.timeout;
+        let bound = self.inner.timeout.max(crate::store::ACTION_TIMEOUT);
         tokio::time::timeout(bound, call)
             .await
             .unwrap_or(Err(Error::Timeout(bound)))
@@ -292,9 +293,12 @@ impl RateLimiter {
             let keys = self.keys_for(subject);
             let stamp = reset_stamp_of(&keys);
             let (now, ttl) = (self.settle_clock(), self.settle_horizon());
-            self.within(store.reset(&keys, &stamp, now, ttl)).await?;
+            let written = self.within(store.reset(&keys, &stamp, now, ttl)).await;
+            // A write that failed may have landed all the same: the leases
+            // go and the others are told whatever its reply said.
             self.revoke_leases(subject, Revocation::Reset);
-            self.announce(Action::Reset, subject, None).await
+            let told = self.announce(Action::Reset, subject, None).await;
+            written.and(told)
         })
         .await
     }
@@ -325,11 +329,12 @@ impl RateLimiter {
             let key = self.block_key_for(subject);
             // Instances copy the block into their local fallback as told:
             // told the block in force, a longer one kept stays longer there.
-            let told = self
-                .within(store.set_block(&key, duration, at_least))
-                .await?;
+            let written = self.within(store.set_block(&key, duration, at_least)).await;
+            // As for a reset: a failed write may have landed.
             self.revoke_leases(subject, Revocation::Block);
-            self.announce(Action::Block, subject, Some(told)).await
+            let in_force = *written.as_ref().unwrap_or(&duration);
+            let told = self.announce(Action::Block, subject, Some(in_force)).await;
+            written.and(told)
         })
         .await
     }

@@ -22,7 +22,7 @@ use super::reply::int;
 use super::scripts::{LOCK_BREAK, LOCK_HOLDERS};
 use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
-use crate::store::{parse_description, parse_lock_key, LockHolder, LockKeys};
+use crate::store::{parse_description, parse_lock_key, LockHolder, LockKeys, ACTION_TIMEOUT};
 
 /// Keys asked for per `SCAN` call.
 const SCAN_COUNT: u64 = 1000;
@@ -41,7 +41,7 @@ pub(super) async fn list(backend: &RedisBackend, prefix: &str) -> Result<Vec<Loc
         .filter(|k| parse_lock_key(prefix, k).is_some())
         .collect();
     let read: Vec<Vec<LockHolder>> = futures_util::stream::iter(keys)
-        .map(|key| async move { read(backend, prefix, &key).await })
+        .map(|key| async move { page(read(backend, prefix, &key)).await })
         .buffer_unordered(READS_IN_FLIGHT)
         .try_collect()
         .await?;
@@ -138,17 +138,15 @@ pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<St
     let mut keys = Vec::new();
     match backend.cluster_connection() {
         Some(mut conn) => {
-            for (host, port) in masters(&mut conn).await? {
+            for (host, port) in page(masters(&mut conn)).await? {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port,
                 });
                 let mut cursor = 0u64;
                 loop {
-                    let reply = conn
-                        .route_command(scan_cmd(cursor, pattern), routing.clone())
-                        .await
-                        .map_err(redis_error)?;
+                    let call = conn.route_command(scan_cmd(cursor, pattern), routing.clone());
+                    let reply = page(async { call.await.map_err(redis_error) }).await?;
                     cursor = scan_page(reply, &mut keys)?;
                     if cursor == 0 {
                         break;
@@ -160,10 +158,9 @@ pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<St
             let mut conn = backend.conn.clone();
             let mut cursor = 0u64;
             loop {
-                let reply: Value = scan_cmd(cursor, pattern)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(redis_error)?;
+                let cmd = scan_cmd(cursor, pattern);
+                let call = cmd.query_async::<Value>(&mut conn);
+                let reply = page(async { call.await.map_err(redis_error) }).await?;
                 cursor = scan_page(reply, &mut keys)?;
                 if cursor == 0 {
                     break;
@@ -172,6 +169,15 @@ pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<St
         }
     }
     Ok(keys)
+}
+
+/// One call of a walk (a page of keys, one key's read), bounded by the
+/// action timeout: a walk over many keys may take long as a whole, but a
+/// store that stopped answering fails it.
+pub(super) async fn page<T>(call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(ACTION_TIMEOUT, call)
+        .await
+        .unwrap_or(Err(Error::Timeout(ACTION_TIMEOUT)))
 }
 
 fn scan_cmd(cursor: u64, pattern: &str) -> redis::Cmd {

@@ -9,7 +9,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt, TryStreamExt};
 use redis::Value;
 
-use super::holders::{scan, text, READS_IN_FLIGHT};
+use super::holders::{page, scan, text, READS_IN_FLIGHT};
 use super::pubsub::glob_escape;
 use super::reply::{self, parse_flag, pttl};
 use super::scripts::{IDEM_ABANDON, IDEM_CLAIM, IDEM_COMPLETE, IDEM_IN_FLIGHT};
@@ -96,7 +96,7 @@ async fn in_flight(backend: &RedisBackend, prefix: &str) -> Result<Vec<InFlightR
         .filter(|k| parse_record_key(prefix, k).is_some())
         .collect();
     let read: Vec<Option<InFlightRecord>> = futures_util::stream::iter(keys)
-        .map(|key| async move { read_in_flight(backend, prefix, &key).await })
+        .map(|key| async move { page(read_in_flight(backend, prefix, &key)).await })
         .buffer_unordered(READS_IN_FLIGHT)
         .try_collect()
         .await?;

@@ -97,7 +97,14 @@ impl SentinelConnection {
             .await?;
         // Once per master resolved (not per call): a master too old for the
         // scripts is refused, and asked of Sentinel again on the next call.
-        if let Some(problem) = super::version::check(&mut conn).await? {
+        let checked = tokio::time::timeout(super::CONNECT_CHECKS, super::version::check(&mut conn));
+        let checked = checked.await.map_err(|_| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the master did not answer its version check",
+            ))
+        })?;
+        if let Some(problem) = checked? {
             return Err(redis::RedisError::from((
                 ErrorKind::Client,
                 "unsupported Redis version",

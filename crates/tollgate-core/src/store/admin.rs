@@ -62,6 +62,12 @@ impl Listeners {
 /// what it cached: a store's watcher polls the version stamp this often.
 pub const VERSION_POLL: Duration = Duration::from_millis(500);
 
+/// The least each call of an operator's action waits for the store (a
+/// reset, a block, a registry read, one page of a walk over the keys),
+/// whatever the timeout of the limiter it acts on: an operator's request,
+/// not a request path's.
+pub(crate) const ACTION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What a watcher hears when it may have missed messages: forget
 /// everything cached.
 pub const EVERYTHING: &str = "*";

@@ -14,8 +14,8 @@ mod idempotency;
 mod lock;
 mod rate;
 
-pub(crate) use self::admin::Listeners;
 pub use self::admin::{AdminBackend, AdminListener, DenialCount, ALIVE, EVERYTHING, VERSION_POLL};
+pub(crate) use self::admin::{Listeners, ACTION_TIMEOUT};
 pub use self::holders::LockHolder;
 pub(crate) use self::holders::{parse_description, parse_lock_key};
 pub(crate) use self::idempotency::parse_record_key;
