@@ -146,7 +146,9 @@ impl Relay {
         };
         self.client = Some(Client { tx, room });
         self.answer(Answer::Streams(body.boxed_unsync()));
-        read.into_iter().for_each(|c| self.send(Frame::data(c)));
+        read.into_iter()
+            .filter(|c| !c.is_empty())
+            .for_each(|c| self.send(Frame::data(c)));
     }
 
     /// Passes `piece` on, when the answer streams (a client gone changes
@@ -173,9 +175,7 @@ impl Relay {
             self.stream([]);
         }
         // `None` once past what is stored: the record was written then.
-        // One buffer, not a list of frames: tiny frames cost their bytes.
-        let known = self.size.filter(|n| *n <= max as u64).unwrap_or(0);
-        let mut copy = Some(BytesMut::with_capacity(known as usize));
+        let mut copy = Some(Kept::default());
         let mut lost = self.holding.lost();
         let tail = loop {
             let frame = match &mut lost {
@@ -192,7 +192,7 @@ impl Relay {
                         self.holding
                             .abandon("lost", "the claim's lease was lost while the response was read")
                             .await;
-                        self.stream([kept.freeze()]);
+                        self.stream([kept.into_bytes()]);
                         continue;
                     }
                     frame = body.frame() => frame,
@@ -225,8 +225,8 @@ impl Relay {
                 self.pass(Piece::Frame(Frame::data(chunk), true));
                 continue;
             };
-            kept.extend_from_slice(&chunk);
-            if kept.len() > max {
+            // Checked before it is copied: a chunk past the limit is not.
+            if kept.len() + chunk.len() > max {
                 let kept = copy.take().unwrap_or_default();
                 if self.head.grpc_failed || !(self.shared.store_when)(self.head.status) {
                     // Not stored whatever its length: a retry runs again.
@@ -239,16 +239,18 @@ impl Relay {
                     self.holding.complete(stored, &self.shared).await;
                 }
                 // A body longer than it said streams from here, this chunk
-                // (the last one kept) with it.
+                // with it.
                 if self.client.is_none() {
-                    self.stream([kept.freeze()]);
+                    self.stream([kept.into_bytes(), chunk]);
                     continue;
                 }
+            } else {
+                kept.push(&chunk);
             }
             self.send(Frame::data(chunk));
         };
         if let Some(kept) = copy {
-            let data = kept.freeze();
+            let data = kept.into_bytes();
             settle(
                 &self.head,
                 &data,
@@ -270,6 +272,36 @@ impl Relay {
             }
             Some(Tail::Error(e)) => self.pass(Piece::Failed(e)),
         }
+    }
+}
+
+/// What is kept of a body for its record: a lone chunk as it came (no
+/// copy), more chunks in one buffer (tiny frames cost their bytes, not a
+/// list entry each).
+#[derive(Default)]
+struct Kept {
+    one: Option<Bytes>,
+    many: BytesMut,
+}
+
+impl Kept {
+    fn len(&self) -> usize {
+        self.one.as_ref().map_or(0, Bytes::len) + self.many.len()
+    }
+
+    fn push(&mut self, chunk: &Bytes) {
+        if let Some(first) = self.one.take() {
+            self.many.reserve(first.len() + chunk.len());
+            self.many.extend_from_slice(&first);
+        } else if self.many.is_empty() {
+            self.one = Some(chunk.clone());
+            return;
+        }
+        self.many.extend_from_slice(chunk);
+    }
+
+    fn into_bytes(self) -> Bytes {
+        self.one.unwrap_or_else(|| self.many.freeze())
     }
 }
 
@@ -407,5 +439,28 @@ impl Drop for Relayed {
     fn drop(&mut self) {
         // The client is gone: a relay past what is stored reads no more.
         self.room.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lone chunk is kept as it came (the same bytes, not a copy); more
+    /// are joined in order.
+    #[test]
+    fn kept_chunks() {
+        let first = Bytes::from(vec![1u8; 1000]);
+        let mut kept = Kept::default();
+        kept.push(&first);
+        assert_eq!(kept.len(), 1000);
+        assert_eq!(kept.into_bytes().as_ptr(), first.as_ptr(), "not copied");
+        let mut kept = Kept::default();
+        for c in [&b"ab"[..], b"c", b"def"] {
+            kept.push(&Bytes::copy_from_slice(c));
+        }
+        assert_eq!(kept.len(), 6);
+        assert_eq!(kept.into_bytes(), "abcdef");
+        assert!(Kept::default().into_bytes().is_empty());
     }
 }
