@@ -130,37 +130,49 @@ async fn a_dropped_waiters_slot_is_reused() {
 /// giving it back would move the line's end back under the last waiter,
 /// and the next arrival would share that waiter's slot (two admissions in
 /// one interval). The one after the line gets the slot after the line.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
+#[test]
+fn a_dropped_waiter_inside_the_line_keeps_its_slot_taken() {
     for kind in KINDS {
         for alg in BUCKETS {
-            let what = format!("{kind:?} {alg:?}");
-            let clock = ManualClock::starting_now();
-            let t = Target::new(kind, &clock).await;
-            let p = prefix();
-            let l = t.limiter(alg, &[tenth()], &p, &clock);
-            assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
-            let dropped = waiter(&l, Duration::from_secs(1));
-            until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
-            // The tasks alive besides the two waiters (the store's own).
-            let alive = alive_tasks() - 1;
-            let last = waiter(&l, Duration::from_secs(1));
-            until(&l, "s", &what, |d| d.reset_after == 300 * MS).await;
-            dropped.abort();
-            assert!(dropped.await.unwrap_err().is_cancelled(), "{what}");
-            // Its give-back runs in a task of its own: wait until it has
-            // been decided (that task has ended), then the line is as it was.
-            tasks_down_to(alive, &what).await;
-            let d = l.check_n("s", 0).await.unwrap();
-            assert_eq!(d.reset_after, 300 * MS, "{what}: the line kept its end");
-            let next = waiter(&l, Duration::from_secs(1));
-            until(&l, "s", &what, |d| d.reset_after == 400 * MS).await;
-            clock.advance(200 * MS);
-            assert!(resolved(last, &what).await.allowed, "{what}");
-            clock.advance(100 * MS);
-            assert!(resolved(next, &what).await.allowed, "{what}");
+            // A runtime per case: the tasks it counts are this case's only
+            // (an earlier case's limiters end their tasks in their own time).
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(a_dropped_waiter_keeps_its_slot(kind, alg));
         }
     }
+}
+
+/// One case of the test above, on its own runtime.
+async fn a_dropped_waiter_keeps_its_slot(kind: Kind, alg: Algorithm) {
+    let what = format!("{kind:?} {alg:?}");
+    let clock = ManualClock::starting_now();
+    let t = Target::new(kind, &clock).await;
+    let p = prefix();
+    let l = t.limiter(alg, &[tenth()], &p, &clock);
+    assert!(l.acquire("s", 1, Duration::ZERO).await.unwrap().allowed);
+    let dropped = waiter(&l, Duration::from_secs(1));
+    until(&l, "s", &what, |d| d.reset_after == 200 * MS).await;
+    // The tasks alive besides the two waiters (the store's own).
+    let alive = alive_tasks() - 1;
+    let last = waiter(&l, Duration::from_secs(1));
+    until(&l, "s", &what, |d| d.reset_after == 300 * MS).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled(), "{what}");
+    // Its give-back runs in a task of its own: wait until it has
+    // been decided (that task has ended), then the line is as it was.
+    tasks_down_to(alive, &what).await;
+    let d = l.check_n("s", 0).await.unwrap();
+    assert_eq!(d.reset_after, 300 * MS, "{what}: the line kept its end");
+    let next = waiter(&l, Duration::from_secs(1));
+    until(&l, "s", &what, |d| d.reset_after == 400 * MS).await;
+    clock.advance(200 * MS);
+    assert!(resolved(last, &what).await.allowed, "{what}");
+    clock.advance(100 * MS);
+    assert!(resolved(next, &what).await.allowed, "{what}");
 }
 
 /// A charge given back while waiters hold reservations behind it gives

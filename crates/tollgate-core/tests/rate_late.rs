@@ -260,7 +260,7 @@ async fn a_late_reservation_reset_before_its_give_back_gives_nothing() {
     let before = cached();
     let checks = server.command_calls("evalsha") + server.command_calls("eval");
     // Decided on the server at once, replied after the caller gave up
-    // (within the connection's own timeout): the reset lands in between.
+    // (100 ms): the reset lands in between.
     relay.set(Duration::from_millis(450));
     let caller = tokio::spawn({
         let l = l.clone();

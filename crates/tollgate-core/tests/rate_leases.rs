@@ -480,11 +480,8 @@ async fn a_take_in_flight_during_a_block_gives_its_units_back() {
         .await
         .unwrap();
     gated.gate.add_permits(1);
-    // The take answered and every check since is refused by the block.
-    wait_for("a refusal", async || {
-        peer.check_n("hot", 1).await.unwrap().is_denied()
-    })
-    .await;
+    // The checks end once the take has answered (every check after it is
+    // refused by the block, and takes nothing).
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let admitted = checks.await.unwrap();
     assert!(
