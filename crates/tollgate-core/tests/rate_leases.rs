@@ -494,3 +494,36 @@ async fn a_take_in_flight_during_a_block_gives_its_units_back() {
     })
     .await;
 }
+
+/// A block whose write times out (the server froze as it was sent) may
+/// land all the same: this instance's slices of the subject go at once,
+/// so once the server answers again nothing serves the blocked subject.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_that_times_out_still_revokes_the_leases() {
+    let server = RedisServer::start().unwrap();
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let limiter = RateLimiter::builder(backend, Algorithm::Gcra)
+        .quota(Quota::per_hour(1_000_000))
+        .name("frozen-block")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let subject = Subject::new("hot");
+    wait_for("a slice", async || {
+        limiter.check(subject.clone()).await.unwrap().source == DecisionSource::Lease
+    })
+    .await;
+    // Its scripts loaded (a first call after NOSCRIPT would not land).
+    let other = Subject::new("warm-up");
+    limiter.block(&other, Duration::from_secs(1)).await.unwrap();
+    server.pause();
+    let blocked = limiter.block(&subject, Duration::from_secs(60)).await;
+    server.resume();
+    assert!(matches!(blocked, Err(Error::Timeout(_))), "{blocked:?}");
+    // The block's write ran once the server woke: every check is refused,
+    // none served from the slice.
+    for _ in 0..20 {
+        let d = limiter.check(subject.clone()).await.unwrap();
+        assert!(d.is_denied() && d.source != DecisionSource::Lease, "{d:?}");
+    }
+}
