@@ -25,7 +25,7 @@ mod format;
 
 pub(crate) use self::format::DecisionHeaders;
 pub use self::format::HeaderFormat;
-use self::format::{Write, FORMATS};
+use self::format::{Name, Write, FORMATS};
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -290,7 +290,7 @@ impl RateLimitHeaders {
         self.format
             .fields()
             .iter()
-            .position(|f| f.name == RATELIMIT_POLICY)
+            .position(|f| f.name == Name::RateLimitPolicy)
             .and_then(|i| self.fixed[row][i].as_ref())
     }
 
@@ -320,7 +320,7 @@ impl RateLimitHeaders {
         let row = self.format.row();
         for (field, value) in self.format.fields().iter().zip(&self.fixed[row][..]) {
             if let Some(value) = value {
-                target.insert(field.name.clone(), value.clone());
+                target.insert(field.name.header(), value.clone());
             }
         }
     }
@@ -483,6 +483,16 @@ mod tests {
         let share = map(&draft, &d, true, false);
         assert_eq!(share["ratelimit-policy"], r#""fmt";q=1;w=60"#);
         assert_eq!(map(&draft, &d, true, false).len(), 2);
+    }
+
+    /// Each field's name reads as its header's.
+    #[test]
+    fn names_read_as_their_headers() {
+        for f in [HeaderFormat::Draft10, HeaderFormat::Legacy] {
+            for (field, name) in f.fields().iter().zip(f.field_names()) {
+                assert_eq!(field.name.header().as_str(), name);
+            }
+        }
     }
 
     /// Every format has exactly one row, and the rows' names are distinct.

@@ -86,22 +86,55 @@ pub(super) enum Write {
 
 /// One header field a format writes.
 pub(crate) struct Field {
-    pub(super) name: HeaderName,
+    pub(super) name: Name,
     merge: Merge,
     pub(super) write: Write,
+}
+
+/// A field's name. Each response gets a fresh `HeaderName` made from the
+/// name's constant: cloning a stored one calls through its bytes' vtable,
+/// a cost every request measurably paid per field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Name {
+    RateLimitPolicy,
+    RateLimit,
+    XLimit,
+    XRemaining,
+    XReset,
+}
+
+impl Name {
+    pub(super) fn header(self) -> HeaderName {
+        match self {
+            Name::RateLimitPolicy => RATELIMIT_POLICY,
+            Name::RateLimit => RATELIMIT,
+            Name::XLimit => X_RATELIMIT_LIMIT,
+            Name::XRemaining => X_RATELIMIT_REMAINING,
+            Name::XReset => X_RATELIMIT_RESET,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Name::RateLimitPolicy => "ratelimit-policy",
+            Name::RateLimit => "ratelimit",
+            Name::XLimit => "x-ratelimit-limit",
+            Name::XRemaining => "x-ratelimit-remaining",
+            Name::XReset => "x-ratelimit-reset",
+        }
+    }
 }
 
 impl fmt::Debug for Field {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Field")
-            .field("name", &self.name)
+            .field("name", &self.name.as_str())
             .field("merge", &self.merge)
             .finish_non_exhaustive()
     }
 }
 
-/// Every format and its fields (a static each: `HeaderName` cannot be
-/// borrowed from a temporary in a static).
+/// Every format and its fields.
 pub(super) static FORMATS: [(HeaderFormat, &[Field]); 2] = [
     (HeaderFormat::Draft10, &DRAFT_10),
     (HeaderFormat::Legacy, &LEGACY),
@@ -110,12 +143,12 @@ pub(super) static FORMATS: [(HeaderFormat, &[Field]); 2] = [
 /// draft-ietf-httpapi-ratelimit-headers-10's fields.
 static DRAFT_10: [Field; 2] = [
     Field {
-        name: RATELIMIT_POLICY,
+        name: Name::RateLimitPolicy,
         merge: Merge::Append,
         write: Write::Fixed(draft10_policy),
     },
     Field {
-        name: RATELIMIT,
+        name: Name::RateLimit,
         merge: Merge::Append,
         write: Write::PerDecision(RateLimitHeaders::ratelimit_value),
     },
@@ -124,17 +157,17 @@ static DRAFT_10: [Field; 2] = [
 /// The legacy `X-RateLimit-*` fields.
 static LEGACY: [Field; 3] = [
     Field {
-        name: X_RATELIMIT_LIMIT,
+        name: Name::XLimit,
         merge: Merge::IfAbsent,
         write: Write::PerDecision(|_, d| legacy(d, |d| d.limit)),
     },
     Field {
-        name: X_RATELIMIT_REMAINING,
+        name: Name::XRemaining,
         merge: Merge::IfAbsent,
         write: Write::PerDecision(|_, d| legacy(d, |d| d.remaining)),
     },
     Field {
-        name: X_RATELIMIT_RESET,
+        name: Name::XReset,
         merge: Merge::IfAbsent,
         write: Write::PerDecision(|_, d| legacy(d, |d| ceil_secs(d.reset_after))),
     },
@@ -228,16 +261,18 @@ impl DecisionHeaders {
     /// the structured-field lists (`RateLimit`, `RateLimit-Policy`) are
     /// appended, so stacked limiters each report their own policy; the
     /// legacy ones are set only if absent (the innermost limiter's figures
-    /// win).
-    pub(crate) fn apply(self, target: &mut HeaderMap) {
-        for (field, value) in self.fields.into_iter() {
+    /// win). The fields are taken out (where they are kept: no move of
+    /// the whole).
+    pub(crate) fn apply(&mut self, target: &mut HeaderMap) {
+        for (field, value) in self.fields.drain() {
             match field.merge {
                 Merge::Append => {
-                    target.append(field.name.clone(), value);
+                    target.append(field.name.header(), value);
                 }
                 Merge::IfAbsent => {
-                    if !target.contains_key(&field.name) {
-                        target.insert(field.name.clone(), value);
+                    let name = field.name.header();
+                    if !target.contains_key(&name) {
+                        target.insert(name, value);
                     }
                 }
             }
@@ -245,7 +280,7 @@ impl DecisionHeaders {
     }
 
     /// The headers as a map (for a rejection).
-    pub(crate) fn into_map(self) -> HeaderMap {
+    pub(crate) fn into_map(mut self) -> HeaderMap {
         let mut h = HeaderMap::new();
         self.apply(&mut h);
         h
@@ -268,7 +303,10 @@ impl Fields {
         }
     }
 
-    fn into_iter(self) -> impl Iterator<Item = (&'static Field, HeaderValue)> {
-        self.first.into_iter().flatten().chain(self.more)
+    fn drain(&mut self) -> impl Iterator<Item = (&'static Field, HeaderValue)> + '_ {
+        self.first
+            .iter_mut()
+            .filter_map(Option::take)
+            .chain(self.more.drain(..))
     }
 }

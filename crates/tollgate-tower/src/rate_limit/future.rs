@@ -342,7 +342,7 @@ fn finish<ResB, E>(
     headers: Option<DecisionHeaders>,
 ) -> Result<Response<ResponseBody<ResB>>, E> {
     outcome.map(|mut response| {
-        if let Some(extra) = headers {
+        if let Some(mut extra) = headers {
             extra.apply(response.headers_mut());
         }
         response.map(ResponseBody::new)
