@@ -152,7 +152,9 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
-        guard: Option<LeaseGuard>,
+        // Boxed, as the rare kinds' parts are: every response is moved
+        // whole several times on its way out, so this is kept to 64 bytes.
+        guard: Option<Box<LeaseGuard>>,
         done: bool,
     }
 }
@@ -161,9 +163,15 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> {
         Inner { #[pin] body: B },
-        Full { data: Option<Bytes>, tail: Option<Tail> },
-        Rest { read: VecDeque<Bytes>, body: UnsyncBoxBody<Bytes, BoxError> },
+        Full { data: Option<Bytes>, tail: Option<Box<Tail>> },
+        Rest { rest: Box<Rest> },
     }
+}
+
+/// A body read in part: the chunks read, then the rest of the body.
+struct Rest {
+    read: VecDeque<Bytes>,
+    body: UnsyncBoxBody<Bytes, BoxError>,
 }
 
 /// What a buffered body ends with after its data: the inner body's
@@ -189,7 +197,7 @@ impl<B> ResponseBody<B> {
     pub(crate) fn buffered(data: Bytes, tail: Option<Tail>) -> Self {
         Self::of(Kind::Full {
             data: (!data.is_empty()).then_some(data),
-            tail,
+            tail: tail.map(Box::new),
         })
     }
 
@@ -197,7 +205,9 @@ impl<B> ResponseBody<B> {
     /// layer's, past what it stores): the chunks `read`, then the rest of
     /// `body`, streamed.
     pub(crate) fn rest(read: VecDeque<Bytes>, body: UnsyncBoxBody<Bytes, BoxError>) -> Self {
-        Self::of(Kind::Rest { read, body })
+        Self::of(Kind::Rest {
+            rest: Box::new(Rest { read, body }),
+        })
     }
 
     /// An empty body (a gRPC trailers-only response).
@@ -218,7 +228,7 @@ impl<B> ResponseBody<B> {
 
     /// Keeps `guard`'s lease until the body has ended or is dropped.
     pub(crate) fn with_guard(mut self, guard: LeaseGuard) -> Self {
-        self.guard = Some(guard);
+        self.guard = Some(Box::new(guard));
         self
     }
 }
@@ -300,13 +310,15 @@ where
                     *tail = t;
                     Some(Ok(Frame::data(d)))
                 }
-                (None, Some(Tail::Trailers(t))) => Some(Ok(Frame::trailers(t))),
-                (None, Some(Tail::Error(e))) => Some(Err(e)),
+                (None, Some(t)) => Some(match *t {
+                    Tail::Trailers(t) => Ok(Frame::trailers(t)),
+                    Tail::Error(e) => Err(e),
+                }),
                 (None, None) => None,
             }),
-            KindProj::Rest { read, body } => match read.pop_front() {
+            KindProj::Rest { rest } => match rest.read.pop_front() {
                 Some(d) => Poll::Ready(Some(Ok(Frame::data(d)))),
-                None => Pin::new(body).poll_frame(cx),
+                None => Pin::new(&mut rest.body).poll_frame(cx),
             },
         };
         match polled {
@@ -339,7 +351,7 @@ where
             || match &self.kind {
                 Kind::Inner { body } => body.is_end_stream(),
                 Kind::Full { data, tail } => data.is_none() && tail.is_none(),
-                Kind::Rest { read, body } => read.is_empty() && body.is_end_stream(),
+                Kind::Rest { rest } => rest.read.is_empty() && rest.body.is_end_stream(),
             }
     }
 
@@ -349,9 +361,9 @@ where
             Kind::Full { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Rest { read, body } => {
-                let read: u64 = read.iter().map(|d| d.len() as u64).sum();
-                let rest = body.size_hint();
+            Kind::Rest { rest } => {
+                let read: u64 = rest.read.iter().map(|d| d.len() as u64).sum();
+                let rest = rest.body.size_hint();
                 let mut hint = SizeHint::new();
                 if let Some(upper) = rest.upper() {
                     hint.set_upper(upper.saturating_add(read));
