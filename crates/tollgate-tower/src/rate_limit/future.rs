@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use tollgate_core::{Decision, Error, Subject};
 use tower_service::Service;
 
-use super::outcome::{Report, Reservation, Settling};
+use super::outcome::{Reservation, Settling};
 use super::service::{Entry, Shared};
 use crate::body::ResponseBody;
 use crate::headers::DecisionHeaders;
@@ -60,15 +60,12 @@ pin_project! {
         S: Service<Request<ReqB>>,
     {
         Checking {
-            subject: Subject,
-            cost: u64,
+            // Taken once decided: an admission's reservation keeps it.
+            check: Option<Check>,
             // Only a check that needs a round trip is boxed.
             pending: Option<BoxFuture<'static, Result<Decision, Error>>>,
             inner: Option<S>,
             req: Option<Request<ReqB>>,
-            shared: Arc<Shared>,
-            // The chosen plan's limiter, over plans; `None`: the layer's one.
-            selected: Option<Arc<Entry>>,
         },
         Calling {
             #[pin]
@@ -99,21 +96,12 @@ where
     /// A check to make when polled (at once in process, else its round
     /// trip or its wait for a slot).
     pub(crate) fn checking(check: Check, inner: S, req: Request<ReqB>) -> Self {
-        let Check {
-            subject,
-            cost,
-            shared,
-            selected,
-        } = check;
         ResponseFuture {
             state: State::Checking {
-                subject,
-                cost,
+                check: Some(check),
                 pending: None,
                 inner: Some(inner),
                 req: Some(req),
-                shared,
-                selected,
             },
         }
     }
@@ -165,14 +153,17 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking {
-                    subject,
-                    cost,
+                    check,
                     pending,
                     inner,
                     req,
-                    shared,
-                    selected,
                 } => {
+                    let Check {
+                        subject,
+                        cost,
+                        shared,
+                        selected,
+                    } = check.as_ref().expect("polled after completion");
                     let entry = shared.entry(selected);
                     let result = match pending {
                         Some(check) => ready!(check.as_mut().poll(cx)),
@@ -196,9 +187,10 @@ where
                             },
                         },
                     };
+                    let check = check.take().expect("polled after completion");
                     let (mut parts, body) =
                         req.take().expect("polled after completion").into_parts();
-                    match decided(shared, selected, subject, *cost, result, &mut parts) {
+                    match decided(check, result, &mut parts) {
                         Decided::Admit {
                             headers,
                             reservation,
@@ -285,19 +277,17 @@ enum Decided {
     Reply(Response<Bytes>),
 }
 
-/// Reports `result` (the check of `cost` for `subject`) of the request with
-/// head `req`: admitted, the [`Decision`] joins its extensions; refused,
-/// the rejection.
-fn decided(
-    shared: &Arc<Shared>,
-    selected: &Option<Arc<Entry>>,
-    subject: &Subject,
-    cost: u64,
-    result: Result<Decision, Error>,
-    req: &mut Parts,
-) -> Decided {
-    let entry = shared.entry(selected);
-    shared.observe(entry, subject, cost, &result);
+/// Reports `result` (of `check`) of the request with head `req`:
+/// admitted, the [`Decision`] joins its extensions; refused, the rejection.
+fn decided(check: Check, result: Result<Decision, Error>, req: &mut Parts) -> Decided {
+    let Check {
+        subject,
+        cost,
+        shared,
+        selected,
+    } = check;
+    let entry = shared.entry(&selected);
+    shared.observe(entry, &subject, cost, &result);
     let shadow = shared.options.shadow;
     let mut reservation = None;
     let headers = match result {
@@ -308,17 +298,13 @@ fn decided(
             // this layer may refuse the request, and then it does not
             // count here (several limits never burn one's unit on
             // another's refusal).
-            if let Some(charge) = d.charge.filter(|c| counting.holds(c)) {
-                let report = Report {
-                    shared: Arc::clone(shared),
-                    selected: selected.clone(),
-                };
-                reservation = Some(counting.reserve(&entry.limiter, subject, charge, report));
-            }
-            req.extensions.insert(d);
             if let Some(plan) = &entry.plan {
                 req.extensions.insert(plan.clone());
             }
+            if let Some(charge) = d.charge.filter(|c| counting.holds(c)) {
+                reservation = Some(Reservation::new(shared, selected, subject, charge));
+            }
+            req.extensions.insert(d);
             Some(headers)
         }
         Err(_) if shadow => None,

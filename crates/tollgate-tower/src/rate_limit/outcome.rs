@@ -123,33 +123,13 @@ impl Counting {
     pub(crate) fn holds(&self, charge: &Charge) -> bool {
         charge.cost() > 0 || self.actual.is_some()
     }
-
-    /// The reservation of a request admitted with `charge` by `limiter`;
-    /// `report` makes the headers of the figures after settling.
-    pub(crate) fn reserve(
-        &self,
-        limiter: &RateLimiter,
-        subject: &Subject,
-        charge: Charge,
-        report: Report,
-    ) -> Reservation {
-        Reservation {
-            taken: Some(Taken {
-                limiter: limiter.clone(),
-                subject: subject.clone(),
-                charge,
-            }),
-            counting: self.clone(),
-            report: Some(report),
-        }
-    }
 }
 
 /// Makes the headers of the figures after settling: the layer's shared
 /// state and the plan's entry that decided.
 pub(crate) struct Report {
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) selected: Option<Arc<Entry>>,
+    shared: Arc<Shared>,
+    selected: Option<Arc<Entry>>,
 }
 
 impl Report {
@@ -169,32 +149,74 @@ struct Taken {
 /// An admitted request's charge while its response is awaited. Settled
 /// against the response; dropped unsettled (the response future dropped,
 /// the inner service failed), it counts or is refunded as configured.
+///
+/// It owns the check's subject and the layer's state, moved from the
+/// check: every admitted request holds one, and only a settlement (rare)
+/// clones what it sends.
 pub(crate) struct Reservation {
-    taken: Option<Taken>,
-    counting: Counting,
-    report: Option<Report>,
+    shared: Arc<Shared>,
+    selected: Option<Arc<Entry>>,
+    subject: Subject,
+    /// Until settled or given back.
+    charge: Option<Charge>,
 }
 
 impl fmt::Debug for Reservation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reservation")
-            .field("charge", &self.taken.as_ref().map(|t| t.charge))
+            .field("charge", &self.charge)
             .finish()
     }
 }
 
 impl Reservation {
+    /// The reservation of a request admitted with `charge` by the entry
+    /// `selected` picks from `shared`, for `subject`.
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        selected: Option<Arc<Entry>>,
+        subject: Subject,
+        charge: Charge,
+    ) -> Self {
+        Reservation {
+            shared,
+            selected,
+            subject,
+            charge: Some(charge),
+        }
+    }
+
+    fn counting(&self) -> &Counting {
+        &self.shared.options.counting
+    }
+
     /// The charge, to give back whole; none for a charge of 0 units, which
     /// has nothing to give back (no round trip for it).
-    fn charge_to_give_back(&mut self) -> Option<Taken> {
-        self.taken.take().filter(|t| t.charge.cost() > 0)
+    fn charge_to_give_back(&mut self) -> Option<Charge> {
+        self.charge.take().filter(|c| c.cost() > 0)
+    }
+
+    /// What a settlement of `charge` sends.
+    fn taken(&self, charge: Charge) -> Taken {
+        Taken {
+            limiter: self.shared.entry(&self.selected).limiter.clone(),
+            subject: self.subject.clone(),
+            charge,
+        }
+    }
+
+    fn report(&self) -> Report {
+        Report {
+            shared: Arc::clone(&self.shared),
+            selected: self.selected.clone(),
+        }
     }
 
     /// Whether [`settle`](Self::settle) reads more of the response than
     /// its extensions (else [`settle_refused`](Self::settle_refused) is
     /// all it takes, and the response is not taken apart).
     pub(crate) fn reads_head(&self) -> bool {
-        self.counting.reads_head()
+        self.counting().reads_head()
     }
 
     /// The refund to await when a rate limit inside this layer refused the
@@ -204,8 +226,8 @@ impl Reservation {
         if !refused_inside(extensions) {
             return None;
         }
-        let taken = self.charge_to_give_back()?;
-        Some(Settling::new(taken, 0, self.report.take()))
+        let charge = self.charge_to_give_back()?;
+        Some(Settling::new(self.taken(charge), 0, Some(self.report())))
     }
 
     /// The settlement to await before the response with head `res` goes
@@ -214,29 +236,34 @@ impl Reservation {
     /// the actual cost the response says; `None` when the charge stands as
     /// taken.
     pub(crate) fn settle(mut self, res: &response::Parts) -> Option<Settling> {
-        let taken = self.taken.take()?;
+        let charge = self.charge.take()?;
+        let counting = self.counting();
         let counts = !refused_inside(&res.extensions)
-            && match &self.counting.counts {
+            && match &counting.counts {
                 Some(counts) => counts.counts(res.status, &res.headers),
                 None => true,
             };
         let actual = if counts {
-            self.counting.actual.as_ref().and_then(|a| a(res))?
+            counting.actual.as_ref().and_then(|a| a(res))?
         } else {
             0
         };
         // Already what was taken: nothing to correct, no round trip.
-        if actual == taken.charge.cost() {
+        if actual == charge.cost() {
             return None;
         }
-        Some(Settling::new(taken, actual, self.report.take()))
+        Some(Settling::new(
+            self.taken(charge),
+            actual,
+            Some(self.report()),
+        ))
     }
 
     /// The refund to await before an inner error is returned, if requests
     /// without a response do not count.
     pub(crate) fn fail(mut self) -> Option<Settling> {
-        let taken = self.charge_to_give_back()?;
-        (!self.counting.unfinished).then(|| Settling::new(taken, 0, None))
+        let charge = self.charge_to_give_back()?;
+        (!self.counting().unfinished).then(|| Settling::new(self.taken(charge), 0, None))
     }
 }
 
@@ -249,11 +276,12 @@ fn refused_inside(extensions: &http::Extensions) -> bool {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Some(taken) = self.charge_to_give_back() {
-            if !self.counting.unfinished {
-                // Dropping a settlement under way finishes it in a task.
-                drop(Settling::new(taken, 0, None));
-            }
+        if self.counting().unfinished {
+            return;
+        }
+        if let Some(charge) = self.charge_to_give_back() {
+            // Dropping a settlement under way finishes it in a task.
+            drop(Settling::new(self.taken(charge), 0, None));
         }
     }
 }
