@@ -527,3 +527,44 @@ async fn a_block_that_times_out_still_revokes_the_leases() {
         assert!(d.is_denied() && d.source != DecisionSource::Lease, "{d:?}");
     }
 }
+
+/// `return_leases` waits for the give-backs already on their way: a block
+/// ends the subject's slice and sends its unused units back from a task,
+/// and a process that stops right after `return_leases` loses none of them
+/// (on this current-thread runtime the task runs only once the test waits).
+#[tokio::test]
+async fn return_leases_waits_for_give_backs_on_their_way() {
+    let memory = MemoryBackend::new();
+    let quota = Quota::per_hour(100_000);
+    let limiter = RateLimiter::builder(memory.clone(), Algorithm::FixedWindow)
+        .quota(quota)
+        .name("on-their-way")
+        .quota_leases(long_leases())
+        .build()
+        .unwrap();
+    let peer = RateLimiter::builder(memory, Algorithm::FixedWindow)
+        .quota(quota)
+        .name("on-their-way")
+        .build()
+        .unwrap();
+    let subject = Subject::new("hot");
+    let mut admitted = 0;
+    loop {
+        let d = limiter.check(subject.clone()).await.unwrap();
+        admitted += 1;
+        if d.source == DecisionSource::Lease {
+            break;
+        }
+    }
+    assert!(
+        remaining(&peer, "hot").await < 100_000 - admitted,
+        "a slice is held"
+    );
+    limiter
+        .block(&subject, Duration::from_secs(60))
+        .await
+        .unwrap();
+    limiter.return_leases().await;
+    limiter.unblock(&subject).await.unwrap();
+    assert_eq!(remaining(&peer, "hot").await, 100_000 - admitted);
+}

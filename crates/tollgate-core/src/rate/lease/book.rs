@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::revoke::{lock, Epoch, Retired, Revocation, Revocations};
+use super::sending::Sending;
 use super::QuotaLeases;
 use crate::keyspace::Subject;
 use crate::quota::Quota;
@@ -41,6 +42,8 @@ pub(super) struct Book {
     pub(super) returner: RateLimiter,
     /// The served charges settled in slices that have ended.
     pub(super) retired: Retired,
+    /// The give-backs of ended slices sent from tasks of their own.
+    pub(super) sending: Arc<Sending>,
 }
 
 /// One subject on this instance: its recent checks and its slice.
@@ -141,6 +144,7 @@ impl Leases {
                 revocations: Arc::default(),
                 returner,
                 retired: Retired::default(),
+                sending: Arc::default(),
             }),
         }
     }
@@ -180,7 +184,7 @@ impl Leases {
             served
         };
         for s in ended {
-            give_back_later(limiter, s);
+            give_back_later(book, limiter, s);
         }
         served
     }
@@ -219,14 +223,12 @@ impl Leases {
         if settles.is_empty() {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let returner = self.book.returner.clone();
-            runtime.spawn(async move {
-                for (s, to) in settles {
-                    settle_slice(&returner, s, to).await;
-                }
-            });
-        }
+        let returner = self.book.returner.clone();
+        self.book.sending.spawn(async move {
+            for (s, to) in settles {
+                settle_slice(&returner, s, to).await;
+            }
+        });
     }
 
     /// Settles a charge served from `subject`'s slice to `actual` while the
@@ -281,6 +283,8 @@ impl Leases {
         };
         let backs = slices.into_iter().map(|s| give_back(limiter.clone(), s));
         futures_util::future::join_all(backs).await;
+        // And those already on their way (a revocation's, an aged slice's).
+        self.book.sending.drained().await;
     }
 }
 
@@ -432,13 +436,11 @@ impl Book {
 
 /// Gives back `s`'s unused units in the background (nothing without a
 /// runtime: they return as the quota refills).
-pub(super) fn give_back_later(limiter: &RateLimiter, s: Slice) {
+pub(super) fn give_back_later(book: &Book, limiter: &RateLimiter, s: Slice) {
     if s.used() == s.charge.cost {
         return;
     }
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(give_back(limiter.clone(), s));
-    }
+    book.sending.spawn(give_back(limiter.clone(), s));
 }
 
 /// Settles the slice's charge to the units it served, less the refunds,

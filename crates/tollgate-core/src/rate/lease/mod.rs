@@ -25,6 +25,7 @@
 
 mod book;
 mod revoke;
+mod sending;
 mod take;
 
 use std::time::Duration;
@@ -286,7 +287,8 @@ pub(super) fn check<'a>(
 
 impl RateLimiter {
     /// Gives back the unused units of every quota lease this instance holds
-    /// (one settle per slice), and waits for them: call it before the
+    /// (one settle per slice), and waits for them and for the give-backs
+    /// already on their way (a revoked or aged slice's): call it before the
     /// process stops. Without leases, does nothing. A slice that cannot be
     /// given back (the store is down) is dropped; its units return as the
     /// quota refills.

@@ -163,7 +163,7 @@ impl Taking {
                 drop(map);
                 let mut slice = slice;
                 slice.charge.id = next_id();
-                give_back_later(&book.returner, slice);
+                give_back_later(book, &book.returner, slice);
             }
         }
         reply
