@@ -208,6 +208,17 @@ pub(crate) fn redis_error(e: redis::RedisError) -> Error {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `call`'s result, or [`Error::Timeout`] once `bound` has passed: how every
+/// call to a store is bounded by its caller's own timeout.
+pub(crate) async fn within<T>(
+    bound: Duration,
+    call: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    tokio::time::timeout(bound, call)
+        .await
+        .unwrap_or(Err(Error::Timeout(bound)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,7 +53,7 @@ pub use crate::rate::admin::LONGEST_BLOCK;
 pub use crate::store::VERSION_POLL;
 
 use crate::backend::Backend;
-use crate::error::{Error, Result};
+use crate::error::{within, Error, Result};
 use crate::keyspace::{Subject, DEFAULT_PREFIX};
 use crate::rate::RateLimiter;
 use crate::store::AdminBackend;
@@ -120,9 +120,7 @@ impl Admin {
         &self,
         call: impl std::future::Future<Output = Result<T>>,
     ) -> Result<T> {
-        tokio::time::timeout(self.timeout, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(self.timeout)))
+        within(self.timeout, call).await
     }
 
     /// Everything registered under the prefix, by name.

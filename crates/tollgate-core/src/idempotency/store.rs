@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::error::{within, Error, Result};
 use crate::failure::breaker::Breaker;
 use crate::failure::{is_outage, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_THRESHOLD};
 use crate::keyspace::Subject;
@@ -192,9 +192,7 @@ impl IdempotencyStore {
             // A reply later than the lease's first TTL finds the lease gone:
             // nothing is left to settle, the task stops waiting.
             let bound = store.core.timeout().max(ttl);
-            let reply = tokio::time::timeout(bound, store.backend.claim(&request))
-                .await
-                .unwrap_or(Err(Error::Timeout(bound)));
+            let reply = within(bound, store.backend.claim(&request)).await;
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(e) => {
@@ -276,10 +274,7 @@ impl IdempotencyStore {
     }
 
     async fn bounded<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        let timeout = self.core.timeout();
-        tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| Error::Timeout(timeout))?
+        within(self.core.timeout(), call).await
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::views::Registered;
-use crate::error::{Error, Result};
+use crate::error::{within, Error, Result};
 use crate::store::AdminBackend;
 
 /// The registry's key under `prefix`.
@@ -74,9 +74,7 @@ pub(crate) fn keep_registered(
         'writes: while alive() {
             // Bounded: a store that stopped answering holds no task (nor
             // the store) once its owner is gone.
-            let written = tokio::time::timeout(ALIVE_CHECK, register(&*store, &prefix, &entry));
-            let written = written.await.unwrap_or(Err(Error::Timeout(ALIVE_CHECK)));
-            if let Err(e) = written {
+            if let Err(e) = within(ALIVE_CHECK, register(&*store, &prefix, &entry)).await {
                 tracing::warn!(error = %e, "could not register: the operator plane will not list it");
             }
             // Looked at often, so that the store (its connection) is let go

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::error::Error;
+use crate::error::within;
 use crate::keyspace::Subject;
 use crate::store::{AdminBackend, DenialCount};
 
@@ -200,8 +200,7 @@ impl Tally {
                     let add = store.add_traffic(&traffic, second, admitted, refused, TRAFFIC_KEPT);
                     // Bounded: a store that stopped answering holds no task
                     // (nor the store) past the next flush.
-                    let added = tokio::time::timeout(FLUSH_EVERY, add).await;
-                    if let Err(e) = added.unwrap_or(Err(Error::Timeout(FLUSH_EVERY))) {
+                    if let Err(e) = within(FLUSH_EVERY, add).await {
                         tracing::debug!(error = %e, "could not add to the traffic counts");
                     }
                 }
@@ -210,8 +209,7 @@ impl Tally {
                 }
                 let key = list_key(&prefix, &limiter, now_ms());
                 let add = store.add_denials(&key, &counts, LIST_TTL, LIST_KEEP);
-                let added = tokio::time::timeout(FLUSH_EVERY, add).await;
-                if let Err(e) = added.unwrap_or(Err(Error::Timeout(FLUSH_EVERY))) {
+                if let Err(e) = within(FLUSH_EVERY, add).await {
                     // Lost with the outage: the list shows what came before.
                     tracing::debug!(error = %e, "could not add to the throttled list");
                 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{Charge, Decision, DecisionSource, RateLimiter};
-use crate::error::{Error, Result};
+use crate::error::{within, Result};
 use crate::keyspace::Subject;
 
 /// The longest wait a store is asked to reserve (µs, about 12 days): the
@@ -172,8 +172,7 @@ impl RateLimiter {
         }
         // Bounded as every round trip of a check: a store that hangs lets
         // the slot be kept, not the waiter hang.
-        let read = tokio::time::timeout(self.inner.timeout, self.blocked_for(subject)).await;
-        match read.unwrap_or(Err(Error::Timeout(self.inner.timeout))) {
+        match within(self.inner.timeout, self.blocked_for(subject)).await {
             Ok(left) => left.is_some(),
             Err(e) => {
                 tracing::debug!(policy = self.inner.keyspace.policy(), error = %e, "could not read the block at a reserved slot");

@@ -11,7 +11,7 @@ use super::lease::Revocation;
 use super::limiter::{Inner, Operated, BLOCK_KIND};
 use super::settle::reset_stamp_of;
 use super::RateLimiter;
-use crate::error::{Error, Result};
+use crate::error::{within, Error, Result};
 use crate::keyspace::Subject;
 use crate::plane::notices::{Action, Notice, Notices};
 use crate::plane::registry::keep_registered;
@@ -205,10 +205,7 @@ impl RateLimiter {
     /// or the store's action timeout (5 s), whichever is longer: an operator's request
     /// may wait longer than a check.
     async fn within<T>(&self, call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-        let bound = self.inner.timeout.max(crate::store::ACTION_TIMEOUT);
-        tokio::time::timeout(bound, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(bound)))
+        within(self.inner.timeout.max(crate::store::ACTION_TIMEOUT), call).await
     }
 
     /// Runs an admin action in a span of its own (OpenTelemetry exports it
@@ -369,9 +366,7 @@ impl RateLimiter {
         };
         let reply = match inner.backend.check_rate_now(&request) {
             Some(reply) => reply?,
-            None => tokio::time::timeout(inner.timeout, inner.backend.check_rate(&request))
-                .await
-                .unwrap_or(Err(Error::Timeout(inner.timeout)))?,
+            None => within(inner.timeout, inner.backend.check_rate(&request)).await?,
         };
         if reply.outcomes.len() != inner.quotas.len() {
             return Err(Error::Protocol(format!(

@@ -12,7 +12,7 @@ use super::deny_cache::{DenyCache, Sent};
 use super::lease::{self, Taking};
 use super::{Algorithm, Decision, DecisionSource, Outcome, Quota};
 use crate::clock::{monotonic_micros, Clock};
-use crate::error::{Error, Result};
+use crate::error::{within, Error, Result};
 use crate::failure::breaker::Breaker;
 use crate::failure::{is_outage, FailurePolicy};
 use crate::keyspace::{Keyspace, Subject};
@@ -213,9 +213,7 @@ impl RateLimiter {
             // then none is required of the runtime).
             match futures_util::poll!(&mut call) {
                 std::task::Poll::Ready(r) => r,
-                std::task::Poll::Pending => tokio::time::timeout(inner.timeout, call)
-                    .await
-                    .unwrap_or(Err(Error::Timeout(inner.timeout))),
+                std::task::Poll::Pending => within(inner.timeout, call).await,
             }
         };
         let mut decision = self.conclude(subject, prepared.sent, &prepared.request, outcome);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::charge::key_digest;
 use super::{Charge, Decision, DecisionSource, RateLimiter};
 use crate::clock::monotonic_micros;
-use crate::error::{Error, Result};
+use crate::error::{within, Error, Result};
 use crate::failure::is_outage;
 use crate::keyspace::Subject;
 use crate::quota::Quota;
@@ -217,9 +217,7 @@ impl RateLimiter {
             // check: the charge stays, and nobody waits a timeout for it.
             None if !inner.breaker.admits() => Err(Error::CircuitOpen),
             None => {
-                let done = tokio::time::timeout(inner.timeout, inner.backend.settle_rate(&request))
-                    .await
-                    .unwrap_or(Err(Error::Timeout(inner.timeout)));
+                let done = within(inner.timeout, inner.backend.settle_rate(&request)).await;
                 match &done {
                     Err(e) if is_outage(e) => inner.breaker.failure(monotonic_micros()),
                     _ => inner.breaker.success(),

@@ -21,7 +21,7 @@ use super::pubsub::glob_escape;
 use super::reply::int;
 use super::scripts::{LOCK_BREAK, LOCK_HOLDERS};
 use super::RedisBackend;
-use crate::error::{redis_error, Error, Result};
+use crate::error::{redis_error, within, Error, Result};
 use crate::store::{parse_description, parse_lock_key, LockHolder, LockKeys, ACTION_TIMEOUT};
 
 /// Keys asked for per `SCAN` call.
@@ -175,9 +175,7 @@ pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<St
 /// action timeout: a walk over many keys may take long as a whole, but a
 /// store that stopped answering fails it.
 pub(super) async fn page<T>(call: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-    tokio::time::timeout(ACTION_TIMEOUT, call)
-        .await
-        .unwrap_or(Err(Error::Timeout(ACTION_TIMEOUT)))
+    within(ACTION_TIMEOUT, call).await
 }
 
 fn scan_cmd(cursor: u64, pattern: &str) -> redis::Cmd {

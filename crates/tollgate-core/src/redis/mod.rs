@@ -16,7 +16,7 @@ use self::pubsub::PubSubNodes;
 use self::rate::RateCalls;
 use self::scripts::LuaScript;
 use self::standalone::Standalone;
-use crate::error::{redis_error, Error, Result};
+use crate::error::{redis_error, within, Error, Result};
 
 mod admin;
 mod coalesce;
@@ -273,9 +273,8 @@ impl RedisBackend {
     /// server refuses `INFO`.
     pub async fn eviction_policy(&self) -> Result<Option<String>> {
         let mut conn = self.conn.clone();
-        let read = tokio::time::timeout(CONNECT_CHECKS, version::eviction(&mut conn)).await;
-        read.map_err(|_| Error::Timeout(CONNECT_CHECKS))?
-            .map_err(redis_error)
+        let read = async { version::eviction(&mut conn).await.map_err(redis_error) };
+        within(CONNECT_CHECKS, read).await
     }
 
     /// The client used for the one pub/sub subscription per `Locker`, as
@@ -367,9 +366,7 @@ const CONNECT_CHECKS: std::time::Duration = std::time::Duration::from_secs(5);
 /// tollgate's keys (see [`version`]). A server that does not answer within
 /// [`CONNECT_CHECKS`] fails the connect (a timeout).
 async fn ensure_supported<C: ConnectionLike>(conn: &mut C) -> Result<()> {
-    tokio::time::timeout(CONNECT_CHECKS, server_checks(conn))
-        .await
-        .unwrap_or(Err(Error::Timeout(CONNECT_CHECKS)))
+    within(CONNECT_CHECKS, server_checks(conn)).await
 }
 
 async fn server_checks<C: ConnectionLike>(conn: &mut C) -> Result<()> {
