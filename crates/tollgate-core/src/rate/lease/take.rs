@@ -95,8 +95,9 @@ impl Taking {
     fn install(&self, lease: LeaseReply, request: &RateRequest, timed: bool) -> RateReply {
         let book = &self.book;
         let mut reply = lease.reply;
-        // Nothing leased: the reply is the check's own, as the store says.
-        if !reply.allowed || lease.granted == 0 || lease.granted < request.cost {
+        // Nothing leased beyond the check: the reply is the check's own, as
+        // the store says (no slice to keep or give back).
+        if !reply.allowed || lease.granted <= request.cost {
             return reply;
         }
         let left = lease.granted - request.cost;
@@ -136,9 +137,6 @@ impl Taking {
             outcomes: reply.outcomes.clone(),
             charge,
         };
-        if left == 0 {
-            return reply;
-        }
         let mut map = lock(&book.subjects);
         let current = book.revocations.epoch(&self.subject) == self.epoch;
         match map.get_mut(self.subject.as_encoded()).filter(|_| current) {
