@@ -57,6 +57,23 @@ impl Protocol {
                 .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc")),
         }
     }
+
+    /// The content type a gRPC-shaped answer to a request with `headers`
+    /// carries, or `None` when it gets an HTTP one: a gRPC-Web request's
+    /// own (`application/grpc-web+proto`, `-text`, …), which its client
+    /// checks; else `application/grpc`.
+    pub(crate) fn grpc_content_type(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+        if !self.is_grpc(headers) {
+            return None;
+        }
+        let web = headers
+            .get(CONTENT_TYPE)
+            .filter(|v| v.as_bytes().starts_with(b"application/grpc-web"));
+        Some(
+            web.cloned()
+                .unwrap_or(HeaderValue::from_static("application/grpc")),
+        )
+    }
 }
 
 /// gRPC status codes used by tollgate's rejections (see

@@ -502,13 +502,7 @@ impl Rejection {
     /// is answered in its own content type (`application/grpc-web+proto`,
     /// `application/grpc-web-text`, …), which its client checks.
     pub fn for_protocol(mut self, protocol: Protocol, headers: &HeaderMap) -> Self {
-        self.grpc = protocol.is_grpc(headers).then(|| {
-            let web = headers
-                .get(CONTENT_TYPE)
-                .filter(|v| v.as_bytes().starts_with(b"application/grpc-web"));
-            web.cloned()
-                .unwrap_or(HeaderValue::from_static("application/grpc"))
-        });
+        self.grpc = protocol.grpc_content_type(headers);
         self
     }
 
