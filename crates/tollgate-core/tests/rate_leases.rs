@@ -32,6 +32,24 @@ fn long_leases() -> QuotaLeases {
         .max_age(Duration::from_secs(60))
 }
 
+/// A limiter of `quota` named `name` on the first backend with `leases`,
+/// and its peer without them on the second (both on one store).
+fn with_peer(
+    (leased, plain): (impl RateBackend, impl RateBackend),
+    alg: Algorithm,
+    quota: Quota,
+    name: &str,
+    leases: QuotaLeases,
+) -> (RateLimiter, RateLimiter) {
+    let build = |b: RateLimiterBuilder| b.quota(quota).name(name);
+    let limiter = build(RateLimiter::builder(leased, alg))
+        .quota_leases(leases)
+        .build()
+        .unwrap();
+    let peer = build(RateLimiter::builder(plain, alg)).build().unwrap();
+    (limiter, peer)
+}
+
 /// The units a limiter without leases sees left (a check of cost 0).
 async fn remaining(peer: &RateLimiter, subject: &str) -> u64 {
     peer.check_n(subject, 0).await.unwrap().remaining
@@ -181,17 +199,13 @@ async fn a_served_decision_reports_the_units_left_in_its_slice() {
 async fn a_cold_subject_never_leases() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    let limiter = RateLimiter::builder(backend.clone(), Algorithm::FixedWindow)
-        .quota(Quota::per_hour(10_000))
-        .name("cold")
-        .quota_leases(QuotaLeases::default().hot_checks(20))
-        .build()
-        .unwrap();
-    let peer = RateLimiter::builder(backend, Algorithm::FixedWindow)
-        .quota(Quota::per_hour(10_000))
-        .name("cold")
-        .build()
-        .unwrap();
+    let (limiter, peer) = with_peer(
+        (backend.clone(), backend),
+        Algorithm::FixedWindow,
+        Quota::per_hour(10_000),
+        "cold",
+        QuotaLeases::default().hot_checks(20),
+    );
     limiter.check("warm-up").await.unwrap();
     let before = server.command_calls("evalsha");
     for _ in 0..15 {
@@ -217,18 +231,13 @@ async fn a_cold_subject_never_leases() {
 async fn return_leases_gives_back_what_was_not_served() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    let quota = Quota::per_hour(100_000);
-    let limiter = RateLimiter::builder(backend.clone(), Algorithm::FixedWindow)
-        .quota(quota)
-        .name("back")
-        .quota_leases(long_leases())
-        .build()
-        .unwrap();
-    let peer = RateLimiter::builder(backend, Algorithm::FixedWindow)
-        .quota(quota)
-        .name("back")
-        .build()
-        .unwrap();
+    let (limiter, peer) = with_peer(
+        (backend.clone(), backend),
+        Algorithm::FixedWindow,
+        Quota::per_hour(100_000),
+        "back",
+        long_leases(),
+    );
     limiter.check("warm-up").await.unwrap();
     let before = server.command_calls("evalsha");
     for _ in 0..400 {
@@ -250,18 +259,13 @@ async fn return_leases_gives_back_what_was_not_served() {
 async fn a_dropped_limiter_gives_its_slices_back() {
     let server = RedisServer::start().unwrap();
     let backend = RedisBackend::connect(&server.url()).await.unwrap();
-    let quota = Quota::per_hour(100_000);
-    let limiter = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
-        .quota(quota)
-        .name("dropped")
-        .quota_leases(long_leases())
-        .build()
-        .unwrap();
-    let peer = RateLimiter::builder(backend, Algorithm::Gcra)
-        .quota(quota)
-        .name("dropped")
-        .build()
-        .unwrap();
+    let (limiter, peer) = with_peer(
+        (backend.clone(), backend),
+        Algorithm::Gcra,
+        Quota::per_hour(100_000),
+        "dropped",
+        long_leases(),
+    );
     for _ in 0..400 {
         assert!(limiter.check("hot").await.unwrap().allowed);
     }
@@ -449,12 +453,13 @@ async fn a_take_in_flight_during_a_block_gives_its_units_back() {
         entered: Default::default(),
         gate: std::sync::Arc::new(tokio::sync::Semaphore::new(0)),
     };
-    let quota = Quota::per_hour(100_000);
-    let build = |b: RateLimiterBuilder| b.quota(quota).name("gated").build().unwrap();
-    let leasing = build(
-        RateLimiter::builder(gated.clone(), Algorithm::FixedWindow).quota_leases(long_leases()),
+    let (leasing, peer) = with_peer(
+        (gated.clone(), memory),
+        Algorithm::FixedWindow,
+        Quota::per_hour(100_000),
+        "gated",
+        long_leases(),
     );
-    let peer = build(RateLimiter::builder(memory, Algorithm::FixedWindow));
     let subject = Subject::new("hot");
     gated.armed.store(true, std::sync::atomic::Ordering::SeqCst);
     // Checks until the first take is held at the gate (and one more, at
@@ -535,18 +540,13 @@ async fn a_block_that_times_out_still_revokes_the_leases() {
 #[tokio::test]
 async fn return_leases_waits_for_give_backs_on_their_way() {
     let memory = MemoryBackend::new();
-    let quota = Quota::per_hour(100_000);
-    let limiter = RateLimiter::builder(memory.clone(), Algorithm::FixedWindow)
-        .quota(quota)
-        .name("on-their-way")
-        .quota_leases(long_leases())
-        .build()
-        .unwrap();
-    let peer = RateLimiter::builder(memory, Algorithm::FixedWindow)
-        .quota(quota)
-        .name("on-their-way")
-        .build()
-        .unwrap();
+    let (limiter, peer) = with_peer(
+        (memory.clone(), memory),
+        Algorithm::FixedWindow,
+        Quota::per_hour(100_000),
+        "on-their-way",
+        long_leases(),
+    );
     let subject = Subject::new("hot");
     let mut admitted = 0;
     loop {
