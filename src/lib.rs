@@ -158,8 +158,10 @@ pub mod tower {
     //!   [`HeaderKey`](key::HeaderKey), [`RouteKey`](key::RouteKey), path
     //!   parameters with feature `axum`, compounds).
     //! - [`Rejection`] and [`RejectionReason`]: the one model of a refused
-    //!   request and its HTTP status or gRPC code ([`rejection`]); the
-    //!   response body becomes a [`ResponseBody`].
+    //!   request and its HTTP status or gRPC code ([`rejection`]); the rate
+    //!   limit writes it in the inner body type ([`RejectionBody`]), the
+    //!   layers that hold a lease while the body streams in a
+    //!   [`ResponseBody`].
     //! - [`headers`]: the `RateLimit` header formatter; [`grpc`]: gRPC
     //!   detection and trailers-only responses.
     //!

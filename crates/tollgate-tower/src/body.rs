@@ -122,12 +122,16 @@ impl LeaseGuard {
 }
 
 pin_project! {
-    /// The response body of [`RateLimit`](crate::rate_limit::RateLimit) and
-    /// [`Lock`](crate::lock::Lock): the inner service's body, or the short
-    /// body of a rejection built by the middleware, or a response the
-    /// [idempotency layer](crate::idempotency) read to its end (to store
-    /// it) or replayed from its record, or one it passes on as it reads
-    /// it.
+    /// The response body of the layers that hold something while the body
+    /// streams — [`Lock`](crate::lock::Lock), the
+    /// [concurrency limit](crate::concurrency) and the
+    /// [idempotency layer](crate::idempotency): the inner service's body,
+    /// or the short body of a rejection built by the middleware, or a
+    /// response the idempotency layer read to its end (to store it) or
+    /// replayed from its record, or one it passes on as it reads it. (The
+    /// [rate limit](crate::rate_limit::RateLimit) holds nothing past the
+    /// response's head, and keeps the inner body type: see
+    /// [`RejectionBody`](crate::RejectionBody).)
     ///
     /// Like tower-http's `ResponseBody` types, it wraps the inner body so
     /// that rejections can carry their problem document whatever the inner

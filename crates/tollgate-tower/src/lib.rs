@@ -35,9 +35,12 @@
 //! Services are `Clone + Send + Sync`, checks run in the response future
 //! (never in `poll_ready`), the inner service's error type passes through
 //! unchanged (axum needs `Infallible`) and every rejection is a response.
-//! The response body becomes [`ResponseBody<B>`](ResponseBody), which wraps
-//! the inner body so rejections can carry their problem document; axum
-//! routers and tonic servers accept it as they are.
+//! The rate limit keeps the inner service's body type and writes its
+//! rejections in it ([`RejectionBody`]: axum's and tonic's bodies, `Full`,
+//! the boxed bodies), so an admitted response passes through untouched.
+//! The layers that hold a lock, a permit or a record while the body streams
+//! answer with [`ResponseBody<B>`](ResponseBody), which wraps the inner
+//! body; axum routers and tonic servers accept both as they are.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -121,4 +124,4 @@ pub use idempotency::IdempotencyLayer;
 pub use lock::LockLayer;
 pub use pace::PaceLayer;
 pub use rate_limit::RateLimitLayer;
-pub use rejection::{Rejection, RejectionReason};
+pub use rejection::{Rejection, RejectionBody, RejectionReason};

@@ -17,6 +17,7 @@ use http::Response;
 use crate::body::ResponseBody;
 use crate::grpc::Protocol;
 use crate::rejection::Rejection;
+use crate::rejection::RejectionBody;
 
 /// Takes the inner service that `poll_ready` readied, leaving a clone in
 /// its place: tower's contract is that the readied service is the one that
@@ -85,7 +86,12 @@ impl Reply {
     /// The response; panics if it was handed out already (the future was
     /// polled after completion).
     pub(crate) fn take<B>(&mut self) -> Response<ResponseBody<B>> {
+        self.answer()
+    }
+
+    /// The response in the body type `B`.
+    pub(crate) fn answer<B: RejectionBody>(&mut self) -> Response<B> {
         let response = self.0.take().expect("polled after completion");
-        response.map(ResponseBody::full)
+        response.map(B::from_rejection)
     }
 }

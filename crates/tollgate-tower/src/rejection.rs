@@ -51,10 +51,12 @@ use crate::grpc::{trailers_only, GrpcCode, Protocol};
 use crate::headers::{retry_after_secs, DecisionHeaders, RateLimitHeaders, RATELIMIT_POLICY};
 use crate::key::KeyError;
 
+mod body;
 mod idempotency;
 mod problem;
 mod refused;
 
+pub use body::RejectionBody;
 pub use refused::Refused;
 
 /// The problem type of a rate limit's 429 body: draft-10's quota-exceeded

@@ -27,7 +27,7 @@ fn services_are_clone_send_sync_and_futures_send() {
     clone_send_sync(&svc);
     let fut = svc.call(Request::new(Body::empty()));
     send(&fut);
-    infallible(&svc);
+    infallible::<_, Body>(&svc);
 
     let layer = LockLayer::new(
         Locker::new(MemoryBackend::new()),
@@ -38,17 +38,15 @@ fn services_are_clone_send_sync_and_futures_send() {
     clone_send_sync(&svc);
     let fut = svc.call(Request::new(Body::empty()));
     send(&fut);
-    infallible(&svc);
+    infallible::<_, tollgate_tower::ResponseBody<Body>>(&svc);
 }
 
-/// The inner service's error type (axum's `Infallible`) passes through.
-fn infallible<S>(_: &S)
+/// The inner service's error type (axum's `Infallible`) passes through,
+/// and the response body is `B`: the rate limit's is the inner service's
+/// own (axum does not box it again), a lock's wraps it.
+fn infallible<S, B>(_: &S)
 where
-    S: Service<
-        Request<Body>,
-        Error = Infallible,
-        Response = Response<tollgate_tower::ResponseBody<Body>>,
-    >,
+    S: Service<Request<Body>, Error = Infallible, Response = Response<B>>,
 {
 }
 

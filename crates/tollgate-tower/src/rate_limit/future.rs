@@ -17,9 +17,9 @@ use tower_service::Service;
 
 use super::outcome::{Reservation, Settling};
 use super::service::{Entry, Shared};
-use crate::body::ResponseBody;
 use crate::headers::DecisionHeaders;
 use crate::middleware::Reply;
+use crate::rejection::RejectionBody;
 
 pin_project! {
     /// The response future of [`RateLimit`](super::RateLimit): checks the limit, then calls
@@ -36,7 +36,7 @@ pin_project! {
     ///
     /// let mut svc = RateLimitLayer::gcra(MemoryBackend::new(), Quota::per_second(5))
     ///     .layer(service_fn(|_: Request<()>| async {
-    ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Empty::<bytes::Bytes>::new()))
+    ///         Ok::<_, Infallible>(http::Response::new(http_body_util::Full::<bytes::Bytes>::default()))
     ///     }));
     /// let future = svc.ready().await?.call(Request::new(()));
     /// // Nothing has been checked yet: the check runs when the future is polled.
@@ -145,8 +145,9 @@ where
 impl<S, ReqB, ResB> Future for ResponseFuture<S, ReqB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: RejectionBody,
 {
-    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+    type Output = Result<Response<ResB>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -252,7 +253,7 @@ where
                     let headers = settled.or_else(|| headers.take());
                     return Poll::Ready(finish(outcome, headers));
                 }
-                StateProj::Reply { reply } => return Poll::Ready(Ok(reply.take())),
+                StateProj::Reply { reply } => return Poll::Ready(Ok(reply.answer())),
             }
         }
     }
@@ -322,15 +323,16 @@ fn decided(check: Check, result: Result<Decision, Error>, req: &mut Parts) -> De
     }
 }
 
-/// The response with the rate-limit `headers` added, its body wrapped.
+/// The response with the rate-limit `headers` added; its body is left as
+/// it is.
 fn finish<ResB, E>(
     outcome: Result<Response<ResB>, E>,
     headers: Option<DecisionHeaders>,
-) -> Result<Response<ResponseBody<ResB>>, E> {
+) -> Result<Response<ResB>, E> {
     outcome.map(|mut response| {
         if let Some(mut extra) = headers {
             extra.apply(response.headers_mut());
         }
-        response.map(ResponseBody::new)
+        response
     })
 }

@@ -13,11 +13,10 @@ use super::future::{Check, ResponseFuture};
 use super::outcome::Counting;
 use super::plan::{PlanEntries, PlanSelector};
 use super::RequestCost;
-use crate::body::ResponseBody;
 use crate::headers::{DecisionHeaders, RateLimitHeaders};
 use crate::key::{GlobalKey, KeyError, KeyExtractor};
 use crate::middleware::{take_readied, Answer};
-use crate::rejection::Rejection;
+use crate::rejection::{Rejection, RejectionBody};
 
 /// The HTTP concerns of a [`RateLimitLayer`](super::RateLimitLayer).
 #[derive(Clone, Debug)]
@@ -317,11 +316,12 @@ impl<S, K, C> RateLimit<S, K, C> {
 impl<S, K, C, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, K, C>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    ResB: RejectionBody,
     K: KeyExtractor,
     C: RequestCost,
     ReqB: Send + 'static,
 {
-    type Response = Response<ResponseBody<ResB>>;
+    type Response = Response<ResB>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqB>;
 
@@ -381,8 +381,8 @@ mod tests {
     /// An inner service that answers every request with an empty 200.
     async fn ok(
         _: Request<()>,
-    ) -> Result<http::Response<http_body_util::Empty<Bytes>>, std::convert::Infallible> {
-        Ok(http::Response::new(http_body_util::Empty::new()))
+    ) -> Result<http::Response<http_body_util::Full<Bytes>>, std::convert::Infallible> {
+        Ok(http::Response::new(http_body_util::Full::default()))
     }
 
     /// The check runs when the response future is polled, even on a store

@@ -9,18 +9,18 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 /// Serves grpc.health.v1 behind `layer` on a free loopback port.
-pub async fn serve<L>(layer: L) -> SocketAddr
+pub async fn serve<L, B>(layer: L) -> SocketAddr
 where
     L: tower::Layer<tonic::service::Routes> + Clone + Send + 'static,
-    L::Service: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tollgate_tower::ResponseBody<tonic::body::Body>>,
-        > + Clone
+    L::Service: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<B>>
+        + Clone
         + Send
         + 'static,
     <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send + 'static,
     <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
         Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
