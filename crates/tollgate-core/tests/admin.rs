@@ -434,7 +434,8 @@ async fn inspect_resets_when_every_quota_is_full() {
 }
 
 /// `inspect` waits for a slow store as long as the operator's timeout says
-/// (5 s unless set), not the 100 ms a request path's limiter has by default.
+/// (5 s unless set), not the 100 ms a request path's limiter has by default
+/// — whether asked through `Admin` or of the limiter itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_waits_as_long_as_the_operator_says() {
     let slow = ReplyDelay::start(&server().addr()).await.unwrap();
@@ -448,6 +449,8 @@ async fn inspect_waits_as_long_as_the_operator_says() {
     slow.set(Duration::from_millis(150));
     let state = admin.inspect("login", &alice).await.unwrap();
     assert_eq!(state.remaining, 2, "{state:?}");
+    let own = l.inspect(&alice).await.unwrap();
+    assert_eq!(own.remaining, 2, "{own:?}");
     let quick = admin.with_timeout(Duration::from_millis(50));
     let e = quick.inspect("login", &alice).await.unwrap_err();
     assert!(matches!(e, Error::Timeout(_)), "{e}");

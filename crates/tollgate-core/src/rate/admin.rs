@@ -366,7 +366,8 @@ impl RateLimiter {
         };
         let reply = match inner.backend.check_rate_now(&request) {
             Some(reply) => reply?,
-            None => within(inner.timeout, inner.backend.check_rate(&request)).await?,
+            // An operator's read: bounded as the other actions are.
+            None => self.within(inner.backend.check_rate(&request)).await?,
         };
         if reply.outcomes.len() != inner.quotas.len() {
             return Err(Error::Protocol(format!(
