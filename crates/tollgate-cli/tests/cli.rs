@@ -543,6 +543,16 @@ async fn mistakes_exit_non_zero_with_a_message() {
         // Past the longest block the store takes (366 days).
         &["--redis", &url, "block", "login", "alice", "31622401"][..],
         &["--redis", &url, "inspect", "login", "a{b"][..],
+        // `@` escaped by hand: no subject encodes to it, so the block
+        // would land on a key nobody checks.
+        &[
+            "--redis",
+            &url,
+            "block",
+            "login",
+            "alice%40example.com",
+            "600",
+        ][..],
         &["--redis", &url, "throttled", "--limit", "0"][..],
         &["--redis", &url, "frobnicate"][..],
     ] {

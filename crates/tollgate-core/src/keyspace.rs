@@ -123,23 +123,31 @@ impl Subject {
         });
         let mut i = 0;
         let mut valid = !bytes.is_empty() && id.len() <= MAX_SUBJECT_LEN;
+        // An escape of a byte that escaping keeps as it is (`%40` for `@`):
+        // no subject encodes to it, so it would name a key nobody checks.
+        let mut needless = false;
         while valid && i < bytes.len() {
             let b = bytes[i];
             if b == b'%' {
-                let hex = |k: usize| {
-                    bytes
-                        .get(k)
-                        .is_some_and(|c| matches!(c, b'0'..=b'9' | b'A'..=b'F'))
-                };
-                valid = hex(i + 1) && hex(i + 2);
+                match bytes.get(i + 1..i + 3).and_then(hex_byte) {
+                    Some(escaped) if is_plain(escaped) => needless = true,
+                    Some(_) => {}
+                    None => valid = false,
+                }
                 i += 3;
             } else {
                 valid = b.is_ascii_graphic() && !matches!(b, b'{' | b'}');
                 i += 1;
             }
         }
-        if valid || id == "%e" || digest {
+        if (valid && !needless) || id == "%e" || digest {
             Ok(Subject::plain(id))
+        } else if valid {
+            Err(Error::InvalidConfig(format!(
+                "{id:?} is not a subject id: it escapes characters that subject ids keep as \
+                 they are; did you mean {:?}?",
+                unescape_plain(id)
+            )))
         } else {
             Err(Error::InvalidConfig(format!(
                 "{id:?} is not a subject id (the escaped form keys and the throttled list show)"
@@ -288,10 +296,46 @@ impl From<u64> for Subject {
     }
 }
 
+/// Whether escaping keeps `b` as it is.
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':' | b'%')
+}
+
+/// The byte an escape's two upper-case hex digits stand for.
+fn hex_byte(digits: &[u8]) -> Option<u8> {
+    let value = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'A'..=b'F' => Some(d - b'A' + 10),
+        _ => None,
+    };
+    Some(value(digits[0])? << 4 | value(digits[1])?)
+}
+
+/// `id` with its needless escapes (of bytes kept as they are) undone: the
+/// subject id an operator who escaped by hand most likely meant.
+fn unescape_plain(id: &str) -> String {
+    let bytes = id.as_bytes();
+    let mut out = String::with_capacity(id.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes.get(i + 1..i + 3).and_then(hex_byte) {
+            Some(b) if bytes[i] == b'%' && is_plain(b) => {
+                out.push(char::from(b));
+                i += 3;
+            }
+            _ => {
+                out.push(char::from(bytes[i]));
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn escape_into(bytes: &[u8], out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in bytes {
-        let plain = b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':' | b'%');
+        let plain = is_plain(b);
         if plain {
             out.push(b as char);
         } else {
@@ -495,6 +539,32 @@ pub(crate) fn hash_tag(key: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every id a subject encodes to parses back to that subject, and an
+    /// escape no subject encodes to (`%40` for `@`, which subjects keep as
+    /// it is) is refused, with the id the operator most likely meant.
+    #[test]
+    fn only_ids_a_subject_encodes_to_parse() {
+        for b in 0..=255u8 {
+            let s = Subject::new([b]);
+            assert_eq!(
+                Subject::from_encoded(s.as_encoded()).unwrap(),
+                s,
+                "byte {b}"
+            );
+        }
+        let s = Subject::compound(["alice@example.com", "a:b%{c}"]);
+        assert_eq!(Subject::from_encoded(s.as_encoded()).unwrap(), s);
+        for needless in ["%41", "alice%40example.com", "a%2Eb"] {
+            let e = Subject::from_encoded(needless).unwrap_err().to_string();
+            assert!(e.contains("did you mean"), "{needless}: {e}");
+        }
+        let e = Subject::from_encoded("alice%40example.com%3A1").unwrap_err();
+        assert!(e.to_string().contains(r#""alice@example.com%3A1""#), "{e}");
+        for bad in ["%4", "%4g", "%zz", "a{b}", ""] {
+            assert!(Subject::from_encoded(bad).is_err(), "{bad}");
+        }
+    }
 
     fn tag(key: &str) -> &str {
         let t = hash_tag(key);
