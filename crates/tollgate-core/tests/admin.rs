@@ -458,7 +458,8 @@ async fn inspect_waits_as_long_as_the_operator_says() {
 
 /// A plan change runs a second algorithm under one name for a while, each
 /// on keys of its own: both are listed, a reset gives the subject its
-/// quota back on both, and inspect shows the one with less left.
+/// quota back on both, inspect shows the one with less left, and the
+/// subject they refuse is throttled once, not once per algorithm.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_with_two_algorithms_is_reset_on_both() {
     for backend in [MemoryBackend::new().into(), standalone().await] {
@@ -483,6 +484,15 @@ async fn a_name_with_two_algorithms_is_reset_on_both() {
         assert!(new.check(&alice).await.unwrap().allowed);
         assert!(!old.check(&alice).await.unwrap().allowed);
         assert_eq!(admin.inspect("api", &alice).await.unwrap().remaining, 0);
+        let top = eventually(WAIT, "alice is throttled", || async {
+            let top = admin.throttled(10).await.ok()?;
+            top.iter()
+                .any(|t| t.subject == alice.as_encoded())
+                .then_some(top)
+        })
+        .await;
+        let listed = top.iter().filter(|t| t.subject == alice.as_encoded());
+        assert_eq!(listed.count(), 1, "{top:?}");
         admin.reset("api", &alice).await.unwrap();
         assert!(old.check(&alice).await.unwrap().allowed);
         let d = new.check(&alice).await.unwrap();

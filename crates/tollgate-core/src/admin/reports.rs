@@ -10,11 +10,21 @@ use crate::plane::views::{ThrottledSubject, Traffic};
 pub(super) async fn throttled(admin: &Admin, n: usize) -> Result<Vec<ThrottledSubject>> {
     let now = now_ms();
     let mut all: Vec<ThrottledSubject> = Vec::new();
-    for limiter in admin.registered_limiters().await? {
+    // One list per name: a name run under two algorithms (a plan change)
+    // is registered twice but denies into one list, read once.
+    let mut names: Vec<String> = admin
+        .registered_limiters()
+        .await?
+        .into_iter()
+        .map(|l| l.name)
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    for name in names {
         // This window and the one before, merged by subject.
         let mut merged: Vec<ThrottledSubject> = Vec::new();
         for at in [now, now.saturating_sub(LIST_WINDOW_MS)] {
-            let key = list_key(admin.prefix(), &limiter.name, at);
+            let key = list_key(admin.prefix(), &name, at);
             for c in admin.bounded(admin.store().top_denials(&key, n)).await? {
                 match merged.iter_mut().find(|t| t.subject == c.subject) {
                     Some(t) => {
@@ -25,7 +35,7 @@ pub(super) async fn throttled(admin: &Admin, n: usize) -> Result<Vec<ThrottledSu
                         }
                     }
                     None => merged.push(ThrottledSubject {
-                        limiter: limiter.name.clone(),
+                        limiter: name.clone(),
                         subject: c.subject,
                         label: c.label,
                         denied: c.denied,
