@@ -17,7 +17,7 @@ use admin_common::{backend, serve, App, Store, TOKEN, WAIT};
 use fantoccini::{Client, Locator};
 use http::Method;
 use tollgate_core::idempotency::{Claim, Fingerprint, IdempotencyStore};
-use tollgate_core::{LockOptions, Locker, Semaphore, Subject};
+use tollgate_core::{Algorithm, LockOptions, Locker, Quota, RateLimiter, Semaphore, Subject};
 use tollgate_testkit::eventually;
 use tollgate_testkit::http::loopback;
 
@@ -240,6 +240,61 @@ async fn the_search_box_finds_a_customer_by_raw_key_and_blocks_them() {
     .await;
     let retry = r.retry_after();
     assert!(retry > 240 && retry <= 300, "{r:?}");
+}
+
+/// A name run under two algorithms (a plan change) keeps one row per
+/// algorithm refresh after refresh, and a subject both refuse is throttled
+/// once: no row is left behind when a key is listed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_under_two_algorithms_keeps_a_row_each() {
+    let Some(bins) = browser::binaries_or_skip("a_name_under_two_algorithms_keeps_a_row_each")
+    else {
+        return;
+    };
+    let app = serve(backend(Store::Redis).await).await;
+    let gcra = RateLimiter::builder(app.backend.clone(), Algorithm::Gcra)
+        .quota(Quota::per_minute(3))
+        .prefix(app.admin.prefix())
+        .name("login")
+        .build()
+        .unwrap();
+    eventually(WAIT, "the second algorithm registers", || async {
+        app.admin.limiters().await.ok().filter(|l| l.len() == 3)
+    })
+    .await;
+    let alice = Subject::new("alice");
+    for _ in 0..4 {
+        gcra.check(&alice).await.unwrap();
+        app.login.check(&alice).await.unwrap();
+    }
+    let url = format!("http://{}/admin/#token={TOKEN}", app.addr);
+
+    browser::with_browser(&bins, |client| async move {
+        client.goto(&url).await.unwrap();
+        let row = throttled_row("login", "alice");
+        let subject = format!(r#"{row} td[data-field="subject"]"#);
+        browser::wait_for_text(&client, &subject, WAIT, |t| t == "alice").await;
+        // Three refreshes after both show: each one says when it was.
+        let mut seen =
+            browser::wait_for_text(&client, "#status", WAIT, |t| t.starts_with("live")).await;
+        for _ in 0..3 {
+            let prev = seen.clone();
+            seen = browser::wait_for_text(&client, "#status", WAIT, move |t| {
+                t.starts_with("live") && t != prev
+            })
+            .await;
+        }
+        let count = |css: String| {
+            let client = client.clone();
+            async move { client.find_all(Locator::Css(&css)).await.unwrap().len() }
+        };
+        let login = r#"#limiters-table tbody tr[data-limiter="login"]"#;
+        assert_eq!(count(login.to_owned()).await, 2, "one row per algorithm");
+        assert_eq!(count(row.clone()).await, 1, "alice once");
+        let choices = r#"#search-limiter option[value="login"]"#;
+        assert_eq!(count(choices.to_owned()).await, 1, "the name once");
+    })
+    .await;
 }
 
 /// More limiters and more subjects, so the screenshot shows a dashboard

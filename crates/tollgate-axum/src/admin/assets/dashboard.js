@@ -243,20 +243,26 @@
   }
 
   // Brings `table`'s rows to `items`, in order, keeping the rows that stay
-  // (a button being clicked is not replaced under the pointer).
+  // (a button being clicked is not replaced under the pointer). Rows of one
+  // key are matched in order, so a key listed twice never leaves a row
+  // behind.
   function sync(tableId, items, keyOf, build, update) {
     const tbody = $(tableId).tBodies[0];
     const old = new Map();
     for (const tr of Array.from(tbody.rows)) {
-      old.set(tr.dataset.key, tr);
+      const same = old.get(tr.dataset.key);
+      if (same) {
+        same.push(tr);
+      } else {
+        old.set(tr.dataset.key, [tr]);
+      }
     }
     let prev = null;
     for (const item of items) {
       const key = keyOf(item);
-      let tr = old.get(key);
-      if (tr) {
-        old.delete(key);
-      } else {
+      const same = old.get(key);
+      let tr = same && same.shift();
+      if (!tr) {
         tr = build(item);
         tr.dataset.key = key;
       }
@@ -267,7 +273,7 @@
       }
       prev = tr;
     }
-    old.forEach((tr) => tr.remove());
+    old.forEach((rows) => rows.forEach((tr) => tr.remove()));
     document.querySelector('[data-empty-for="' + tableId + '"]').hidden = items.length > 0;
     $(tableId).classList.toggle("is-empty", items.length === 0);
   }
@@ -284,7 +290,8 @@
     sync(
       "limiters-table",
       limiters,
-      (l) => l.name,
+      // A name run under two algorithms (a plan change) has a row for each.
+      (l) => l.name + "\u0000" + l.algorithm,
       (l) => {
         const tr = row([
           "name",
@@ -313,7 +320,7 @@
   // The search box's limiter list follows the registry, keeping the choice.
   function syncLimiterChoice(limiters) {
     const select = $("search-limiter");
-    const names = limiters.map((l) => l.name);
+    const names = Array.from(new Set(limiters.map((l) => l.name)));
     const have = Array.from(select.options).map((o) => o.value);
     if (names.join("\n") === have.join("\n")) {
       return;
