@@ -516,3 +516,57 @@ async fn a_store_that_fails_is_a_503() {
     let detail = problem(&r, 503);
     assert!(detail.contains("retry it"), "{detail}");
 }
+
+/// An action through the API is bounded per round trip, not as a whole:
+/// on a store whose every reply comes 2 s late (each within the 5 s
+/// bound, not all of them together) a reset completes, and the subject
+/// has its quota back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reset_is_not_cut_short() {
+    let server = tollgate_testkit::RedisServer::start().unwrap();
+    let prefix = tollgate_testkit::unique("slow");
+    let app: tollgate_core::Backend = tollgate_core::RedisBackend::connect(&server.url())
+        .await
+        .unwrap()
+        .into();
+    let login =
+        tollgate_core::RateLimiter::builder(app, tollgate_core::Algorithm::SlidingWindowLog)
+            .quota(tollgate_core::Quota::per_minute(3))
+            .prefix(&prefix)
+            .name("login")
+            .deny_cache(0)
+            .build()
+            .unwrap();
+    // The operator's side alone goes through the slow link.
+    let slow = tollgate_testkit::ReplyDelay::start(&server.addr())
+        .await
+        .unwrap();
+    let operator: tollgate_core::Backend = tollgate_core::RedisBackend::connect(&slow.url())
+        .await
+        .unwrap()
+        .into();
+    let admin = Admin::new(operator).with_prefix(&prefix);
+    eventually(WAIT, "login registers", || async {
+        admin.limiters().await.ok().filter(|l| l.len() == 1)
+    })
+    .await;
+    let router =
+        axum::Router::new().merge(AdminRouter::new(admin, TOKEN).unwrap().mount_at("/admin"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let alice = Subject::new("alice");
+    for _ in 0..3 {
+        assert!(login.check(&alice).await.unwrap().allowed);
+    }
+    assert!(!login.check(&alice).await.unwrap().allowed);
+    slow.set(Duration::from_secs(2));
+    let r = post(
+        addr,
+        "/admin/api/reset",
+        json!({"limiter": "login", "key": "alice"}),
+    )
+    .await;
+    assert_eq!(r.status, 204, "{r:?}");
+    assert!(login.check(&alice).await.unwrap().allowed);
+}

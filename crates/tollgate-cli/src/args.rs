@@ -78,7 +78,7 @@ pub(crate) struct StoreArgs {
     #[arg(long, value_name = "PREFIX", default_value = DEFAULT_PREFIX, global = true)]
     pub(crate) prefix: String,
 
-    /// Give up on the store after this many seconds (to connect, then to run the command)
+    /// Give up on the store after this many seconds (to connect, then to run the command; a reset, block or unblock: per round trip)
     #[arg(
         long,
         value_name = "SECONDS",

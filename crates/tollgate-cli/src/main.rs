@@ -32,7 +32,8 @@
 //! beats the environment, and with both variables set the cluster wins.
 //! `--prefix` is the applications' key prefix (the library's default
 //! unless they set one). `--timeout SECONDS` (default 5) bounds connecting
-//! and then the command.
+//! and then the command; a reset, block or unblock each of its round trips
+//! instead (one whose write fails still tells the other instances).
 //!
 //! Output: a table by default, with a header line even when empty.
 //! `--json` prints the admin API's JSON on one line: `{"limiters":[...]}`,
@@ -191,13 +192,27 @@ async fn run(cli: &Cli, target: &Target) -> Result<String, Failure> {
             }
         })
     };
-    match tokio::time::timeout(timeout, bounded).await {
-        Ok(result) => result.map_err(|e| failure(e, &admin, target)),
-        Err(_) => Err(Failure::Store(format!(
-            "{target} did not answer within {}",
-            humantime::format_duration(timeout)
-        ))),
-    }
+    // A reset, block or unblock is not bounded as a whole: each of its
+    // round trips is (by `timeout`), and one whose write fails still tells
+    // the other instances, which a bound around the whole would cut short.
+    let acts = matches!(
+        cli.command,
+        Command::Reset { .. } | Command::Block { .. } | Command::Unblock { .. }
+    );
+    let result = if acts {
+        bounded.await
+    } else {
+        match tokio::time::timeout(timeout, bounded).await {
+            Ok(result) => result,
+            Err(_) => {
+                return Err(Failure::Store(format!(
+                    "{target} did not answer within {}",
+                    humantime::format_duration(timeout)
+                )))
+            }
+        }
+    };
+    result.map_err(|e| failure(e, &admin, target))
 }
 
 fn id(subject: &Subject) -> &str {
