@@ -396,3 +396,34 @@ async fn retried_acquire_without_its_fence_key() {
     assert!(pttl > 0 && pttl <= 300_000, "PTTL {pttl}");
     assert!(backend.release_lock(&keys, &request.token).await.unwrap());
 }
+
+/// A wait ends at its bound even with an attempt in flight: here every
+/// reply of the waiter's connection comes 1 s late and the lock stays
+/// held: the second attempt, sent once the first has answered (at 1 s),
+/// would answer at 2 s or later; it is left to its task, and the waiter
+/// hears Busy at the 1.2 s bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_in_flight_at_the_bound_does_not_hold_the_wait() {
+    let server = RedisServer::start().unwrap();
+    let holder = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let held = LockOptions::new().ttl(Duration::from_secs(30));
+    let _lease = holder.try_acquire("slow", &held).await.unwrap();
+    let slow = tollgate_testkit::ReplyDelay::start(&server.addr())
+        .await
+        .unwrap();
+    let waiter = Locker::builder(RedisBackend::connect(&slow.url()).await.unwrap())
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    slow.set(Duration::from_secs(1));
+    let bound = Duration::from_millis(1200);
+    let started = Instant::now();
+    let e = waiter
+        .acquire("slow", &held.clone().wait(bound))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    // Waiting for the second attempt's answer would take 2 s or more.
+    assert!(elapsed < Duration::from_millis(1800), "{elapsed:?}");
+}

@@ -516,15 +516,30 @@ impl Core {
         });
         // Consecutive transient errors of this wait (for the backoff).
         let mut errors = 0u32;
+        // What the last attempt ended with; `None` before the first.
+        let mut previous: Option<Error> = None;
         loop {
             let notified = waiter.notified();
             tokio::pin!(notified);
             // Registered before the attempt: a release during it is not missed.
             notified.as_mut().enable();
+            // The first attempt always gets its answer (a free lock is taken
+            // whatever the bound); a later one still in flight at the bound
+            // is left to its task, which releases what it takes, and the
+            // wait ends then with what the attempt before it said.
+            let attempt = match (until, previous.take()) {
+                (Some(u), Some(before)) => {
+                    match tokio::time::timeout_at(u.into(), self.attempt_detached(&ctx)).await {
+                        Ok(attempt) => attempt,
+                        Err(_) => return Err(before),
+                    }
+                }
+                _ => self.attempt_detached(&ctx).await,
+            };
             // A split vote or a refusal retries after a random pause that
             // notifications do not cut short: contenders that woke together
             // must not retry together, or they split the votes forever.
-            let attempt = match self.attempt_detached(&ctx).await {
+            let attempt = match attempt {
                 // A blip in the backend does not end a bounded wait: retry
                 // after a jittered backoff, and report the error only when the
                 // bound has passed.
@@ -562,6 +577,7 @@ impl Core {
             if until.is_some_and(|u| now >= u) {
                 return Err(last);
             }
+            previous = Some(last);
             let wake = instant_after(now, pause);
             let wake = until.map_or(wake, |u| wake.min(u));
             if interruptible {

@@ -71,7 +71,10 @@
 //!   subscription (one pattern for all lock names, started on first wait,
 //!   stopped with the locker; a Redlock has one per instance), and fall
 //!   back to a jittered poll bounded by the holder's remaining TTL, so a
-//!   missed notification never strands a waiter; the wait bound is honoured.
+//!   missed notification never strands a waiter; the wait bound is honoured
+//!   (an attempt still in flight at the bound is left to finish on its own,
+//!   and releases what it takes; only a first attempt, which a free lock
+//!   must not lose to a short bound, is always waited for).
 //!   A backend without pub/sub (a [`RedisBackend`](crate::RedisBackend)
 //!   built without [`with_pubsub`](crate::RedisBackend::with_pubsub)) is
 //!   polled.
