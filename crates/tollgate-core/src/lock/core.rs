@@ -408,11 +408,12 @@ impl Core {
     }
 
     /// The pause after the `errors`-th consecutive transient error of a
-    /// bounded wait: 10 ms doubling per error, capped at the poll interval,
+    /// bounded wait: 10 ms doubling per error, capped at the refresh
+    /// interval (a fair waiter's ticket must not expire while it sleeps),
     /// jittered to [½, 1] of that so waiters do not retry in step.
     fn error_backoff(&self, errors: u32) -> Duration {
         let doubled = ERROR_BACKOFF_START.saturating_mul(1 << errors.saturating_sub(1).min(16));
-        let cap = doubled.min(self.poll_interval);
+        let cap = doubled.min(self.refresh_interval());
         cap.mul_f64(0.5 + 0.5 * unit_random())
             .max(Duration::from_millis(1))
     }

@@ -58,6 +58,8 @@ fn a_fair_waiters_ticket_lives_seconds_whatever_the_poll() {
         assert_eq!(c.ticket_ttl(), most, "{poll:?}");
         for _ in 0..20 {
             assert!(c.pause(None) <= FAIR_REFRESH, "{poll:?}");
+            // Nor does a run of errors put it to sleep past its ticket.
+            assert!(c.error_backoff(u32::MAX) <= FAIR_REFRESH, "{poll:?}");
         }
     }
 }
