@@ -132,3 +132,21 @@ async fn a_release_is_remembered_for_the_marker_ttl() {
         assert!(!backend.release_lock(&keys, &a.token).await.unwrap());
     }
 }
+
+/// An extension to a short TTL whose reply comes after that TTL's safe
+/// deadline never reports the lease held: by then it was lost (a lost
+/// lease stays lost), so `extend` says `false` or fails, never `true`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_answered_after_its_deadline_is_not_a_hold() {
+    let locker = Locker::new(lock_common::Delayed {
+        inner: std::sync::Arc::new(MemoryBackend::new()),
+        acquire_reply: Duration::ZERO,
+        extend_reply: Duration::from_millis(80),
+        release_send: Duration::ZERO,
+    });
+    let opts = LockOptions::new().ttl(Duration::from_secs(10)).renew(false);
+    let lease = locker.try_acquire("late", &opts).await.unwrap();
+    let extended = lease.extend(Duration::from_millis(20)).await;
+    assert!(!matches!(extended, Ok(true)), "{extended:?}");
+    assert!(lease.is_lost());
+}

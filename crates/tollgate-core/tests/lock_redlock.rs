@@ -461,6 +461,7 @@ async fn dropped_acquire_and_release_leave_no_lock() {
                 instances.push(lock_common::Delayed {
                     inner: Arc::new(RedisBackend::connect(&url).await.unwrap()),
                     acquire_reply,
+                    extend_reply: Duration::ZERO,
                     release_send,
                 });
             }

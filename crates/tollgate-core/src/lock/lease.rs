@@ -441,23 +441,30 @@ impl Lease {
         // A shorter TTL may be applied on the store though its reply never
         // comes: from the moment it is sent, the lease is trusted only as
         // long as the shorter of the two would last.
-        {
+        let trusted = instant_after(sent, s.instances.validity(applied));
+        let deadline = {
             let mut t = s.timing();
-            t.deadline = t
-                .deadline
-                .min(instant_after(sent, s.instances.validity(applied)));
-        }
+            t.deadline = t.deadline.min(trusted);
+            t.deadline
+        };
         // The watchdog plans from the deadline: it must see the new one (to
         // renew before it, or to report the loss at it).
         s.changed.notify_one();
+        // A reply after the deadline it must beat is of no use.
         let bound = s.instances.timeout.min(deadline - sent);
         if s.instances
             .extend(&s.keys, &s.token, applied, bound)
             .await?
         {
+            // Lost while the reply was on its way (the watchdog reported
+            // it at the shorter deadline): a lost lease stays lost.
+            if s.status() != HELD || Instant::now() >= trusted {
+                s.mark_lost("the extension came after the lease's safe deadline");
+                return Ok(false);
+            }
             {
                 let mut t = s.timing();
-                t.deadline = instant_after(sent, s.instances.validity(applied));
+                t.deadline = trusted;
                 t.ttl = ttl;
                 t.renewed_at = sent;
             }

@@ -113,13 +113,15 @@ impl LockBackend for Queues {
 }
 
 /// A backend that forwards to another, with a slow network: an acquire's
-/// reply arrives `acquire_reply` after the acquire was applied, and a release
-/// is applied only `release_send` after it was sent. A caller that gives up
+/// reply arrives `acquire_reply` after the acquire was applied, an
+/// extension's `extend_reply` after it was applied, and a release is
+/// applied only `release_send` after it was sent. A caller that gives up
 /// in between has left its request on the backend.
 #[derive(Debug)]
 pub(crate) struct Delayed {
     pub(crate) inner: Arc<dyn LockBackend>,
     pub(crate) acquire_reply: Duration,
+    pub(crate) extend_reply: Duration,
     pub(crate) release_send: Duration,
 }
 
@@ -154,7 +156,12 @@ impl LockBackend for Delayed {
         token: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
-        self.inner.extend_lock(keys, token, ttl)
+        async move {
+            let reply = self.inner.extend_lock(keys, token, ttl).await;
+            tokio::time::sleep(self.extend_reply).await;
+            reply
+        }
+        .boxed()
     }
 
     fn raise_fence<'a>(

@@ -130,6 +130,7 @@ pub(crate) async fn dropped_acquire_leaves_no_lock<F: Fixture>(f: &F) {
     let slow = Locker::builder(Delayed {
         inner: f.backend().await,
         acquire_reply: Duration::from_millis(200),
+        extend_reply: Duration::ZERO,
         release_send: Duration::ZERO,
     })
     .prefix(&prefix)
@@ -165,6 +166,7 @@ pub(crate) async fn dropped_release_still_releases<F: Fixture>(f: &F) {
     let slow = Locker::builder(Delayed {
         inner: f.backend().await,
         acquire_reply: Duration::ZERO,
+        extend_reply: Duration::ZERO,
         release_send: Duration::from_millis(200),
     })
     .prefix(&prefix)
