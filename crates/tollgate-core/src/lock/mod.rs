@@ -40,6 +40,19 @@
 //!   **Assumption:** the Redis server's clock does not step back by more
 //!   than the time since the last acquire of a lock (and, once its fence key
 //!   has expired, not at all). Run NTP in slewing mode on Redis hosts.
+//!   Across a failover "the server" is the new master: a replica promoted
+//!   before the fence key reached it must not have a clock behind the last
+//!   fence the old master handed out, or a holder within that gap gets a
+//!   lower fence. Keep the nodes' clocks in step (NTP on all of them).
+//! - **What a failover may lose.** Redis replicates asynchronously, so a
+//!   lock taken just before its master dies may be missing on the promoted
+//!   replica, and another process may take it while the first still holds
+//!   its lease: two holders, told apart by their fences (above), which is
+//!   why the resource must check them. `WAIT` after an acquire would narrow
+//!   this window, not close it (a replica that acknowledged can still lose
+//!   the write if it is not the one promoted), and would add a round trip
+//!   to every acquire; tollgate does not send it. A [Redlock](Locker::redlock)
+//!   of independent masters does not depend on replication.
 //! - **Loss is reported before expiry.** A watchdog renews the lease every
 //!   TTL/3. Its safe deadline is measured on this process's monotonic clock
 //!   from *before* the acquire was sent, minus a drift allowance (1 % of the
