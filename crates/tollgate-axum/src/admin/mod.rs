@@ -21,7 +21,13 @@
 //! constant time); without it, or with another token, the answer is 401.
 //! Refusals are `application/problem+json` documents, the same format as
 //! every tollgate rejection: 400 for bad input, 404 for a limiter nobody
-//! registered, 503 when the store fails. Each admin action is logged through
+//! registered, 503 when the store fails. A read answers within 5 s or is a
+//! 503; `holders` and `idempotency` walk the store's keys under the prefix
+//! (`SCAN`, keeping only the keys they read), so on a keyspace too large
+//! to walk in that time they are 503s — the CLI's `--timeout` waits longer.
+//! An action (reset, block, unblock) bounds each of its round trips
+//! instead, so one whose write fails still tells the other instances.
+//! Each admin action is logged through
 //! `tracing` (target `tollgate::admin`) with the action, the limiter and the
 //! subject id.
 //!

@@ -35,11 +35,7 @@ pub(super) async fn list(backend: &RedisBackend, prefix: &str) -> Result<Vec<Loc
     // Lock and semaphore keys end with their hash tag; the rest is told
     // apart by `parse_lock_key`.
     let pattern = format!("{}:*}}", glob_escape(prefix));
-    let keys: BTreeSet<String> = scan(backend, &pattern)
-        .await?
-        .into_iter()
-        .filter(|k| parse_lock_key(prefix, k).is_some())
-        .collect();
+    let keys = scan(backend, &pattern, |k| parse_lock_key(prefix, k).is_some()).await?;
     let read: Vec<Vec<LockHolder>> = futures_util::stream::iter(keys)
         .map(|key| async move { page(read(backend, prefix, &key)).await })
         .buffer_unordered(READS_IN_FLIGHT)
@@ -131,11 +127,17 @@ async fn read(backend: &RedisBackend, prefix: &str, key: &str) -> Result<Vec<Loc
     }
 }
 
-/// The keys matching `pattern`: `SCAN` on the server, or on every master of
-/// a cluster. A key moved between masters while the walk runs (resharding)
-/// may be missed or seen twice.
-pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<String>> {
-    let mut keys = Vec::new();
+/// The keys matching `pattern` that `keep` accepts: `SCAN` on the server,
+/// or on every master of a cluster. Each page is filtered as it comes, so a
+/// walk past millions of other keys under the prefix (rate limits, blocks)
+/// holds only the keys it will read. A key moved between masters while the
+/// walk runs (resharding) may be missed or seen twice (it is kept once).
+pub(super) async fn scan(
+    backend: &RedisBackend,
+    pattern: &str,
+    keep: impl Fn(&str) -> bool,
+) -> Result<BTreeSet<String>> {
+    let mut keys = BTreeSet::new();
     match backend.cluster_connection() {
         Some(mut conn) => {
             for (host, port) in page(masters(&mut conn)).await? {
@@ -147,7 +149,7 @@ pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<St
                 loop {
                     let call = conn.route_command(scan_cmd(cursor, pattern), routing.clone());
                     let reply = page(async { call.await.map_err(redis_error) }).await?;
-                    cursor = scan_page(reply, &mut keys)?;
+                    cursor = scan_page(reply, &mut keys, &keep)?;
                     if cursor == 0 {
                         break;
                     }
@@ -161,7 +163,7 @@ pub(super) async fn scan(backend: &RedisBackend, pattern: &str) -> Result<Vec<St
                 let cmd = scan_cmd(cursor, pattern);
                 let call = cmd.query_async::<Value>(&mut conn);
                 let reply = page(async { call.await.map_err(redis_error) }).await?;
-                cursor = scan_page(reply, &mut keys)?;
+                cursor = scan_page(reply, &mut keys, &keep)?;
                 if cursor == 0 {
                     break;
                 }
@@ -189,7 +191,11 @@ fn scan_cmd(cursor: u64, pattern: &str) -> redis::Cmd {
 }
 
 /// Adds one `SCAN` reply's keys to `keys`; the next cursor.
-fn scan_page(reply: Value, keys: &mut Vec<String>) -> Result<u64> {
+fn scan_page(
+    reply: Value,
+    keys: &mut BTreeSet<String>,
+    keep: impl Fn(&str) -> bool,
+) -> Result<u64> {
     let bad = || Error::Protocol(format!("unexpected SCAN reply {reply:?}"));
     let Value::Array(parts) = &reply else {
         return Err(bad());
@@ -199,7 +205,12 @@ fn scan_page(reply: Value, keys: &mut Vec<String>) -> Result<u64> {
     };
     let cursor = text(cursor).and_then(|c| c.parse().ok()).ok_or_else(bad)?;
     // Keys that are not UTF-8 are no lock's.
-    keys.extend(page.iter().filter_map(text).map(str::to_owned));
+    keys.extend(
+        page.iter()
+            .filter_map(text)
+            .filter(|k| keep(k))
+            .map(str::to_owned),
+    );
     Ok(cursor)
 }
 
@@ -242,14 +253,20 @@ mod tests {
 
     #[test]
     fn scan_pages_are_read_strictly() {
-        let mut keys = Vec::new();
-        let page = Value::Array(vec![bulk("17"), Value::Array(vec![bulk("a"), bulk("b")])]);
-        assert_eq!(scan_page(page, &mut keys).unwrap(), 17);
-        assert_eq!(keys, ["a", "b"]);
-        assert!(scan_page(Value::Int(0), &mut keys).is_err());
+        let mut keys = BTreeSet::new();
+        let all = |_: &str| true;
+        let page = Value::Array(vec![bulk("17"), Value::Array(vec![bulk("b"), bulk("a")])]);
+        assert_eq!(scan_page(page, &mut keys, all).unwrap(), 17);
+        assert_eq!(keys.iter().collect::<Vec<_>>(), ["a", "b"]);
+        // Kept as the page comes: the others are never held.
+        let page = Value::Array(vec![bulk("0"), Value::Array(vec![bulk("c"), bulk("dd")])]);
+        assert_eq!(scan_page(page, &mut keys, |k| k.len() == 1).unwrap(), 0);
+        assert_eq!(keys.iter().collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(scan_page(Value::Int(0), &mut keys, all).is_err());
         assert!(scan_page(
             Value::Array(vec![bulk("x"), Value::Array(vec![])]),
-            &mut keys
+            &mut keys,
+            all
         )
         .is_err());
     }

@@ -2,7 +2,6 @@
 //! records in flight found as the holders are (`SCAN`, on every master of
 //! a cluster), each read by `lua/idem_in_flight.lua`.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -90,11 +89,7 @@ fn parse_claim(value: Value) -> Result<ClaimReply> {
 /// Every record under `prefix` in flight now.
 async fn in_flight(backend: &RedisBackend, prefix: &str) -> Result<Vec<InFlightRecord>> {
     let pattern = format!("{}:*}}:record", glob_escape(prefix));
-    let keys: BTreeSet<String> = scan(backend, &pattern)
-        .await?
-        .into_iter()
-        .filter(|k| parse_record_key(prefix, k).is_some())
-        .collect();
+    let keys = scan(backend, &pattern, |k| parse_record_key(prefix, k).is_some()).await?;
     let read: Vec<Option<InFlightRecord>> = futures_util::stream::iter(keys)
         .map(|key| async move { page(read_in_flight(backend, prefix, &key)).await })
         .buffer_unordered(READS_IN_FLIGHT)
