@@ -1,7 +1,7 @@
 //! [`ClientIp`]: the client behind trusted proxies, from `X-Forwarded-For`,
 //! `Forwarded` or `X-Real-IP`.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -287,9 +287,10 @@ fn split_pairs(element: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// An address, possibly with a port: `1.2.3.4`, `1.2.3.4:80`, `2001:db8::1`,
-/// `[2001:db8::1]`, `[2001:db8::1]:80`. Anything else (`unknown`, `_hidden`)
-/// is `None`.
+/// An address, possibly with a port, plain or obfuscated (RFC 7239's
+/// `_`-prefixed `obfport`): `1.2.3.4`, `1.2.3.4:80`, `1.2.3.4:_p1`,
+/// `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:80`. Anything else
+/// (`unknown`, `_hidden`) is `None`.
 fn parse_node(node: &[u8]) -> Option<IpAddr> {
     let s = std::str::from_utf8(node).ok()?.trim();
     if let Ok(ip) = s.parse::<IpAddr>() {
@@ -298,12 +299,29 @@ fn parse_node(node: &[u8]) -> Option<IpAddr> {
     if let Ok(sa) = s.parse::<SocketAddr>() {
         return Some(sa.ip().to_canonical());
     }
+    if let Some((host, port)) = s.split_once(':') {
+        if is_obfport(port) {
+            if let Ok(v4) = host.parse::<Ipv4Addr>() {
+                return Some(IpAddr::V4(v4));
+            }
+        }
+    }
     let inner = s.strip_prefix('[')?;
     let end = inner.find(']')?;
     inner[..end]
         .parse::<Ipv6Addr>()
         .ok()
         .map(|ip| IpAddr::V6(ip).to_canonical())
+}
+
+/// RFC 7239's `obfport`: `_` then letters, digits, `.`, `_` or `-`.
+fn is_obfport(port: &str) -> bool {
+    port.strip_prefix('_').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    })
 }
 
 #[cfg(test)]
@@ -323,6 +341,12 @@ mod tests {
         assert_eq!(p("2001:db8::1"), Some("2001:db8::1".parse().unwrap()));
         assert_eq!(p("[2001:db8::1]"), Some("2001:db8::1".parse().unwrap()));
         assert_eq!(p("[2001:db8::1]:443"), Some("2001:db8::1".parse().unwrap()));
+        // An obfuscated port hides the port, not the address: either family.
+        assert_eq!(p("1.2.3.4:_p1"), Some("1.2.3.4".parse().unwrap()));
+        assert_eq!(p("[2001:db8::1]:_p1"), Some("2001:db8::1".parse().unwrap()));
+        assert_eq!(p("1.2.3.4:_"), None);
+        assert_eq!(p("1.2.3.4:_a b"), None);
+        assert_eq!(p("_hidden:_p1"), None);
         assert_eq!(p("::ffff:1.2.3.4"), Some("1.2.3.4".parse().unwrap()));
         assert_eq!(p("unknown"), None);
         assert_eq!(p("_hidden"), None);
@@ -359,6 +383,23 @@ mod tests {
         );
         let parts: Vec<&[u8]> = split_commas(br#"", 1.2.3.4,, "5.6.7.8" "#).collect();
         assert_eq!(parts, [&b"\""[..], b"1.2.3.4", b"\"5.6.7.8\""]);
+    }
+
+    /// A proxy that obfuscates ports (RFC 7239 `obfport`) still names the
+    /// client: it is keyed by its address, not the proxy's.
+    #[test]
+    fn an_obfuscated_port_keeps_the_client() {
+        let k = ClientIp::trusted_proxies(["10.0.0.0/8"])
+            .unwrap()
+            .header(ForwardedHeader::Forwarded);
+        assert_eq!(
+            via_proxy(&k, "forwarded", r#"for="203.0.113.9:_p1""#),
+            Subject::new("203.0.113.9")
+        );
+        assert_eq!(
+            via_proxy(&k, "forwarded", r#"for="[2001:db8::9]:_p1""#),
+            via_proxy(&k, "forwarded", r#"for="[2001:db8::9]""#),
+        );
     }
 
     /// A client cannot move itself into a trusted proxy's bucket (or another
