@@ -2,23 +2,25 @@
 -- leave the log (members <id>:m for m in actual+1..cost; those that already
 -- left the window are gone anyway). Over it: the log drops what left the
 -- window (as the check does) and gains the difference's entries at now
--- (members <id>:m for m in cost+1..actual), never more than limit + debt
--- live entries.
+-- (members <id>:+m for m in cost+1..actual: named apart from the check's,
+-- which a part of a charge, settled over its own cost, would otherwise
+-- only move), never more than limit + debt live entries.
 if applied then
   for i = 1, q do
     local key = KEYS[i + 1]
-    -- Members <id>:m for m in from+1..to, in chunks (unpack has a limit on
-    -- how many values it returns); `score` to add them, nil to remove.
-    local function members(from, to, score)
+    -- Members <id>:<mark>m for m in from+1..to, in chunks (unpack has a
+    -- limit on how many values it returns); `score` to add them, nil to
+    -- remove.
+    local function members(from, to, score, mark)
       local m = from
       while m < to do
         local args, k = {}, 0
         while m < to and k < 1000 do
           m, k = m + 1, k + 1
           if score then
-            args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. m
+            args[2 * k - 1], args[2 * k] = score, ARGV[3] .. ':' .. mark .. m
           else
-            args[k] = ARGV[3] .. ':' .. m
+            args[k] = ARGV[3] .. ':' .. mark .. m
           end
         end
         if score then
@@ -31,7 +33,7 @@ if applied then
       end
     end
     if give > 0 then
-      members(cost - give, cost)
+      members(cost - give, cost, nil, '')
     else
       local limit, period = ARGV[7 + 2 * i] + 0, ARGV[8 + 2 * i] + 0
       -- As the check's trim: a key of another type is not a log.
@@ -41,7 +43,7 @@ if applied then
       local room = math.max(limit + debt_of(i) - redis.call('ZCARD', key), 0)
       local to = cost + math.min(owe, room)
       if to > cost then
-        members(cost, to, string.format('%d', now))
+        members(cost, to, string.format('%d', now), '+')
         redis.call('PEXPIRE', key, string.format('%d', math.ceil(period / 1000)))
       end
     end

@@ -125,6 +125,29 @@ async fn a_settle_applies_exactly_once() {
     }
 }
 
+/// A part of a charge (`Charge::part`) settled over its own cost adds the
+/// difference, as the whole charge would: 5 taken, a part of 2 settled to
+/// 4 leaves 3 of 10, on every store and algorithm (the log's new entries
+/// are named apart from the check's, not moved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_settled_over_its_cost_adds_the_difference() {
+    for kind in KINDS {
+        for alg in ALL {
+            let clock = ManualClock::new(T0);
+            let t = Target::new(kind, &clock).await;
+            let p = prefix();
+            let l = limiter(&t, alg, &[per_ten(alg, 10)], &p, &clock, None);
+            let what = format!("{kind:?} {alg:?}");
+            let c = l.check_n("s", 5).await.unwrap().charge.unwrap();
+            let s = l.settle("s", &c.part(2), 4).await.unwrap();
+            assert!(s.applied, "{what}");
+            assert_eq!(s.decision.remaining, 3, "{what}");
+            assert_eq!(peek(&l, "s").await.remaining, 3, "{what}");
+            t.assert_all_keys_expire(&p, &clock).await;
+        }
+    }
+}
+
 /// The debt never passes `max_debt`: however far over the estimate, the
 /// subject is free again as soon as a debt of `max_debt` allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
