@@ -49,7 +49,8 @@ impl RateLimiter {
     /// (remaining, reset and per-quota figures then; its
     /// [`charge`](Decision::charge) counts from the slot). A denial takes
     /// nothing, and its `retry_after` is when a plain check would be
-    /// admitted — longer than `max_wait`.
+    /// admitted — longer than what is left of `max_wait` (all of it, unless
+    /// part was spent waiting for a slot that another caller took).
     ///
     /// The limiter's timeout bounds each round trip, not the wait. On an
     /// outage the failure policy answers as for [`check_n`](Self::check_n),

@@ -114,7 +114,10 @@ impl RateLimiter {
     /// It also clears the subject from the local deny cache.
     ///
     /// A refund is [`settle`](Self::settle) to 0 and shares its marker: a
-    /// charge is refunded or settled once, not both.
+    /// charge is refunded or settled once, not both. As a settle's
+    /// give-back, a token bucket's or GCRA's refund gives nothing while
+    /// waiters hold reservations behind the charge or the subject is in
+    /// debt (`Ok(false)`, the charge left open for a later try).
     ///
     /// Returns whether the refund was applied (it gave back whatever of the
     /// charge still counted): `false` for a charge already refunded or settled, older

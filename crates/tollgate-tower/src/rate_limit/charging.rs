@@ -24,7 +24,10 @@ impl<K, C> RateLimitLayer<K, C> {
     /// sees the quota back, and its `RateLimit` header says what is left
     /// after the refund. A refund that fails (or is skipped while the
     /// limiter's circuit breaker is open) leaves the charge in place and
-    /// the header of the check. A
+    /// the header of the check; so does one a token bucket or GCRA refuses
+    /// because later reservations wait behind the charge, or the subject
+    /// is in debt (see [`RateLimiter::settle`]): an under-admission, never
+    /// an over-admission. A
     /// handler may refund through the [`Decision`](tollgate_core::Decision)'s
     /// charge itself; refunds are at most once per charge, so the layer's
     /// then gives nothing more.

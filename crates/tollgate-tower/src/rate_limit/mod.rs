@@ -81,7 +81,9 @@
 //! [`Refused`](crate::rejection::Refused) in its extensions, and a layer
 //! whose inner service answers a rate limit's refusal gives its own charge
 //! back (whatever `count_if` says) before the answer leaves, so its
-//! `RateLimit` item shows the figure after the give-back. Other refusals
+//! `RateLimit` item shows the figure after the give-back (a token bucket
+//! or GCRA keeps a charge that later reservations wait behind, as any
+//! refund does). Other refusals
 //! (a lock, a concurrency limit, the handler's own 429) count as responses.
 //!
 //! # Settling the real cost, waiting for a slot
