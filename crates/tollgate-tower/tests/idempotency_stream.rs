@@ -319,8 +319,9 @@ async fn a_large_response_that_is_not_stored_lets_a_retry_run(kind: Kind) {
 }
 
 /// A claim lost while its response is still read (here its hold cap ends
-/// it) can store nothing: a retry runs again, as after a crash of the
-/// holder, while the first response still goes on to its client — and is
+/// it) lets a retry claim the key and run, as after a crash of the holder
+/// (the first's completion, fenced, can then never overwrite the retry's
+/// record), while the first response still goes on to its client — and is
 /// read no further once that client has gone.
 async fn a_claim_lost_while_its_body_is_read_lets_a_retry_run(kind: Kind) {
     let (s, tx) = Streamer::new();

@@ -11,8 +11,9 @@
 //!   the request's [`Fingerprint`], in one script;
 //! - **completed**: [`Claimed::complete`] stores the response (status, the
 //!   headers the caller chose, the body) with the record's TTL — fenced: a
-//!   holder whose lease was lost or superseded stores nothing, so it never
-//!   overwrites a newer record. A completion that fails as an outage is
+//!   holder whose claim was superseded (the key claimed again) stores
+//!   nothing, so it never overwrites a newer record; one whose lease merely
+//!   expired, with nobody claiming since, still stores. A completion that fails as an outage is
 //!   sent again (a replay after it stored answers `true`) until it lands or
 //!   the lease's safe deadline passes; one that cannot be stored is never
 //!   released: the handler has run, so a retry is told the key is in

@@ -101,11 +101,14 @@
 //!
 //! The layer's answers are RFC 9457 `application/problem+json` documents
 //! (gRPC requests get trailers-only responses); see
-//! [`crate::rejection`]. A completion whose claim was lost or superseded
-//! after the handler returned (while its body was read, or with
+//! [`crate::rejection`]. A completion is fenced: one whose claim was
+//! superseded (the key claimed again after its lease was lost, while its
+//! body was read, or with
 //! [`OnLeaseLost::Continue`](crate::lock::OnLeaseLost::Continue)) stores
 //! nothing — a newer record is never overwritten — and the response still
-//! goes to its client.
+//! goes to its client; one whose lease merely expired, with nobody
+//! claiming since, still stores, and the retries get its response. A lost
+//! claim whose client has gone is given up, its body read no further.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]

@@ -151,6 +151,16 @@ impl Relay {
             .for_each(|c| self.send(Frame::data(c)));
     }
 
+    /// Whether nobody waits for the answer any more: a streaming client
+    /// dropped its body, or the request future that was to answer whole is
+    /// gone.
+    fn client_gone(&self) -> bool {
+        match &self.client {
+            Some(client) => client.room.is_closed(),
+            None => self.go.as_ref().is_none_or(oneshot::Sender::is_closed),
+        }
+    }
+
     /// Passes `piece` on, when the answer streams (a client gone changes
     /// nothing).
     fn pass(&self, piece: Piece) {
@@ -177,22 +187,27 @@ impl Relay {
         // `None` once past what is stored: the record was written then.
         let mut copy = Some(Kept::default());
         let mut lost = self.holding.lost();
+        let mut claim_lost = false;
         let tail = loop {
+            // A claim lost while its response is copied (its hold cap, or
+            // the store gone past its safe deadline) may still store: the
+            // completion is fenced, so it lands while no later claim was
+            // made, and the retries get this response rather than running
+            // the handler again. But nobody waits for it once its client
+            // has gone: then the claim is given up, and the body read no
+            // further (an endless stream is not read for nobody).
+            if claim_lost && copy.is_some() && self.client_gone() {
+                self.holding
+                    .abandon("lost", "the claim's lease was lost and its client has gone")
+                    .await;
+                return;
+            }
             let frame = match &mut lost {
-                // While it may still be stored: a claim lost meanwhile (its
-                // hold cap, or the store gone past its safe deadline) can
-                // store nothing, and another claim may run the handler
-                // again, as after a crash of the holder. The response goes
-                // on to its client, read as the client reads it.
-                Some(claim_lost) if copy.is_some() => tokio::select! {
+                Some(watch) if copy.is_some() => tokio::select! {
                     biased;
-                    () = claim_lost => {
+                    () = watch => {
                         lost = None;
-                        let kept = copy.take().unwrap_or_default();
-                        self.holding
-                            .abandon("lost", "the claim's lease was lost while the response was read")
-                            .await;
-                        self.stream([kept.into_bytes()]);
+                        claim_lost = true;
                         continue;
                     }
                     frame = body.frame() => frame,

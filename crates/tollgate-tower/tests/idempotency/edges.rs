@@ -101,7 +101,9 @@ async fn watch(State(h): State<Handler>, Extension(lost): Extension<LeaseLost>) 
 }
 
 /// With `OnLeaseLost::Continue` the handler runs on past the loss and its
-/// client gets its response.
+/// client gets its response; nobody claimed the key since, so the fenced
+/// completion still stores, and a retry gets the response replayed rather
+/// than running the handler again.
 pub(crate) async fn a_lost_claim_continues_when_told(kind: Kind) {
     let store = builder(kind).await.lease(capped()).build().unwrap();
     let layer = IdempotencyLayer::new(store, HeaderKey::new("x-api-key"))
@@ -116,6 +118,16 @@ pub(crate) async fn a_lost_claim_continues_when_told(kind: Kind) {
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
     assert_eq!(r.body, "finished after the loss");
     assert_eq!((h.runs(), h.active()), (1, 0));
+    let again = send(&app, req("/watch", "t1", Some(key.as_bytes()), "1")).await;
+    assert_eq!(
+        again.status,
+        StatusCode::CREATED,
+        "{kind:?}: {:?}",
+        again.body
+    );
+    assert_eq!(again.headers["idempotent-replayed"], "true", "{kind:?}");
+    assert_eq!(again.body, "finished after the loss");
+    assert_eq!(h.runs(), 1, "{kind:?}: the handler ran again");
 }
 
 /// A gzip of `{"order":"gz"}`, as a compression layer inside the
