@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 
 /// Largest period a quota may have (ten years); keeps every figure exact in
 /// Lua's doubles.
-const MAX_PERIOD_MICROS: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
+pub(crate) const MAX_PERIOD_MICROS: u64 = 10 * 365 * 24 * 3600 * 1_000_000;
 /// Largest product of capacity and interval, in microseconds (2^50): scripts
 /// add costs to microsecond timestamps (~2^51 today) and must stay below 2^53.
 const MAX_SPAN_MICROS: u64 = 1 << 50;

@@ -833,6 +833,39 @@ async fn fallback_denies_a_cost_above_the_local_share() {
     }
 }
 
+/// A limit below the number of instances is shared over a longer period,
+/// not one unit per period on each (which let 10 instances admit 10 an
+/// hour on a limit of 2 an hour): here one unit per 5 hours each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_limit_is_shared_over_a_longer_period() {
+    let mut server = RedisServer::start().unwrap();
+    let conn = server.connection_manager().await;
+    let limiters: Vec<_> = ALL
+        .iter()
+        .map(|alg| {
+            RateLimiter::builder(RedisBackend::from_connection(conn.clone()), *alg)
+                .quota(q(2, 3600))
+                .failure_policy(FailurePolicy::Fallback {
+                    instances: 10.try_into().unwrap(),
+                })
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    server.stop();
+    for l in &limiters {
+        let alg = l.algorithm();
+        let d = l.check("s").await.unwrap();
+        assert_eq!(d.source, DecisionSource::Fallback, "{alg:?}");
+        assert!(d.allowed, "{alg:?}: {d:?}");
+        let share = d.quotas[0].quota;
+        assert_eq!(share.limit(), 1, "{alg:?}");
+        assert_eq!(share.period(), Duration::from_secs(5 * 3600), "{alg:?}");
+        assert!(!l.check("s").await.unwrap().allowed, "{alg:?}");
+    }
+}
+
 /// The deny cache stays bounded with far more blocked subjects than it
 /// holds, and keeps answering correctly.
 #[tokio::test]

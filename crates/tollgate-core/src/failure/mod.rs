@@ -31,7 +31,9 @@ pub enum FailurePolicy {
     Deny,
     /// Decide with a local in-memory limiter whose limits are divided by the
     /// number of instances, so N instances together stay near the global
-    /// rate instead of N times it. A cost above the local share is denied
+    /// rate instead of N times it (a limit below N: one unit each over a
+    /// period N / limit times as long; each instance still admits its one
+    /// unit at once, so the fleet's burst is at least N). A cost above the local share is denied
     /// (not charged as the share, which would let N instances admit N times
     /// the cost per refill); it fits the global quota, so it is a denial
     /// with a retry-after, not [`Error::CostExceedsCapacity`].

@@ -241,7 +241,7 @@ impl RateLimiterBuilder {
                     b = b.max_debt(debt / n);
                 }
                 for q in &self.quotas {
-                    let share = Quota::new((q.limit() / n).max(1), q.period())?;
+                    let share = fallback_share(q, n)?;
                     let share = if q.has_explicit_burst() {
                         share.with_burst((q.burst() / n).max(1))?
                     } else {
@@ -338,4 +338,19 @@ fn default_name(algorithm: Algorithm, quotas: &[Quota]) -> String {
         ));
     }
     format!("{}-{}", algorithm.short_name(), hex(&h.finalize()[..4]))
+}
+
+/// One instance's share of `q` over `n` instances: the limit divided by
+/// `n` over the same period; a limit below `n`, one unit over a period
+/// `n / limit` times as long (at most ten years), since one unit per period
+/// each would let the instances admit `n` times a small limit.
+fn fallback_share(q: &Quota, n: u64) -> Result<Quota> {
+    if q.limit() >= n {
+        return Quota::new(q.limit() / n, q.period());
+    }
+    let stretched = (u128::from(q.period_micros()) * u128::from(n)).div_ceil(u128::from(q.limit()));
+    let micros = u64::try_from(stretched)
+        .unwrap_or(u64::MAX)
+        .min(crate::quota::MAX_PERIOD_MICROS);
+    Quota::new(1, Duration::from_micros(micros))
 }
