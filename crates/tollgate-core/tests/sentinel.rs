@@ -117,6 +117,30 @@ async fn follows_a_failover_away_from_a_paused_master() {
     t.master.resume();
 }
 
+/// An old master that is still reachable but no longer takes writes (cut
+/// off from its replicas, with `min-replicas-to-write` set, it answers
+/// NOREPLICAS) while Sentinel names another: the backend asks Sentinel
+/// again and follows, rather than failing every check until the old
+/// master is reconfigured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follows_a_failover_away_from_a_master_refusing_writes() {
+    let t = topology(Duration::from_secs(2)).await;
+    assert_eq!(t.replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    assert_eq!(t.sentinel.cli(&["SENTINEL", "REMOVE", "main"]), "OK");
+    let port = t.replica.port().to_string();
+    assert_eq!(
+        t.sentinel
+            .cli(&["SENTINEL", "MONITOR", "main", "127.0.0.1", &port, "1"]),
+        "OK"
+    );
+    assert_eq!(
+        t.master
+            .cli(&["CONFIG", "SET", "min-replicas-to-write", "1"]),
+        "OK"
+    );
+    until_checks_reach(&t.replica, &t.limiter).await;
+}
+
 /// Semaphores and idempotency records on a Sentinel backend: the bound and
 /// the replay hold, and after a failover permits are taken on the promoted
 /// replica (its key is there: a check that fails if the write went

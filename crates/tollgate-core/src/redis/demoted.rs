@@ -33,6 +33,35 @@ fn value_error(v: &Value) -> Option<redis::RedisError> {
     }
 }
 
+/// Whether `e` says the server does not act as a writable master now:
+/// [`demoted`], or it refuses writes for want of replicas (`NOREPLICAS`,
+/// a master cut off from them), has lost its own master (`MASTERDOWN`) or
+/// is still loading (`LOADING`), in either form. A connection that follows
+/// Sentinel asks it again on these: another server may be the master now.
+pub(crate) fn not_a_master(e: &redis::RedisError) -> bool {
+    const CODES: [&str; 3] = ["NOREPLICAS", "MASTERDOWN", "LOADING"];
+    demoted(e)
+        || e.code().is_some_and(|c| CODES.contains(&c))
+        || (e.code() == Some("ERR")
+            && e.detail()
+                .is_some_and(|d| CODES.iter().any(|c| d.contains(&format!("-{c} ")))))
+}
+
+/// [`not_a_master`] for a connection's answer.
+pub(crate) fn not_a_master_reply(reply: &redis::RedisResult<Value>) -> bool {
+    answer_error(reply).is_some_and(|e| not_a_master(&e))
+}
+
+/// [`not_a_master`] for a pipeline's answers.
+pub(crate) fn not_a_master_replies(replies: &redis::RedisResult<Vec<Value>>) -> bool {
+    match replies {
+        Err(e) => not_a_master(e),
+        Ok(values) => values
+            .iter()
+            .any(|v| value_error(v).is_some_and(|e| not_a_master(&e))),
+    }
+}
+
 /// Whether a connection's answer says its server is a replica now.
 pub(crate) fn demoted_reply(reply: &redis::RedisResult<Value>) -> bool {
     answer_error(reply).is_some_and(|e| demoted(&e))
@@ -89,5 +118,31 @@ mod tests {
         assert!(!demoted_reply(&Ok(Value::Okay)));
         assert!(demoted_replies(&Ok(vec![Value::Okay, readonly])));
         assert!(!demoted_replies(&Ok(vec![Value::Okay, other])));
+    }
+
+    /// Sentinel is asked again on any reply saying the server is no
+    /// writable master now, plain or inside a script's error; not on a
+    /// reply about one request.
+    #[test]
+    fn a_server_that_is_no_master_is_seen() {
+        let parse = |s: &str| redis::parse_redis_value(s.as_bytes()).unwrap();
+        for line in [
+            "-READONLY You can't write against a read only replica.\r\n",
+            "-NOREPLICAS Not enough good replicas to write.\r\n",
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-ERR Error running script (call to f_1): @user_script:1: -NOREPLICAS Not enough good replicas to write.\r\n",
+        ] {
+            let reply = parse(line);
+            assert!(not_a_master_reply(&Ok(reply.clone())), "{line}");
+            assert!(not_a_master_replies(&Ok(vec![Value::Okay, reply])), "{line}");
+        }
+        for line in [
+            "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+            "-ERR unknown command\r\n",
+            "-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+        ] {
+            assert!(!not_a_master_reply(&Ok(parse(line))), "{line}");
+        }
     }
 }

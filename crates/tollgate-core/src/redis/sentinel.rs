@@ -9,7 +9,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, Value};
 
-use super::demoted::{demoted_replies, demoted_reply};
+use super::demoted::{not_a_master_replies, not_a_master_reply};
 
 use crate::error::{redis_error, Result};
 
@@ -19,9 +19,11 @@ use crate::error::{redis_error, Result};
 /// master, with `INFO server`; see [`RedisBackend`](super::RedisBackend)).
 ///
 /// The master is asked of the sentinels on first use and again after a
-/// connection error, a `READONLY` reply (the old master was demoted) or a
-/// request abandoned by its caller's timeout (a paused or partitioned master
-/// answers nothing at all). The
+/// connection error, a reply saying the server is no writable master now
+/// (`READONLY`: the old master was demoted; `NOREPLICAS`: it was cut off
+/// from its replicas; `MASTERDOWN`, `LOADING`) or a request abandoned by
+/// its caller's timeout (a paused or partitioned master answers nothing at
+/// all). The
 /// failed command itself is not retried — nothing is retried blindly — so the
 /// caller's failure policy sees that one error and the next call goes to the
 /// new master.
@@ -127,8 +129,8 @@ impl SentinelConnection {
             .clone()
     }
 
-    /// After a request on connection `used`: its server was `demoted` (a
-    /// replica now) or the connection failed.
+    /// After a request on connection `used`: its server is `not_a_master`
+    /// (demoted, refusing writes, or loading) or the connection failed.
     fn observe<T>(&self, used: u64, result: &redis::RedisResult<T>, demoted: bool) {
         let failed = result.as_ref().err().is_some_and(|e| {
             e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
@@ -177,7 +179,7 @@ impl ConnectionLike for SentinelConnection {
             };
             let result = conn.req_packed_command(cmd).await;
             guard.done = true;
-            self.observe(used, &result, demoted_reply(&result));
+            self.observe(used, &result, not_a_master_reply(&result));
             result
         }
         .boxed()
@@ -198,7 +200,7 @@ impl ConnectionLike for SentinelConnection {
             };
             let result = conn.req_packed_commands(pipeline, offset, count).await;
             guard.done = true;
-            self.observe(used, &result, demoted_replies(&result));
+            self.observe(used, &result, not_a_master_replies(&result));
             result
         }
         .boxed()
