@@ -78,6 +78,28 @@ async fn three_masters_one_down() {
     assert_no_immortal_keys(&servers[..2]);
 }
 
+/// An error about one name's keys on one instance (its fence key of
+/// another type) is not that instance being down: the next name is still
+/// taken there too, not on the others alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_error_on_one_instance_spares_it_for_other_names() {
+    let servers = servers(3);
+    let redlock = builder(&servers).await.build().unwrap();
+    let bad = redlock.keys_for("bad");
+    assert_eq!(servers[0].cli(&["HSET", &bad.fence, "x", "1"]), "1");
+    servers[0].cli(&["PEXPIRE", &bad.fence, "60000"]);
+    let opts = LockOptions::new().ttl(Duration::from_secs(10));
+    // The other two instances make the quorum; the first answers WRONGTYPE.
+    if let Ok(lease) = redlock.try_acquire("bad", &opts).await {
+        assert!(lease.release().await.unwrap());
+    }
+    let good = redlock.try_acquire("good", &opts).await.unwrap();
+    for s in &servers {
+        assert_eq!(s.cli(&["EXISTS", good.key()]), "1", "{}", s.port());
+    }
+    assert!(good.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_masters_one_paused() {
     let servers = servers(5);

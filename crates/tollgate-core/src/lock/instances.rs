@@ -19,6 +19,7 @@ use super::settings::Settings;
 use super::util::{join, new_token};
 use super::waiters::Waiters;
 use crate::error::{Error, Result};
+use crate::failure::is_outage;
 use crate::store::{AcquireReply, AcquireRequest, FencingToken, LockBackend, LockKeys};
 
 /// The instances of one `Locker` (one backend, or the masters of a
@@ -274,6 +275,9 @@ impl Instances {
                 // Skipped: nothing was sent, nothing to clean up.
                 Ok(Err(Error::CircuitOpen)) => settled[i] = true,
                 Ok(Ok(_)) => self.health[i].success(),
+                // An error about this request's own keys (a key of another
+                // type) is an answer: the instance is up for every other name.
+                Ok(Err(e)) if !is_outage(e) => self.health[i].success(),
                 Ok(Err(_)) | Err(_) => self.health[i].failure(),
             }
             match reply {
