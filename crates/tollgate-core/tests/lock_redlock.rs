@@ -90,9 +90,13 @@ async fn a_data_error_on_one_instance_spares_it_for_other_names() {
     servers[0].cli(&["PEXPIRE", &bad.fence, "60000"]);
     let opts = LockOptions::new().ttl(Duration::from_secs(10));
     // The other two instances make the quorum; the first answers WRONGTYPE.
-    if let Ok(lease) = redlock.try_acquire("bad", &opts).await {
-        assert!(lease.release().await.unwrap());
-    }
+    let lease = redlock.try_acquire("bad", &opts).await.unwrap();
+    let held: Vec<String> = servers
+        .iter()
+        .map(|s| s.cli(&["EXISTS", lease.key()]))
+        .collect();
+    assert_eq!(held, ["0", "1", "1"]);
+    assert!(lease.release().await.unwrap());
     let good = redlock.try_acquire("good", &opts).await.unwrap();
     for s in &servers {
         assert_eq!(s.cli(&["EXISTS", good.key()]), "1", "{}", s.port());
@@ -301,11 +305,11 @@ async fn slow_acquire_is_refused() {
     servers[0].pause();
     servers[1].pause();
     let pids = [servers[0].pid().unwrap(), servers[1].pid().unwrap()];
-    // Started before the resumer: the instances answer no earlier than 300 ms
-    // from here.
+    // Started before the resumer: the instances answer no earlier than
+    // 1.3 s from here, past the 1 s TTL's validity.
     let start = Instant::now();
     let resumer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(1300));
         for pid in pids {
             std::process::Command::new("kill")
                 .args(["-CONT", &pid.to_string()])
@@ -314,22 +318,29 @@ async fn slow_acquire_is_refused() {
         }
     });
     let err = redlock
-        .try_acquire("slow", &LockOptions::new().ttl(Duration::from_millis(100)))
+        .try_acquire("slow", &LockOptions::new().ttl(Duration::from_secs(1)))
         .await
         .unwrap_err();
-    // Measured before joining the resumer (which sleeps 300 ms itself): the
+    // Measured before joining the resumer (which sleeps 1.3 s itself): the
     // acquire did wait for the paused instances.
     let took = start.elapsed();
     resumer.join().unwrap();
-    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took >= Duration::from_millis(1300), "{took:?}");
     assert!(matches!(err, Error::Timeout(_)), "{err:?}");
-    // The refused lock is released (or expires: its TTL is 100 ms, waited
-    // out) everywhere.
+    // The refused lock is released everywhere: well before its 1 s TTL
+    // (from the resume) could end it.
     let key = redlock.keys_for("slow").lock;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    for s in &servers {
-        assert_eq!(s.cli(&["EXISTS", &key]), "0");
-    }
+    tollgate_testkit::eventually(
+        Duration::from_millis(700),
+        "the refused lock released",
+        || async {
+            servers
+                .iter()
+                .all(|s| s.cli(&["EXISTS", &key]) == "0")
+                .then_some(())
+        },
+    )
+    .await;
     // And a normal acquire works again.
     let lease = redlock
         .try_acquire("slow", &LockOptions::new())

@@ -269,22 +269,28 @@ async fn slow_acquire_is_refused() {
     );
     server.pause();
     let pid = server.pid().unwrap();
+    // Paused past the 1 s TTL's validity.
     let resumer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(1300));
         std::process::Command::new("kill")
             .args(["-CONT", &pid.to_string()])
             .status()
             .unwrap();
     });
     let err = locker
-        .try_acquire("slow", &LockOptions::new().ttl(Duration::from_millis(100)))
+        .try_acquire("slow", &LockOptions::new().ttl(Duration::from_secs(1)))
         .await
         .unwrap_err();
     resumer.join().unwrap();
     assert!(matches!(err, Error::Timeout(_)), "{err:?}");
-    // Released, or at the latest expired (its TTL is 100 ms): not left held.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(server.cli(&["EXISTS", &locker.keys_for("slow").lock]), "0");
+    // Released, well before its 1 s TTL (from the resume) could end it.
+    let key = locker.keys_for("slow").lock;
+    tollgate_testkit::eventually(
+        Duration::from_millis(700),
+        "the refused lock released",
+        || async { (server.cli(&["EXISTS", &key]) == "0").then_some(()) },
+    )
+    .await;
     let lease = locker
         .try_acquire("slow", &LockOptions::new())
         .await

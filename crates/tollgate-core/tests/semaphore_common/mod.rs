@@ -329,7 +329,7 @@ pub(crate) async fn weighted<F: SemFixture>(f: &F) {
 
     // All or nothing while waiting: 2 free permits do not serve a 3. The
     // waiter is refused with none free, so waits; the release (of b's own
-    // permits) wakes it at once, and 300 ms bound that negative check.
+    // permits) wakes it, and its next attempt, with 2 free, is refused too.
     let before = watched.refusals();
     let waiter = tokio::spawn({
         let b = b.clone();
@@ -338,7 +338,7 @@ pub(crate) async fn weighted<F: SemFixture>(f: &F) {
     });
     watched.refused(before + 1).await;
     assert!(small.release().await.unwrap());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    watched.refused(before + 2).await;
     assert!(!waiter.is_finished(), "3 permits granted with 2 free");
     assert_eq!(a.in_use("w").await.unwrap(), 8);
     assert!(big.release().await.unwrap());
