@@ -202,6 +202,9 @@ pub(crate) struct Watched {
     inner: Arc<dyn LockBackend>,
     refused: Arc<tokio::sync::watch::Sender<u64>>,
     subscribed: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Release subscriptions started (counted when first polled, not when
+    /// up: a backend's future that is made and dropped unpolled is none).
+    asked: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Watched {
@@ -210,6 +213,7 @@ impl Watched {
             inner,
             refused: Arc::new(tokio::sync::watch::channel(0).0),
             subscribed: Arc::new(tokio::sync::watch::channel(0).0),
+            asked: Arc::default(),
         }
     }
 
@@ -219,7 +223,13 @@ impl Watched {
             inner,
             refused: self.refused.clone(),
             subscribed: self.subscribed.clone(),
+            asked: self.asked.clone(),
         }
+    }
+
+    /// Release subscriptions started so far.
+    pub(crate) fn subscriptions_asked(&self) -> u64 {
+        self.asked.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Acquires refused so far.
@@ -293,9 +303,11 @@ impl LockBackend for Watched {
         channel_prefix: &str,
     ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
         let connect = self.inner.release_events(channel_prefix)?;
+        let asked = self.asked.clone();
         let subscribed = self.subscribed.clone();
         Some(
             async move {
+                asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let events = connect.await?;
                 subscribed.send_modify(|c| *c += 1);
                 Ok(events)
