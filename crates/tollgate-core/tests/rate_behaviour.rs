@@ -800,22 +800,7 @@ async fn a_clobbered_key_is_repaired_and_trips_nothing() {
 /// cost that fits the global quota into "can never fit": it is a denial.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fallback_denies_a_cost_above_the_local_share() {
-    let mut server = RedisServer::start().unwrap();
-    let conn = server.connection_manager().await;
-    let limiters: Vec<_> = ALL
-        .iter()
-        .map(|alg| {
-            RateLimiter::builder(RedisBackend::from_connection(conn.clone()), *alg)
-                .quota(q(40, 3600))
-                .failure_policy(FailurePolicy::Fallback {
-                    instances: 4.try_into().unwrap(),
-                })
-                .timeout(Duration::from_millis(100))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    server.stop();
+    let limiters = on_a_stopped_redis(|_| q(40, 3600), 4).await;
     for l in &limiters {
         let alg = l.algorithm();
         let d = l.check_n("big", 30).await.unwrap();
@@ -838,22 +823,7 @@ async fn fallback_denies_a_cost_above_the_local_share() {
 /// hour on a limit of 2 an hour): here one unit per 5 hours each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_limit_is_shared_over_a_longer_period() {
-    let mut server = RedisServer::start().unwrap();
-    let conn = server.connection_manager().await;
-    let limiters: Vec<_> = ALL
-        .iter()
-        .map(|alg| {
-            RateLimiter::builder(RedisBackend::from_connection(conn.clone()), *alg)
-                .quota(q(2, 3600))
-                .failure_policy(FailurePolicy::Fallback {
-                    instances: 10.try_into().unwrap(),
-                })
-                .timeout(Duration::from_millis(100))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    server.stop();
+    let limiters = on_a_stopped_redis(|_| q(2, 3600), 10).await;
     for l in &limiters {
         let alg = l.algorithm();
         let d = l.check("s").await.unwrap();

@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use tollgate_core::{
     Algorithm, Decision, DecisionSource, Error, FailurePolicy, ManualClock, Quota, RateLimiter,
-    RedisBackend,
 };
-use tollgate_testkit::RedisServer;
 
 use rate_common::*;
 
@@ -308,22 +306,7 @@ async fn every_quota_is_settled() {
 /// it was taken, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fallback_charge_settles_on_the_fallback() {
-    let mut server = RedisServer::start().unwrap();
-    let conn = server.connection_manager().await;
-    let limiters: Vec<_> = ALL
-        .iter()
-        .map(|alg| {
-            RateLimiter::builder(RedisBackend::from_connection(conn.clone()), *alg)
-                .quota(per_ten(*alg, 40))
-                .failure_policy(FailurePolicy::Fallback {
-                    instances: 4.try_into().unwrap(),
-                })
-                .timeout(Duration::from_millis(100))
-                .build()
-                .unwrap()
-        })
-        .collect();
-    server.stop();
+    let limiters = on_a_stopped_redis(|alg| per_ten(alg, 40), 4).await;
     for l in &limiters {
         let alg = l.algorithm();
         // The local share: 10.

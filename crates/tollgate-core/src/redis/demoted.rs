@@ -38,6 +38,7 @@ fn value_error(v: &Value) -> Option<redis::RedisError> {
 /// a master cut off from them), has lost its own master (`MASTERDOWN`) or
 /// is still loading (`LOADING`), in either form. A connection that follows
 /// Sentinel asks it again on these: another server may be the master now.
+#[cfg(feature = "sentinel")]
 pub(crate) fn not_a_master(e: &redis::RedisError) -> bool {
     const CODES: [&str; 3] = ["NOREPLICAS", "MASTERDOWN", "LOADING"];
     demoted(e)
@@ -48,11 +49,13 @@ pub(crate) fn not_a_master(e: &redis::RedisError) -> bool {
 }
 
 /// [`not_a_master`] for a connection's answer.
+#[cfg(feature = "sentinel")]
 pub(crate) fn not_a_master_reply(reply: &redis::RedisResult<Value>) -> bool {
     answer_error(reply).is_some_and(|e| not_a_master(&e))
 }
 
 /// [`not_a_master`] for a pipeline's answers.
+#[cfg(feature = "sentinel")]
 pub(crate) fn not_a_master_replies(replies: &redis::RedisResult<Vec<Value>>) -> bool {
     match replies {
         Err(e) => not_a_master(e),
@@ -123,6 +126,7 @@ mod tests {
     /// Sentinel is asked again on any reply saying the server is no
     /// writable master now, plain or inside a script's error; not on a
     /// reply about one request.
+    #[cfg(feature = "sentinel")]
     #[test]
     fn a_server_that_is_no_master_is_seen() {
         let parse = |s: &str| redis::parse_redis_value(s.as_bytes()).unwrap();

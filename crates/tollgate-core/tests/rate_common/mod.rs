@@ -160,3 +160,29 @@ pub(crate) fn figures(reply: &tollgate_core::store::RateReply) -> Figures {
         .collect();
     (reply.allowed, reply.now_micros, quotas)
 }
+
+/// One limiter per algorithm (quota `quota(alg)`) on a Redis that is
+/// stopped before they are returned, each falling back to its share over
+/// `instances`: every check decides on the fallback.
+pub(crate) async fn on_a_stopped_redis(
+    quota: impl Fn(Algorithm) -> Quota,
+    instances: u32,
+) -> Vec<RateLimiter> {
+    let mut server = RedisServer::start().unwrap();
+    let conn = server.connection_manager().await;
+    let limiters = ALL
+        .iter()
+        .map(|alg| {
+            RateLimiter::builder(RedisBackend::from_connection(conn.clone()), *alg)
+                .quota(quota(*alg))
+                .failure_policy(FailurePolicy::Fallback {
+                    instances: instances.try_into().unwrap(),
+                })
+                .timeout(Duration::from_millis(100))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    server.stop();
+    limiters
+}
