@@ -772,3 +772,34 @@ async fn returned<T>(
         .await
         .expect("the action returned")
 }
+
+/// A limiter built while its Redis is down is listed soon after Redis is
+/// back, not at its next routine refresh (a minute later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_built_while_redis_is_down_is_listed_once_it_is_back() {
+    let mut server = tollgate_testkit::RedisServer::start().unwrap();
+    let url = server.url();
+    server.stop();
+    // Meanwhile the port takes connections and never answers (a frozen
+    // store): the first one is for the registry write, the backend's first
+    // command, which gives up after its 2 s bound.
+    let frozen = tokio::net::TcpListener::bind(("127.0.0.1", server.port()))
+        .await
+        .unwrap();
+    let prefix = prefix();
+    let backend: Backend = RedisBackend::connect_lazy(&url).unwrap().into();
+    let _login = login(&backend, &prefix, 0);
+    let (conn, _) = tokio::time::timeout(WAIT, frozen.accept())
+        .await
+        .expect("the registry write is tried")
+        .unwrap();
+    // Past the write's bound: it has failed.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drop((conn, frozen));
+    server.restart().unwrap();
+    let admin = Admin::new(RedisBackend::connect(&url).await.unwrap()).with_prefix(&prefix);
+    eventually(Duration::from_secs(20), "login listed", || async {
+        admin.limiters().await.ok().filter(|l| l.len() == 1)
+    })
+    .await;
+}

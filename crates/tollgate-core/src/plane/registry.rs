@@ -37,8 +37,13 @@ impl Registered {
 /// How long the registry lives after its last write: every live limiter
 /// writes it again each [`REGISTER_EVERY`].
 const REGISTRY_TTL: Duration = Duration::from_secs(3600);
-/// How often a live limiter writes its entry again.
-pub(crate) const REGISTER_EVERY: Duration = Duration::from_secs(15 * 60);
+/// How often a live limiter writes its entry again: a registry lost with
+/// the store's data (a restart without persistence) is whole again within
+/// this, at one small write per limiter.
+pub(crate) const REGISTER_EVERY: Duration = Duration::from_secs(60);
+/// The first pause after a write that failed (the store down at startup),
+/// doubling up to [`REGISTER_EVERY`]: listed soon after the store is back.
+const RETRY_FIRST: Duration = Duration::from_secs(1);
 
 /// Writes `entry` into the registry of `prefix`.
 pub(crate) async fn register(
@@ -58,7 +63,8 @@ const ALIVE_CHECK: Duration = Duration::from_secs(2);
 
 /// Keeps `entry` in the registry of `prefix` while `alive` says so: at
 /// once in an in-process store, else from a task that writes it again
-/// every [`REGISTER_EVERY`] (the registry expires unless someone keeps it).
+/// every [`REGISTER_EVERY`] (the registry expires unless someone keeps it),
+/// and sooner after a write that failed.
 pub(crate) fn keep_registered(
     store: Arc<dyn AdminBackend>,
     prefix: String,
@@ -71,17 +77,30 @@ pub(crate) fn keep_registered(
         return;
     }
     let registering = async move {
+        let mut retry = RETRY_FIRST;
         'writes: while alive() {
             // Bounded: a store that stopped answering holds no task (nor
             // the store) once its owner is gone.
-            if let Err(e) = within(ALIVE_CHECK, register(&*store, &prefix, &entry)).await {
-                tracing::warn!(error = %e, "could not register: the operator plane will not list it");
-            }
+            let pause = match within(ALIVE_CHECK, register(&*store, &prefix, &entry)).await {
+                Ok(()) => {
+                    retry = RETRY_FIRST;
+                    REGISTER_EVERY
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, ?retry, "could not register: the operator plane will not list it until a write lands");
+                    let pause = retry;
+                    retry = (retry * 2).min(REGISTER_EVERY);
+                    pause
+                }
+            };
             // Looked at often, so that the store (its connection) is let go
             // soon after the last user.
-            let next = tokio::time::Instant::now() + REGISTER_EVERY;
+            let next = tokio::time::Instant::now() + pause;
             while tokio::time::Instant::now() < next {
-                tokio::time::sleep(ALIVE_CHECK).await;
+                tokio::time::sleep(
+                    ALIVE_CHECK.min(next.saturating_duration_since(tokio::time::Instant::now())),
+                )
+                .await;
                 if !alive() {
                     break 'writes;
                 }
