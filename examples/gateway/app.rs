@@ -134,9 +134,11 @@ impl ApiKey {
 impl ApiKey {
     /// What the gateway keys a caller by: a digest of the key (the
     /// operator plane shows subject ids, and an API key is a secret),
-    /// labelled with its first 4 characters and `…`.
+    /// labelled with its first 4 characters and `…` — fewer for a key of 4
+    /// or less, so the label never shows a whole key.
     pub(crate) fn subject(&self) -> Subject {
-        let shown: String = self.0.chars().take(4).collect();
+        let n = self.0.chars().count().saturating_sub(1).min(4);
+        let shown: String = self.0.chars().take(n).collect();
         hashed_subject(self.0.as_bytes()).with_label(format!("{shown}…"))
     }
 
@@ -426,7 +428,14 @@ where
 /// gateway resolves a raw `X-Api-Key` as its routes key it.
 fn admin_router(backend: Backend, token: String) -> Router {
     let admin = Admin::new(backend).with_prefix("gateway");
-    let mut routes = AdminRouter::new(admin, token).expect("a non-empty admin token");
+    let mut routes = match AdminRouter::new(admin, token) {
+        Ok(routes) => routes,
+        Err(e) => {
+            // Said and ended, not a panic: the operator set it by hand.
+            eprintln!("gateway: TOLLGATE_ADMIN_TOKEN is not usable: {e}");
+            std::process::exit(2);
+        }
+    };
     for limiter in ["chat", "login", "quota-free", "quota-pro"] {
         routes = routes.try_resolve_key(limiter, subject_of);
     }
@@ -503,6 +512,20 @@ mod tests {
         ] {
             assert!(ApiKey::parse(bad).is_none(), "{bad:?}");
         }
+    }
+
+    /// The operator plane's label: the first 4 characters, never the
+    /// whole key.
+    #[test]
+    fn labels_never_show_a_whole_key() {
+        let label = |k: &str| {
+            let s = ApiKey::parse(k.as_bytes()).unwrap().subject();
+            s.label().unwrap().to_owned()
+        };
+        assert_eq!(label("sk_live_7Hq2mZ"), "sk_l…");
+        assert_eq!(label("abcde"), "abcd…");
+        assert_eq!(label("demo"), "dem…");
+        assert_eq!(label("a"), "…");
     }
 
     #[test]
