@@ -48,35 +48,25 @@ pub(crate) fn not_a_master(e: &redis::RedisError) -> bool {
                 .is_some_and(|d| CODES.iter().any(|c| d.contains(&format!("-{c} ")))))
 }
 
-/// [`not_a_master`] for a connection's answer.
-#[cfg(feature = "sentinel")]
-pub(crate) fn not_a_master_reply(reply: &redis::RedisResult<Value>) -> bool {
-    answer_error(reply).is_some_and(|e| not_a_master(&e))
+/// Whether a connection's answer carries an error that `says` (such as
+/// [`demoted`] or [`not_a_master`]) of its server.
+pub(crate) fn reply_says(
+    reply: &redis::RedisResult<Value>,
+    says: fn(&redis::RedisError) -> bool,
+) -> bool {
+    answer_error(reply).is_some_and(|e| says(&e))
 }
 
-/// [`not_a_master`] for a pipeline's answers.
-#[cfg(feature = "sentinel")]
-pub(crate) fn not_a_master_replies(replies: &redis::RedisResult<Vec<Value>>) -> bool {
+/// [`reply_says`] for a pipeline's answers: any of them.
+pub(crate) fn replies_say(
+    replies: &redis::RedisResult<Vec<Value>>,
+    says: fn(&redis::RedisError) -> bool,
+) -> bool {
     match replies {
-        Err(e) => not_a_master(e),
+        Err(e) => says(e),
         Ok(values) => values
             .iter()
-            .any(|v| value_error(v).is_some_and(|e| not_a_master(&e))),
-    }
-}
-
-/// Whether a connection's answer says its server is a replica now.
-pub(crate) fn demoted_reply(reply: &redis::RedisResult<Value>) -> bool {
-    answer_error(reply).is_some_and(|e| demoted(&e))
-}
-
-/// [`demoted_reply`] for a pipeline's answers.
-pub(crate) fn demoted_replies(replies: &redis::RedisResult<Vec<Value>>) -> bool {
-    match replies {
-        Err(e) => demoted(e),
-        Ok(values) => values
-            .iter()
-            .any(|v| value_error(v).is_some_and(|e| demoted(&e))),
+            .any(|v| value_error(v).is_some_and(|e| says(&e))),
     }
 }
 
@@ -115,12 +105,12 @@ mod tests {
         let parse = |s: &str| redis::parse_redis_value(s.as_bytes()).unwrap();
         let readonly = parse("-READONLY You can't write against a read only replica.\r\n");
         assert!(matches!(readonly, Value::ServerError(_)));
-        assert!(demoted_reply(&Ok(readonly.clone())));
+        assert!(reply_says(&Ok(readonly.clone()), demoted));
         let other = parse("-ERR unknown command\r\n");
-        assert!(!demoted_reply(&Ok(other.clone())));
-        assert!(!demoted_reply(&Ok(Value::Okay)));
-        assert!(demoted_replies(&Ok(vec![Value::Okay, readonly])));
-        assert!(!demoted_replies(&Ok(vec![Value::Okay, other])));
+        assert!(!reply_says(&Ok(other.clone()), demoted));
+        assert!(!reply_says(&Ok(Value::Okay), demoted));
+        assert!(replies_say(&Ok(vec![Value::Okay, readonly]), demoted));
+        assert!(!replies_say(&Ok(vec![Value::Okay, other]), demoted));
     }
 
     /// Sentinel is asked again on any reply saying the server is no
@@ -138,15 +128,15 @@ mod tests {
             "-ERR Error running script (call to f_1): @user_script:1: -NOREPLICAS Not enough good replicas to write.\r\n",
         ] {
             let reply = parse(line);
-            assert!(not_a_master_reply(&Ok(reply.clone())), "{line}");
-            assert!(not_a_master_replies(&Ok(vec![Value::Okay, reply])), "{line}");
+            assert!(reply_says(&Ok(reply.clone()), not_a_master), "{line}");
+            assert!(replies_say(&Ok(vec![Value::Okay, reply]), not_a_master), "{line}");
         }
         for line in [
             "-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
             "-ERR unknown command\r\n",
             "-OOM command not allowed when used memory > 'maxmemory'.\r\n",
         ] {
-            assert!(!not_a_master_reply(&Ok(parse(line))), "{line}");
+            assert!(!reply_says(&Ok(parse(line)), not_a_master), "{line}");
         }
     }
 }

@@ -9,7 +9,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, Value};
 
-use super::demoted::{not_a_master_replies, not_a_master_reply};
+use super::demoted::{not_a_master, replies_say, reply_says};
 
 use crate::error::{redis_error, Result};
 
@@ -179,7 +179,7 @@ impl ConnectionLike for SentinelConnection {
             };
             let result = conn.req_packed_command(cmd).await;
             guard.done = true;
-            self.observe(used, &result, not_a_master_reply(&result));
+            self.observe(used, &result, reply_says(&result, not_a_master));
             result
         }
         .boxed()
@@ -200,7 +200,7 @@ impl ConnectionLike for SentinelConnection {
             };
             let result = conn.req_packed_commands(pipeline, offset, count).await;
             guard.done = true;
-            self.observe(used, &result, not_a_master_replies(&result));
+            self.observe(used, &result, replies_say(&result, not_a_master));
             result
         }
         .boxed()

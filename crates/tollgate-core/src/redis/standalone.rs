@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use super::demoted::{demoted_replies, demoted_reply};
+use super::demoted::{demoted, replies_say, reply_says};
 
 /// A connection manager reconnects after a dropped connection, but not
 /// after a `READONLY` reply: its socket is still open, to the demoted
@@ -70,7 +70,7 @@ impl ConnectionLike for Standalone {
         async move {
             let (used, mut conn) = self.current();
             let result = conn.req_packed_command(cmd).await;
-            if demoted_reply(&result) {
+            if reply_says(&result, demoted) {
                 self.rebuild(used);
             }
             result
@@ -87,7 +87,7 @@ impl ConnectionLike for Standalone {
         async move {
             let (used, mut conn) = self.current();
             let result = conn.req_packed_commands(pipeline, offset, count).await;
-            if demoted_replies(&result) {
+            if replies_say(&result, demoted) {
                 self.rebuild(used);
             }
             result
