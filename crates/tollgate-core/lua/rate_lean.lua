@@ -1,7 +1,7 @@
 -- Decides N checks of one limiter (one algorithm, one quota, no wait) in
--- one call: one TIME, one MGET, one EXISTS of the block keys, one SET per
--- admitted key (a key repeated in the batch: once, at the end), one figure
--- per check back. At most about 7000 checks per call (unpack's limit on
+-- one call: one TIME, one MGET, one EXISTS of the block index (or of the
+-- block keys), one SET per admitted key (a key repeated in the batch: once,
+-- at the end), one figure per check back. At most about 7000 checks per call (unpack's limit on
 -- the values it returns). The loader puts before it `local now, cost, n`,
 -- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
 -- quota from ARGV[2], ARGV[3] and defines `step(key, cost, state, keep)`:
@@ -14,11 +14,13 @@
 -- calls would read it back, and written once. The client derives the
 -- figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
--- block key in the same order; or, when every check is of one subject, its
--- key (and block key) once.
+-- block key in the same order, or, when it is 'i', the limiter's block
+-- index (rate_block_set.lua: checks of many subjects read one key, not one
+-- block key each); or, when every check is of one subject, its key (and
+-- block key) once.
 -- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
 -- quota's two parameters, as a single call takes them. ARGV[4]: keys per
--- check. ARGV[5]: the number of checks. ARGV[6]: every check's cost, or
+-- check ('i': one, and the index). ARGV[5]: the number of checks. ARGV[6]: every check's cost, or
 -- each one's, 'c1,c2,…'. ARGV[7]: the earliest deadline (server µs) or '':
 -- when now is past it, ARGV[8] holds each check's deadline, 'd1,d2,…' (0:
 -- none), as rate_deadline.lua reads it.
@@ -34,9 +36,10 @@ if not now then
   now = t[1] * 1000000 + t[2]
 end
 local count = ARGV[5] + 0
+local index = ARGV[4] == 'i' and KEYS[count + 1]
 -- 0 when KEYS holds one subject's keys for every check, else 1: check c's
 -- key is KEYS[at * (c - 1) + 1].
-local at = #KEYS < count * ARGV[4] and 0 or 1
+local at = (index or #KEYS >= count * ARGV[4]) and 1 or 0
 local same, costs = tonumber(ARGV[6]), nil
 if not same then
   costs = {}
@@ -62,8 +65,21 @@ if at == 0 and count > 1 then held, dirty = {}, {} end
 -- A block key exists while its block lasts (rate_block_set.lua): one
 -- EXISTS tells whether any check here may be blocked; only then is each
 -- block key's PTTL read, the wait a single call reports (rate_block.lua).
+-- The index exists while any block of the limiter lasts; it holds each
+-- block's end (server µs) under its subject's tag, the end of its key.
 local first = at * (count - 1) + 2
-local blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS)) > 0
+local blocks, server_now
+if index then
+  if redis.call('EXISTS', index) == 1 then
+    server_now = now
+    if ARGV[1] ~= '' then
+      local t = redis.call('TIME')
+      server_now = t[1] * 1000000 + t[2]
+    end
+  end
+else
+  blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS)) > 0
+end
 -- `out` sized once (each check's slot is filled below; the keys are
 -- placeholders), not grown check by check.
 local out = {now, unpack(KEYS, 1, count)}
@@ -71,7 +87,14 @@ for c = 1, count do
   if late and late[c] then
     out[c + 1] = 18014398509481984
   else
-    local left = blocks and redis.call('PTTL', KEYS[first + at * (c - 1)]) or 0
+    local left = 0
+    if server_now then
+      local tag = string.match(KEYS[c], '{[^}]*}')
+      local ends = tag and redis.call('ZSCORE', index, tag)
+      if ends then left = math.ceil((ends - server_now) / 1000) end
+    elseif blocks then
+      left = redis.call('PTTL', KEYS[first + at * (c - 1)])
+    end
     if left > 0 then
       out[c + 1] = 9007199254740992 + 2 * math.min(left, 2251799813685247)
     else

@@ -14,7 +14,7 @@ mod rate_common;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use tollgate_core::store::{RateReply, RateRequest};
+use tollgate_core::store::{AdminBackend, RateReply, RateRequest};
 use tollgate_core::{Algorithm, Coalescing, Error, Quota, RateBackend, RedisBackend};
 
 use coalesce_common::*;
@@ -57,7 +57,8 @@ struct Step {
 enum Touch {
     Foreign(usize),
     Block,
-    /// A block key holding a value with no TTL: not a block.
+    /// A block lifted, and its key then holding a value with no TTL: not
+    /// a block.
     StaleBlock,
     Unblock,
 }
@@ -111,8 +112,16 @@ fn requests(alg: Algorithm, quota: Quota, prefix: &str) -> Vec<RateRequest> {
         .collect()
 }
 
-/// Applies a step's touch at `at` to one subject's keys.
-async fn touch(conn: &mut redis::aio::ConnectionManager, r: &RateRequest, touch: Touch, at: u64) {
+/// Applies a step's touch at `at` to one subject's keys; blocks are set and
+/// lifted as an operator does (`admin`), which also keeps the limiter's
+/// block index that batches of many subjects read.
+async fn touch(
+    conn: &mut redis::aio::ConnectionManager,
+    admin: &RedisBackend,
+    r: &RateRequest,
+    touch: Touch,
+    at: u64,
+) {
     let (key, block) = (&r.keys[0], &r.keys[1]);
     match touch {
         Touch::Foreign(f) => {
@@ -129,20 +138,15 @@ async fn touch(conn: &mut redis::aio::ConnectionManager, r: &RateRequest, touch:
             let _: redis::Value = cmd.query_async(conn).await.unwrap();
         }
         Touch::Block => {
-            let _: () = redis::cmd("SET")
-                .arg(block)
-                .arg("1")
-                .arg("PX")
-                .arg(3_600_000)
-                .query_async(conn)
-                .await
-                .unwrap();
+            let hour = Duration::from_secs(3600);
+            admin.set_block(block, hour, false).await.unwrap();
         }
         Touch::StaleBlock => {
+            admin.unblock(block).await.unwrap();
             let _: () = conn.set(block, "garbage").await.unwrap();
         }
         Touch::Unblock => {
-            let _: () = conn.del(block).await.unwrap();
+            admin.unblock(block).await.unwrap();
         }
     }
 }
@@ -214,8 +218,8 @@ async fn run(
     let read = redis::Script::new(READ_PAIR);
     for step in steps {
         if let Some((s, t)) = step.touch {
-            touch(conn, &base_a[s], t, step.at).await;
-            touch(conn, &base_b[s], t, step.at).await;
+            touch(conn, single, &base_a[s], t, step.at).await;
+            touch(conn, single, &base_b[s], t, step.at).await;
         }
         let batch = |base: &[RateRequest]| -> Vec<RateRequest> {
             step.batch
@@ -423,8 +427,9 @@ async fn the_largest_lean_call_answers_every_check() {
                 r
             })
             .collect();
-        let _: () = conn
-            .pset_ex(&base[7].keys[1], "1", 3_600_000)
+        let hour = Duration::from_secs(3600);
+        backend
+            .set_block(&base[7].keys[1], hour, false)
             .await
             .unwrap();
         let batch: Vec<RateRequest> = (0..4).flat_map(|_| base.iter().cloned()).collect();
@@ -476,4 +481,108 @@ async fn a_clock_past_exact_doubles_is_decided_coalesced() {
         let d = a.expect("a decision");
         assert!(d.allowed, "{d:?}");
     }
+}
+
+/// What a lean batch of every subject says of the first: `Some(ms)` of
+/// block left, or `None` when it is admitted (the others always are).
+async fn first_blocked(backend: &RedisBackend, requests: &[RateRequest]) -> Option<u64> {
+    let answers = backend.check_rate_batch(requests).await.expect("a call");
+    for a in &answers[1..] {
+        assert!(a.as_ref().expect("a decision").allowed, "{answers:?}");
+    }
+    let first = answers[0].as_ref().expect("a decision");
+    if first.allowed {
+        return None;
+    }
+    // A quota of 1000 a second never refuses these checks: a block does.
+    Some(first.outcomes[0].retry_after_micros / 1000)
+}
+
+/// The limiter's block index, which a lean batch of many subjects reads
+/// instead of each one's block key, follows every block action: a longer
+/// block kept by "at least", a shorter one replacing it, a lift, a block
+/// key set without the index (by an older writer) taken in by the next
+/// "at least", a block that ran out; on the server's clock and on the
+/// limiter's own. The index always has a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_block_index_follows_every_block_action() {
+    let server = server();
+    let mut conn = server.connection_manager().await;
+    let backend = RedisBackend::from_connection(conn.clone());
+    let mut reqs = requests(Algorithm::Gcra, q(1000, 1), &unique_prefix());
+    let block = reqs[0].keys[1].clone();
+    let index = format!("{}:index", &block[..block.find(":{").unwrap()]);
+    let (hour, minute) = (3_600_000, 60_000);
+
+    backend
+        .set_block(&block, Duration::from_secs(3600), false)
+        .await
+        .unwrap();
+    let left = first_blocked(&backend, &reqs).await.expect("blocked");
+    assert!(left > hour - minute, "{left} ms");
+    let ttl: i64 = conn.pttl(&index).await.unwrap();
+    assert!(
+        ttl > (hour - minute) as i64,
+        "the index lives as its block: {ttl}"
+    );
+
+    let kept = backend
+        .set_block(&block, Duration::from_secs(1), true)
+        .await
+        .unwrap();
+    assert!(kept > Duration::from_secs(3500), "{kept:?}");
+    let left = first_blocked(&backend, &reqs).await.expect("still blocked");
+    assert!(left > hour - minute, "{left} ms");
+
+    backend
+        .set_block(&block, Duration::from_secs(120), false)
+        .await
+        .unwrap();
+    let left = first_blocked(&backend, &reqs).await.expect("blocked");
+    assert!((minute..=2 * minute).contains(&left), "{left} ms");
+    // On the limiter's own clock (an hour ahead), the block is still the
+    // server's.
+    let ahead = tollgate_core::Clock::now_micros(&tollgate_core::SystemClock) + 3_600_000_000;
+    for r in &mut reqs {
+        r.now_micros = Some(ahead);
+    }
+    let left = first_blocked(&backend, &reqs).await.expect("blocked");
+    assert!((minute..=2 * minute).contains(&left), "{left} ms");
+    for r in &mut reqs {
+        r.now_micros = None;
+        // Its state, an hour ahead of the server's, would refuse the next.
+        let _: () = conn.del(&r.keys[0]).await.unwrap();
+    }
+
+    backend.unblock(&block).await.unwrap();
+    assert_eq!(first_blocked(&backend, &reqs).await, None, "lifted");
+    let ttl: i64 = conn.pttl(&index).await.unwrap();
+    assert!(ttl > 0 || ttl == -2, "never immortal: {ttl}");
+
+    let _: () = conn.pset_ex(&block, "1", 10 * minute).await.unwrap();
+    let kept = backend
+        .set_block(&block, Duration::from_secs(1), true)
+        .await
+        .unwrap();
+    assert!(kept > Duration::from_secs(590), "{kept:?}");
+    let left = first_blocked(&backend, &reqs).await.expect("blocked");
+    assert!((9 * minute..=10 * minute).contains(&left), "{left} ms");
+
+    backend
+        .set_block(&block, Duration::from_millis(30), false)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let gone: bool = !conn.exists::<_, bool>(&block).await.unwrap();
+        if gone {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the block key expires"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(first_blocked(&backend, &reqs).await, None, "ran out");
 }

@@ -328,6 +328,15 @@ async fn a_wrapped_cluster_connection_is_split_by_tag_after_crossslot() {
         }
     }
     assert_eq!(admitted, vec![5; subjects.len()]);
+    // A block there keeps no index of the limiter's blocks (another slot
+    // than the block's): set, read by the next check and lifted all the
+    // same.
+    let x0 = tollgate_core::Subject::new("x0");
+    limiter.block(&x0, Duration::from_secs(60)).await.unwrap();
+    let d = limiter.check("x0").await.unwrap();
+    assert!(d.retry_after > Some(Duration::from_secs(50)), "{d:?}");
+    limiter.unblock(&x0).await.unwrap();
+    assert!(limiter.blocked_for(&x0).await.unwrap().is_none());
 }
 
 /// The tasks that send batches run on the runtime the backend was made on.

@@ -12,7 +12,9 @@ use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use redis::Cmd;
 
-use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, RATE_RESET, THROTTLED_ADD};
+use super::conn::Conn;
+use super::scripts::LuaScript;
+use super::scripts::{ADMIN_ANNOUNCE, RATE_BLOCK_SET, RATE_RESET, RATE_UNBLOCK, THROTTLED_ADD};
 use super::RedisBackend;
 use crate::error::{redis_error, Error, Result};
 use crate::store::{
@@ -167,9 +169,9 @@ impl AdminBackend for RedisBackend {
     ) -> BoxFuture<'a, Result<Duration>> {
         async move {
             let left = self
-                .invoke(&RATE_BLOCK_SET, |cmd| {
+                .with_block_index(&RATE_BLOCK_SET, key, |cmd| {
                     let mode = if at_least { "1" } else { "0" };
-                    cmd.arg(1).arg(key).arg(millis_ceil(ttl).max(1)).arg(mode);
+                    cmd.arg(millis_ceil(ttl).max(1)).arg(mode);
                 })
                 .await?;
             match left {
@@ -182,7 +184,7 @@ impl AdminBackend for RedisBackend {
 
     fn unblock<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<()>> {
         async move {
-            let _: i64 = self.query(redis::cmd("DEL").arg(key)).await?;
+            self.with_block_index(&RATE_UNBLOCK, key, |_| {}).await?;
             Ok(())
         }
         .boxed()
@@ -523,4 +525,75 @@ async fn poll_once(
         }
     }
     true
+}
+
+/// The block index of the limiter whose block key is `block_key`:
+/// `<prefix>:<policy>:block:index` beside `<prefix>:<policy>:block:{…}`
+/// (no key with a subject is without its tag). It lists each live block's
+/// end under its subject's tag, so that a batch of many subjects reads one
+/// key, not one block key each (`lua/rate_block_set.lua`,
+/// `lua/rate_lean.lua`).
+pub(crate) fn block_index(block_key: &str) -> Option<String> {
+    block_family(block_key).map(|family| format!("{family}:index"))
+}
+
+/// What comes before a block key's tag (its only brace): one limiter's
+/// blocks share it.
+pub(crate) fn block_family(block_key: &str) -> Option<&str> {
+    block_key.find(":{").map(|at| &block_key[..at])
+}
+
+/// Whether `e` is a server's refusal of one call's keys in several slots.
+fn across_slots(e: &Error) -> bool {
+    let Error::Backend(b) = e else {
+        return false;
+    };
+    std::error::Error::source(b)
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .is_some_and(|r| r.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot))
+}
+
+impl RedisBackend {
+    /// Runs a block script on `block_key` and, on one server, the limiter's
+    /// block index too. A cluster keeps no index (it would sit in another
+    /// slot than the block: there a batch holds one subject, and reads its
+    /// block key), nor does a server that refuses the pair (`CROSSSLOT`: a
+    /// sharded proxy), which then gets batches of one tag too.
+    async fn with_block_index(
+        &self,
+        script: &LuaScript,
+        block_key: &str,
+        args: impl Fn(&mut Cmd),
+    ) -> Result<redis::Value> {
+        let index = match self.conn {
+            Conn::Cluster(_) => None,
+            _ => block_index(block_key),
+        };
+        match self
+            .block_call(script, block_key, index.as_deref(), &args)
+            .await
+        {
+            Err(e) if index.is_some() && across_slots(&e) => {
+                self.block_call(script, block_key, None, &args).await
+            }
+            other => other,
+        }
+    }
+
+    async fn block_call(
+        &self,
+        script: &LuaScript,
+        block_key: &str,
+        index: Option<&str>,
+        args: &impl Fn(&mut Cmd),
+    ) -> Result<redis::Value> {
+        self.invoke(script, |cmd| {
+            cmd.arg(1 + usize::from(index.is_some())).arg(block_key);
+            if let Some(index) = index {
+                cmd.arg(index);
+            }
+            args(cmd);
+        })
+        .await
+    }
 }

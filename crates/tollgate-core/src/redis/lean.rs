@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
+use super::admin::{block_family, block_index};
 use crate::error::{Error, Result};
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
 
@@ -80,11 +81,25 @@ impl LeanGroup {
             [first, rest @ ..] => rest.iter().all(|r| r.keys == first.keys),
             [] => false,
         };
+        // Checks of many subjects of one limiter read its block index, not
+        // each one's block key (only one server batches many subjects).
+        let index = match requests {
+            [first, rest @ ..] if !one && self.keys == 2 => block_family(&first.keys[1])
+                .filter(|f| rest.iter().all(|r| block_family(&r.keys[1]) == Some(*f)))
+                .and_then(|_| block_index(&first.keys[1])),
+            _ => None,
+        };
         if one {
             cmd.arg(self.keys);
             for key in &requests[0].keys {
                 cmd.arg(key.as_str());
             }
+        } else if let Some(index) = &index {
+            cmd.arg(requests.len() + 1);
+            for r in requests {
+                cmd.arg(r.keys[0].as_str());
+            }
+            cmd.arg(index.as_str());
         } else {
             cmd.arg(requests.len() * self.keys);
             // Every check's key, then every check's block key.
@@ -104,7 +119,11 @@ impl LeanGroup {
         } else {
             cmd.arg(format!("{}/{}", self.ticks, self.per));
         }
-        cmd.arg(self.keys).arg(requests.len());
+        match index {
+            Some(_) => cmd.arg("i"),
+            None => cmd.arg(self.keys),
+        };
+        cmd.arg(requests.len());
         let cost = requests.first().map_or(0, |r| r.cost);
         if requests.iter().all(|r| r.cost == cost) {
             cmd.arg(cost);

@@ -224,6 +224,7 @@ scripts! {
     IDEM_ABANDON => "idem_abandon",
     IDEM_IN_FLIGHT => "idem_in_flight",
     RATE_BLOCK_SET => "rate_block_set",
+    RATE_UNBLOCK => "rate_unblock",
     RATE_RESET => "rate_reset",
     THROTTLED_ADD => "throttled_add",
     ADMIN_ANNOUNCE => "admin_announce",
