@@ -1,7 +1,8 @@
 -- The fixed window's step in a lean batch (rate_lean.lua): fixed_window.lua's
 -- single-quota check. ARGV[2], ARGV[3]: limit and period (µs). The state is
 -- this window's count. The step reads and writes the state itself, as
--- window_count and window_store do, with what depends only on the window
+-- window_count and window_store do (and is the only writer: rate_lean.lua
+-- stores a held state by a step of cost 0), with what depends only on the window
 -- (its pattern, its prefix, the PX) formatted once per call. A key whose
 -- window is later (a clock ahead wrote it) counts in that window; its
 -- figures, which the client derives from this call's window, then end with
@@ -12,19 +13,6 @@ local w, this, value, px
 -- The keys whose stored window is later than this call's (a clock ahead):
 -- key -> that window, which their writes keep (window_count).
 local ahead = {}
--- window_store(key, w, count, reset), with the value also kept in batch_view.
-local function write(key, count)
-  local later = ahead[key]
-  local v, p = nil, px
-  if later then
-    v = format('%d:%d', later, count)
-    p = format('%d', math.ceil(((later + 1) * period - now) / 1000))
-  else
-    v = format(value, count)
-  end
-  batch_view[key] = v
-  redis.call('SET', key, v, 'PX', p)
-end
 local function step(key, cost, count, keep)
   -- `now` is set once per call, after this file runs.
   if not w then
@@ -53,6 +41,16 @@ local function step(key, cost, count, keep)
   if count + cost > limit then return count end
   -- Below 10^15 it reads back as written (window_count's 15 digits).
   if keep and count + cost < 1000000000000000 then return count, count + cost end
-  write(key, count + cost)
+  -- window_store(key, w, count, reset). A key checked again in the batch
+  -- reads the value back from batch_view.
+  local later, v, p = ahead[key], nil, px
+  if later then
+    v = format('%d:%d', later, count + cost)
+    p = format('%d', math.ceil(((later + 1) * period - now) / 1000))
+  else
+    v = format(value, count + cost)
+  end
+  if keep then batch_view[key] = v end
+  redis.call('SET', key, v, 'PX', p)
   return count, count + cost, true
 end

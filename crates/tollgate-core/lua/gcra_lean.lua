@@ -2,26 +2,11 @@
 -- check without a wait. ARGV[2], ARGV[3]: burst and emission interval.
 -- The state is the TAT (units of 1/per µs after now, ≥ 0). The step reads
 -- and writes the state itself, as gcra_tat and gcra_store do (a function
--- call per layer costs Redis more than the check's arithmetic).
+-- call per layer costs Redis more than the check's arithmetic), and is the
+-- only writer: rate_lean.lua stores a held state by a step of cost 0.
 local interval, per = interval_of(ARGV[3])
 local limit_at = ARGV[2] * interval
 local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
--- gcra_store(key, nt, per, 0), with the value also kept in batch_view. In
--- whole µs (per 1, a whole TAT) its roundings are no-ops, and C calls cost.
-local function write(key, nt)
-  local v, px
-  if per == 1 and nt % 1 == 0 then
-    v, px = format('%d', now + nt), ceil(nt / 1000)
-  else
-    local us = floor(nt / per)
-    local frac = nt - us * per
-    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
-    px = ceil(ceil(nt / per) / 1000)
-  end
-  if px < 1 then px = 1 end
-  batch_view[key] = v
-  call('SET', key, v, 'PX', format('%d', px))
-end
 local function step(key, cost, tat, keep)
   if not tat then
     local v = batch_view[key]
@@ -41,6 +26,19 @@ local function step(key, cost, tat, keep)
   if nt > limit_at then return tat end
   -- A TAT below 2^52 reads back as written (stored_instant's bound).
   if keep and nt < 4503599627370496 then return tat, nt end
-  write(key, nt)
+  -- gcra_store(key, nt, per, 0); in whole µs (per 1, a whole TAT) its
+  -- roundings are no-ops, and C calls cost. A key checked again in the
+  -- batch reads the value back from batch_view.
+  local v, px
+  if per == 1 and nt % 1 == 0 then
+    v, px = format('%d', now + nt), ceil(nt / 1000)
+  else
+    local us = floor(nt / per)
+    local frac = nt - us * per
+    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
+    px = ceil(ceil(nt / per) / 1000)
+  end
+  if keep then batch_view[key] = v end
+  call('SET', key, v, 'PX', format('%d', px < 1 and 1 or px))
   return tat, nt, true
 end

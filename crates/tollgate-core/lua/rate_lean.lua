@@ -1,18 +1,18 @@
 -- Decides N checks of one limiter (one algorithm, one quota, no wait) in
 -- one call: one TIME, one MGET, one EXISTS of the block index (or of the
 -- block keys), one SET per admitted key (a key repeated in the batch: once,
--- at the end), one figure per check back. At most about 7000 checks per call (unpack's limit on
--- the values it returns). The loader puts before it `local now, cost, n`,
--- rate_prelude.lua and the algorithm's `<alg>_lean.lua`, which reads the
--- quota from ARGV[2], ARGV[3] and defines `step(key, cost, state, keep)`:
--- it decides one check from `state` (nil: from what `key` stores) and
--- returns the state it decided from (an integer below 2^52, read as the
--- single script reads it), the state after an admission (nil: refused) and
--- whether it stored it — it does unless `keep` and the state reads back as
--- written, and then `write(key, state)` stores it later: the state of a key
--- repeated in the batch is kept between its checks as a sequence of single
--- calls would read it back, and written once. The client derives the
--- figures from the state.
+-- at the end), one figure per check back. At most about 7000 checks per
+-- call (unpack's limit on the values it returns). The loader puts before it
+-- `local now, cost, n`, rate_prelude.lua and the algorithm's
+-- `<alg>_lean.lua`, which reads the quota from ARGV[2], ARGV[3] and defines
+-- `step(key, cost, state, keep)`: it decides one check from `state` (nil:
+-- from what `key` stores) and returns the state it decided from (an integer
+-- below 2^52, read as the single script reads it), the state after an
+-- admission (nil: refused) and whether it stored it — it does unless `keep`
+-- and the state reads back as written, and then a step of cost 0 from the
+-- state stores it later: the state of a key repeated in the batch is kept
+-- between its checks as a sequence of single calls would read it back, and
+-- written once. The client derives the figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
 -- block key in the same order, or, when it is 'i', the limiter's block
 -- index (rate_block_set.lua: checks of many subjects read one key, not one
@@ -55,9 +55,11 @@ end
 -- has its state kept in `held` between its checks.
 batch_view = {}
 local last = at * (count - 1) + 1
-local got, held, dirty = redis.call('MGET', unpack(KEYS, 1, last)), nil, nil
+-- KEYS is a global: read once (a lookup per use costs).
+local keys = KEYS
+local got, held, dirty = redis.call('MGET', unpack(keys, 1, last)), nil, nil
 for i = 1, last do
-  local key = KEYS[i]
+  local key = keys[i]
   if not held and batch_view[key] ~= nil then held, dirty = {}, {} end
   batch_view[key] = got[i]
 end
@@ -80,42 +82,48 @@ if index then
 else
   blocks = #KEYS >= first and redis.call('EXISTS', unpack(KEYS, first, #KEYS)) > 0
 end
+-- What refuses check c before its step: its deadline passed, or a block
+-- (its figure, as below); nil when neither.
+local function refused(c)
+  if late and late[c] then return 18014398509481984 end
+  local left = 0
+  if server_now then
+    local tag = string.match(KEYS[c], '{[^}]*}')
+    local ends = tag and redis.call('ZSCORE', index, tag)
+    if ends then left = math.ceil((ends - server_now) / 1000) end
+  elseif blocks then
+    left = redis.call('PTTL', KEYS[first + at * (c - 1)])
+  end
+  if left > 0 then return 9007199254740992 + 2 * math.min(left, 2251799813685247) end
+end
+local guarded, keep = late or server_now or blocks, held ~= nil
 -- `out` sized once (each check's slot is filled below; the keys are
 -- placeholders), not grown check by check.
-local out = {now, unpack(KEYS, 1, count)}
+local out = {now, unpack(keys, 1, count)}
+local i = 1
 for c = 1, count do
-  if late and late[c] then
-    out[c + 1] = 18014398509481984
-  else
-    local left = 0
-    if server_now then
-      local tag = string.match(KEYS[c], '{[^}]*}')
-      local ends = tag and redis.call('ZSCORE', index, tag)
-      if ends then left = math.ceil((ends - server_now) / 1000) end
-    elseif blocks then
-      left = redis.call('PTTL', KEYS[first + at * (c - 1)])
-    end
-    if left > 0 then
-      out[c + 1] = 9007199254740992 + 2 * math.min(left, 2251799813685247)
-    else
-      local key = KEYS[at * (c - 1) + 1]
-      local state, after, stored = step(key, same or costs[c], held and held[key], held ~= nil)
-      if held then
-        if after == nil then
-          held[key] = state
-        elseif stored then
-          held[key], dirty[key] = nil, nil
-        else
-          held[key], dirty[key] = after, true
-        end
+  local figure = guarded and refused(c)
+  if not figure then
+    local key = keys[i]
+    local state, after, stored = step(key, same or costs[c], held and held[key], keep)
+    if keep then
+      if after == nil then
+        held[key] = state
+      elseif stored then
+        held[key], dirty[key] = nil, nil
+      else
+        held[key], dirty[key] = after, true
       end
-      out[c + 1] = after and state * 2 + 1 or state * 2
     end
+    figure = after and state * 2 + 1 or state * 2
   end
+  out[c + 1] = figure
+  i = i + at
 end
 -- A write that fails here fails the whole call: no check is answered as
 -- admitted without its write.
 if dirty then
-  for key in pairs(dirty) do write(key, held[key]) end
+  -- A step of cost 0 from a held state admits it and stores it as it is.
+  for key in pairs(dirty) do step(key, 0, held[key], false) end
 end
 return struct.pack('<' .. string.rep('d', count + 1), unpack(out))

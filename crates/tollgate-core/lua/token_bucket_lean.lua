@@ -3,28 +3,14 @@
 -- interval. The state is the empty instant (units of 1/per µs after now,
 -- ≥ -capacity × interval). The step reads and writes the state itself, as
 -- bucket_empty and bucket_store do (a function call per layer costs Redis
--- more than the check's arithmetic).
+-- more than the check's arithmetic), and is the only writer: rate_lean.lua
+-- stores a held state by a step of cost 0.
 local interval, per = interval_of(ARGV[3])
 local full = (ARGV[2] + 0) * interval
 local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
--- bucket_store(key, after, per, full, 0), with the value also kept in
--- batch_view. In whole µs (per 1, a whole capacity and instant) its
+-- In whole µs (per 1, a whole capacity and instant) bucket_store's
 -- roundings are no-ops, and C calls cost.
 local whole = per == 1 and full % 1 == 0
-local function write(key, after)
-  local v, px
-  if whole and after % 1 == 0 then
-    v, px = format('%d', now + after), ceil((after + full) / 1000)
-  else
-    local us = floor(after / per)
-    local frac = after - us * per
-    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
-    px = ceil(ceil((after + full) / per) / 1000)
-  end
-  if px < 1 then px = 1 end
-  batch_view[key] = v
-  call('SET', key, v, 'PX', format('%d', px))
-end
 local function step(key, cost, empty, keep)
   if not empty then
     local v = batch_view[key]
@@ -46,6 +32,18 @@ local function step(key, cost, empty, keep)
   local after = empty + cost * interval
   -- Within ±2^52 it reads back as written (stored_instant's bound).
   if keep and after < 4503599627370496 and after > -4503599627370496 then return empty, after end
-  write(key, after)
+  -- bucket_store(key, after, per, full, 0). A key checked again in the
+  -- batch reads the value back from batch_view.
+  local v, px
+  if whole and after % 1 == 0 then
+    v, px = format('%d', now + after), ceil((after + full) / 1000)
+  else
+    local us = floor(after / per)
+    local frac = after - us * per
+    v = frac == 0 and format('%d', now + us) or format('%d:%d', now + us, frac)
+    px = ceil(ceil((after + full) / per) / 1000)
+  end
+  if keep then batch_view[key] = v end
+  call('SET', key, v, 'PX', format('%d', px < 1 and 1 or px))
   return empty, after, true
 end
