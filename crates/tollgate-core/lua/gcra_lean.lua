@@ -7,6 +7,9 @@
 local interval, per = interval_of(ARGV[3])
 local limit_at = ARGV[2] * interval
 local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
+-- In whole µs (per 1) every TAT is whole (read strictly, whole costs and
+-- interval): gcra_store's roundings are no-ops, and C calls cost.
+local whole = per == 1
 local function step(key, cost, tat, keep)
   if not tat then
     local v = batch_view[key]
@@ -26,11 +29,10 @@ local function step(key, cost, tat, keep)
   if nt > limit_at then return tat end
   -- A TAT below 2^52 reads back as written (stored_instant's bound).
   if keep and nt < 4503599627370496 then return tat, nt end
-  -- gcra_store(key, nt, per, 0); in whole µs (per 1, a whole TAT) its
-  -- roundings are no-ops, and C calls cost. A key checked again in the
-  -- batch reads the value back from batch_view.
+  -- gcra_store(key, nt, per, 0). A key checked again in the batch reads
+  -- the value back from batch_view.
   local v, px
-  if per == 1 and nt % 1 == 0 then
+  if whole then
     v, px = format('%d', now + nt), ceil(nt / 1000)
   else
     local us = floor(nt / per)

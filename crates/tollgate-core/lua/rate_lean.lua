@@ -15,9 +15,9 @@
 -- written once. The client derives the figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
 -- block key in the same order, or, when it is 'i', the limiter's block
--- index (rate_block_set.lua: checks of many subjects read one key, not one
--- block key each); or, when every check is of one subject, its key (and
--- block key) once.
+-- marker and block index (rate_block_set.lua: checks of many subjects read
+-- the marker with their keys, not a block key each); or, when every check
+-- is of one subject, its key (and block key) once.
 -- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
 -- quota's two parameters, as a single call takes them. ARGV[4]: keys per
 -- check ('i': one, and the index). ARGV[5]: the number of checks. ARGV[6]: every check's cost, or
@@ -36,7 +36,7 @@ if not now then
   now = t[1] * 1000000 + t[2]
 end
 local count = ARGV[5] + 0
-local index = ARGV[4] == 'i' and KEYS[count + 1]
+local index = ARGV[4] == 'i' and KEYS[count + 2]
 -- 0 when KEYS holds one subject's keys for every check, else 1: check c's
 -- key is KEYS[at * (c - 1) + 1].
 local at = (index or #KEYS >= count * ARGV[4]) and 1 or 0
@@ -51,13 +51,15 @@ if ARGV[7] ~= '' and now > ARGV[7] + 0 then
   late = {}
   for d in string.gmatch(ARGV[8], '%d+') do late[#late + 1] = d ~= '0' and now > d + 0 end
 end
--- One MGET; a key repeated in the batch (one hot subject among others)
--- has its state kept in `held` between its checks.
+-- One MGET (with the block marker, if sent); a key repeated in the batch
+-- (one hot subject among others) has its state kept in `held` between its
+-- checks.
 batch_view = {}
 local last = at * (count - 1) + 1
 -- KEYS is a global: read once (a lookup per use costs).
 local keys = KEYS
-local got, held, dirty = redis.call('MGET', unpack(keys, 1, last)), nil, nil
+local got = redis.call('MGET', unpack(keys, 1, index and last + 1 or last))
+local held, dirty
 for i = 1, last do
   local key = keys[i]
   if not held and batch_view[key] ~= nil then held, dirty = {}, {} end
@@ -67,16 +69,24 @@ if at == 0 and count > 1 then held, dirty = {}, {} end
 -- A block key exists while its block lasts (rate_block_set.lua): one
 -- EXISTS tells whether any check here may be blocked; only then is each
 -- block key's PTTL read, the wait a single call reports (rate_block.lua).
--- The index exists while any block of the limiter lasts; it holds each
--- block's end (server µs) under its subject's tag, the end of its key.
+-- The marker exists while any block of the limiter lasts; only then is
+-- the index read, which holds each block's end (server µs) under its
+-- subject's tag: its live blocks at once when they are no more than the
+-- checks (a standing ban costs one call), else each check's.
 local first = at * (count - 1) + 2
-local blocks, server_now
+local blocks, server_now, ends_of
 if index then
-  if redis.call('EXISTS', index) == 1 then
+  if got[last + 1] then
     server_now = now
     if ARGV[1] ~= '' then
       local t = redis.call('TIME')
       server_now = t[1] * 1000000 + t[2]
+    end
+    local live = redis.call('ZRANGEBYSCORE', index, string.format('(%d', server_now), '+inf',
+      'WITHSCORES', 'LIMIT', 0, count + 1)
+    if #live <= 2 * count then
+      ends_of = {}
+      for j = 1, #live, 2 do ends_of[live[j]] = live[j + 1] end
     end
   end
 else
@@ -89,7 +99,14 @@ local function refused(c)
   local left = 0
   if server_now then
     local tag = string.match(KEYS[c], '{[^}]*}')
-    local ends = tag and redis.call('ZSCORE', index, tag)
+    local ends
+    if not tag then
+      ends = nil
+    elseif ends_of then
+      ends = ends_of[tag]
+    else
+      ends = redis.call('ZSCORE', index, tag)
+    end
     if ends then left = math.ceil((ends - server_now) / 1000) end
   elseif blocks then
     left = redis.call('PTTL', KEYS[first + at * (c - 1)])

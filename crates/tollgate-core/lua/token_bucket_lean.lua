@@ -8,8 +8,9 @@
 local interval, per = interval_of(ARGV[3])
 local full = (ARGV[2] + 0) * interval
 local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor, math.ceil, redis.call
--- In whole µs (per 1, a whole capacity and instant) bucket_store's
--- roundings are no-ops, and C calls cost.
+-- In whole µs (per 1, a whole capacity) every instant is whole (read
+-- strictly, whole costs and interval): bucket_store's roundings are no-ops,
+-- and C calls cost.
 local whole = per == 1 and full % 1 == 0
 local function step(key, cost, empty, keep)
   if not empty then
@@ -35,7 +36,7 @@ local function step(key, cost, empty, keep)
   -- bucket_store(key, after, per, full, 0). A key checked again in the
   -- batch reads the value back from batch_view.
   local v, px
-  if whole and after % 1 == 0 then
+  if whole then
     v, px = format('%d', now + after), ceil((after + full) / 1000)
   else
     local us = floor(after / per)

@@ -498,12 +498,13 @@ async fn first_blocked(backend: &RedisBackend, requests: &[RateRequest]) -> Opti
     Some(first.outcomes[0].retry_after_micros / 1000)
 }
 
-/// The limiter's block index, which a lean batch of many subjects reads
-/// instead of each one's block key, follows every block action: a longer
+/// The limiter's block marker and index, which a lean batch of many
+/// subjects reads instead of each one's block key, follow every block action: a longer
 /// block kept by "at least", a shorter one replacing it, a lift, a block
 /// key set without the index (by an older writer) taken in by the next
-/// "at least", a block that ran out; on the server's clock and on the
-/// limiter's own. The index always has a TTL.
+/// "at least", a block that ran out, two subjects' blocks lifted one by
+/// one; on the server's clock and on the limiter's own. The marker and the
+/// index live as long as the longest block, and go with the last one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_block_index_follows_every_block_action() {
     let server = server();
@@ -511,7 +512,8 @@ async fn the_block_index_follows_every_block_action() {
     let backend = RedisBackend::from_connection(conn.clone());
     let mut reqs = requests(Algorithm::Gcra, q(1000, 1), &unique_prefix());
     let block = reqs[0].keys[1].clone();
-    let index = format!("{}:index", &block[..block.find(":{").unwrap()]);
+    let family = &block[..block.find(":{").unwrap()];
+    let (marker, index) = (format!("{family}:any"), format!("{family}:index"));
     let (hour, minute) = (3_600_000, 60_000);
 
     backend
@@ -520,11 +522,13 @@ async fn the_block_index_follows_every_block_action() {
         .unwrap();
     let left = first_blocked(&backend, &reqs).await.expect("blocked");
     assert!(left > hour - minute, "{left} ms");
-    let ttl: i64 = conn.pttl(&index).await.unwrap();
-    assert!(
-        ttl > (hour - minute) as i64,
-        "the index lives as its block: {ttl}"
-    );
+    for key in [&marker, &index] {
+        let ttl: i64 = conn.pttl(key).await.unwrap();
+        assert!(
+            ttl > (hour - minute) as i64,
+            "{key} lives as its block: {ttl}"
+        );
+    }
 
     let kept = backend
         .set_block(&block, Duration::from_secs(1), true)
@@ -554,10 +558,38 @@ async fn the_block_index_follows_every_block_action() {
         let _: () = conn.del(&r.keys[0]).await.unwrap();
     }
 
+    // More live blocks than checks in the batch: each check's is read.
+    let others: Vec<String> = (0..6)
+        .map(|i| block.replace("{s0}", &format!("{{other{i}}}")))
+        .collect();
+    for other in &others {
+        let hour = Duration::from_secs(3600);
+        backend.set_block(other, hour, false).await.unwrap();
+    }
+    let left = first_blocked(&backend, &reqs).await.expect("blocked");
+    assert!((minute..=2 * minute).contains(&left), "{left} ms");
+    for other in &others {
+        backend.unblock(other).await.unwrap();
+    }
+
+    // Another subject's block keeps the marker; lifting both clears it.
+    let other = reqs[1].keys[1].clone();
+    let minute_long = Duration::from_secs(60);
+    backend.set_block(&other, minute_long, false).await.unwrap();
     backend.unblock(&block).await.unwrap();
+    let answers = backend.check_rate_batch(&reqs).await.expect("a call");
+    let allowed: Vec<bool> = answers
+        .iter()
+        .map(|a| a.as_ref().unwrap().allowed)
+        .collect();
+    assert_eq!(allowed, [true, false, true, true], "{answers:?}");
+    backend.unblock(&other).await.unwrap();
     assert_eq!(first_blocked(&backend, &reqs).await, None, "lifted");
-    let ttl: i64 = conn.pttl(&index).await.unwrap();
-    assert!(ttl > 0 || ttl == -2, "never immortal: {ttl}");
+    let left: (bool, bool) = (
+        conn.exists(&marker).await.unwrap(),
+        conn.exists(&index).await.unwrap(),
+    );
+    assert_eq!(left, (false, false), "nothing left once no block lives");
 
     let _: () = conn.pset_ex(&block, "1", 10 * minute).await.unwrap();
     let kept = backend
@@ -585,4 +617,54 @@ async fn the_block_index_follows_every_block_action() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(first_blocked(&backend, &reqs).await, None, "ran out");
+}
+
+/// On a cluster, which keeps no block index, a batch of two subjects
+/// whose tags share a slot (what `check_rate_batch` asks of its callers
+/// there) reads each one's block key: the blocked one is refused, the
+/// other admitted (the batch went for the index before: another slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_batch_of_one_slot_reads_block_keys() {
+    let cluster = cluster();
+    let mut conn = cluster.connection().await;
+    let backend = RedisBackend::from_connection(conn.clone());
+    let prefix = unique_prefix();
+    // Subjects of scattered bytes (CRC16 spreads "s0".."s1999" over
+    // distinct slots): two share a slot within a few hundred.
+    let name = |i: u64| format!("{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut seen = std::collections::HashMap::new();
+    let mut pair = None;
+    for i in 0..5000u64 {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(format!("{{{}}}", name(i)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if let Some(j) = seen.insert(slot, i) {
+            pair = Some((j, i));
+            break;
+        }
+    }
+    let (a, b) = pair.expect("two subjects in one slot");
+    let reqs: Vec<RateRequest> = [a, b]
+        .iter()
+        .map(|&i| {
+            let mut r = request_for(Algorithm::Gcra, &[q(10, 1)], &name(i), &prefix);
+            let block = format!("{}:block", r.keys[0]);
+            r.keys.push(block);
+            r
+        })
+        .collect();
+    let hour = Duration::from_secs(3600);
+    backend
+        .set_block(&reqs[0].keys[1], hour, false)
+        .await
+        .unwrap();
+    let answers = backend.check_rate_batch(&reqs).await.expect("one slot");
+    let allowed: Vec<bool> = answers
+        .iter()
+        .map(|a| a.as_ref().unwrap().allowed)
+        .collect();
+    assert_eq!(allowed, [false, true], "{answers:?}");
 }

@@ -527,14 +527,16 @@ async fn poll_once(
     true
 }
 
-/// The block index of the limiter whose block key is `block_key`:
-/// `<prefix>:<policy>:block:index` beside `<prefix>:<policy>:block:{…}`
-/// (no key with a subject is without its tag). It lists each live block's
-/// end under its subject's tag, so that a batch of many subjects reads one
-/// key, not one block key each (`lua/rate_block_set.lua`,
+/// The block marker and block index of the limiter whose block key is
+/// `block_key`: `<prefix>:<policy>:block:any` and `…:block:index` beside
+/// `<prefix>:<policy>:block:{…}` (no key with a subject is without its
+/// tag). The marker lives while any block of the limiter does; the index
+/// holds each live block's end under its subject's tag. A batch of many
+/// subjects reads the marker with its keys, and the index only while the
+/// marker exists, not one block key each (`lua/rate_block_set.lua`,
 /// `lua/rate_lean.lua`).
-pub(crate) fn block_index(block_key: &str) -> Option<String> {
-    block_family(block_key).map(|family| format!("{family}:index"))
+pub(crate) fn block_index(block_key: &str) -> Option<[String; 2]> {
+    block_family(block_key).map(|family| [format!("{family}:any"), format!("{family}:index")])
 }
 
 /// What comes before a block key's tag (its only brace): one limiter's
@@ -555,7 +557,7 @@ fn across_slots(e: &Error) -> bool {
 
 impl RedisBackend {
     /// Runs a block script on `block_key` and, on one server, the limiter's
-    /// block index too. A cluster keeps no index (it would sit in another
+    /// block marker and index too. A cluster keeps no index (it would sit in another
     /// slot than the block: there a batch holds one subject, and reads its
     /// block key), nor does a server that refuses the pair (`CROSSSLOT`: a
     /// sharded proxy), which then gets batches of one tag too.
@@ -570,7 +572,7 @@ impl RedisBackend {
             _ => block_index(block_key),
         };
         match self
-            .block_call(script, block_key, index.as_deref(), &args)
+            .block_call(script, block_key, index.as_ref(), &args)
             .await
         {
             Err(e) if index.is_some() && across_slots(&e) => {
@@ -584,13 +586,13 @@ impl RedisBackend {
         &self,
         script: &LuaScript,
         block_key: &str,
-        index: Option<&str>,
+        index: Option<&[String; 2]>,
         args: &impl Fn(&mut Cmd),
     ) -> Result<redis::Value> {
         self.invoke(script, |cmd| {
-            cmd.arg(1 + usize::from(index.is_some())).arg(block_key);
-            if let Some(index) = index {
-                cmd.arg(index);
+            cmd.arg(1 + 2 * usize::from(index.is_some())).arg(block_key);
+            if let Some([marker, index]) = index {
+                cmd.arg(marker.as_str()).arg(index.as_str());
             }
             args(cmd);
         })

@@ -74,17 +74,24 @@ impl LeanGroup {
 
     /// The call's arguments after `EVALSHA sha`: its keys, then its `ARGV`
     /// (see `lua/rate_lean.lua`). `deadlines`: each check's, on the
-    /// server's clock.
-    pub(crate) fn fill(&self, cmd: &mut Cmd, requests: &[RateRequest], deadlines: &[Option<u64>]) {
+    /// server's clock. `indexed`: the server keeps block indexes (one
+    /// server; a cluster keeps none).
+    pub(crate) fn fill(
+        &self,
+        cmd: &mut Cmd,
+        requests: &[RateRequest],
+        deadlines: &[Option<u64>],
+        indexed: bool,
+    ) {
         // Checks of one subject (a hot one fills a batch) send its keys once.
         let one = match requests {
             [first, rest @ ..] => rest.iter().all(|r| r.keys == first.keys),
             [] => false,
         };
-        // Checks of many subjects of one limiter read its block index, not
-        // each one's block key (only one server batches many subjects).
+        // Checks of many subjects of one limiter read its block marker (and
+        // index), not each one's block key.
         let index = match requests {
-            [first, rest @ ..] if !one && self.keys == 2 => block_family(&first.keys[1])
+            [first, rest @ ..] if indexed && !one && self.keys == 2 => block_family(&first.keys[1])
                 .filter(|f| rest.iter().all(|r| block_family(&r.keys[1]) == Some(*f)))
                 .and_then(|_| block_index(&first.keys[1])),
             _ => None,
@@ -94,12 +101,12 @@ impl LeanGroup {
             for key in &requests[0].keys {
                 cmd.arg(key.as_str());
             }
-        } else if let Some(index) = &index {
-            cmd.arg(requests.len() + 1);
+        } else if let Some([marker, index]) = &index {
+            cmd.arg(requests.len() + 2);
             for r in requests {
                 cmd.arg(r.keys[0].as_str());
             }
-            cmd.arg(index.as_str());
+            cmd.arg(marker.as_str()).arg(index.as_str());
         } else {
             cmd.arg(requests.len() * self.keys);
             // Every check's key, then every check's block key.

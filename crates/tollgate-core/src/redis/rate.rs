@@ -88,7 +88,10 @@ impl RateCalls {
             {
                 let value = self
                     .conn
-                    .invoke_raw(script, |cmd| group.fill(cmd, requests, &deadlines))
+                    .invoke_raw(script, |cmd| {
+                        let indexed = !matches!(self.conn, Conn::Cluster(_));
+                        group.fill(cmd, requests, &deadlines, indexed)
+                    })
                     .await?;
                 return Ok(self.lean_replies(group, value, requests));
             }
