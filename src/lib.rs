@@ -110,7 +110,7 @@ off in this build."
 //! | `tower` | yes | the tower middleware in `tollgate::tower` |
 //! | `axum` | yes | the axum extractors in `tollgate::axum` (and `tower`); key extractors that read axum's `ConnectInfo` and `MatchedPath`; rejections as axum responses |
 //! | `admin` | yes | `tollgate::admin::AdminRouter`: the admin JSON API and the dashboard page as an axum `Router` (and `axum`) |
-//! | `grpc` | no | key extractors read tonic's peer address (and `tower`); gRPC-shaped rejections need no feature |
+//! | `grpc` | no | a rate limit on a tonic server (its rejections written in tonic's body type); key extractors read tonic's peer address (and `tower`) |
 //! | `metrics` | no | decision counters through the `metrics` facade (and `tower`) |
 //! | `sentinel` | no | `RedisBackend::sentinel`: a master behind Redis Sentinel, followed across failovers |
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -79,9 +79,13 @@
 //!   read `MatchedPath`, and [`Rejection`] is axum's
 //!   `IntoResponse`. Off by default, so tonic-only users do not build axum;
 //!   the `tollgate` facade turns it on with its own `axum` feature.
-//! - `grpc`: the key extractors read tonic's `TcpConnectInfo`. gRPC-shaped
-//!   rejections themselves need no feature: they are chosen from the
-//!   request's `content-type` (see [`grpc::Protocol`]).
+//! - `grpc`: a [`RateLimitLayer`] on a tonic server (its rejections are
+//!   written in tonic's body type, [`RejectionBody`]), and the key
+//!   extractors read tonic's `TcpConnectInfo`. The gRPC shape of a
+//!   rejection (status 200, `grpc-status`) is chosen from the request's
+//!   `content-type` whatever the features (see [`grpc::Protocol`]): the
+//!   lock, concurrency and idempotency layers answer gRPC calls so without
+//!   it.
 //! - `metrics`: counters through the `metrics` facade:
 //!   `tollgate_decisions_total{policy, outcome, source}` (outcome `allowed`,
 //!   `denied`, `shadow_denied`, `too_costly`, `unavailable`, `key_error`;
