@@ -72,3 +72,49 @@ async fn sliding_window_counter_on_redis() {
     let backend = RedisBackend::connect(&server().url()).await.unwrap();
     two_clocks_share_one_window(backend.into(), Algorithm::SlidingWindowCounter).await;
 }
+
+/// A limiter on a clock a day ahead shares a store with one on the store's
+/// own clock: its checks (enough to sweep every shard of a memory store)
+/// leave the other's state alone, as a key's TTL on Redis runs on the
+/// server's clock whatever time the scripts are given.
+async fn a_clock_ahead_sweeps_nothing(backend: Backend) {
+    let prefix = prefix();
+    let limiter = |name: &str, clock: Option<ManualClock>| {
+        let mut b = RateLimiter::builder(backend.clone(), Algorithm::Gcra)
+            .quota(Quota::per_hour(1))
+            .prefix(&prefix)
+            .name(name)
+            .deny_cache(0);
+        if let Some(clock) = clock {
+            b = b.clock(clock);
+        }
+        b.build().unwrap()
+    };
+    let day = 86_400_000_000;
+    let wall = tollgate_core::Clock::now_micros(&tollgate_core::SystemClock);
+    let (plain, ahead) = (
+        limiter("plain", None),
+        limiter("ahead", Some(ManualClock::new(wall + day))),
+    );
+    assert!(plain.check("s").await.unwrap().allowed);
+    assert!(!plain.check("s").await.unwrap().allowed);
+    for chunk in 0..40 {
+        let checks = (0..500).map(|i| ahead.check(format!("x{chunk}-{i}")));
+        for d in join_all(checks).await {
+            d.unwrap();
+        }
+    }
+    let d = plain.check("s").await.unwrap();
+    assert!(!d.allowed, "the state was swept by a clock ahead: {d:?}");
+}
+
+#[tokio::test]
+async fn a_clock_ahead_sweeps_nothing_in_memory() {
+    a_clock_ahead_sweeps_nothing(MemoryBackend::new().into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_ahead_sweeps_nothing_on_redis() {
+    let backend = RedisBackend::from_connection(server().connection_manager().await);
+    a_clock_ahead_sweeps_nothing(backend.into()).await;
+}

@@ -123,20 +123,20 @@ impl AdminBackend for MemoryBackend {
         // A request's keys live in its first key's shard, and so does the
         // stamp its settles read (`lua/rate_reset.lua`'s twin).
         if let Some(first) = keys.first() {
-            // The settles' clock, which also times the stamp's life.
-            let now = now_micros.unwrap_or_else(|| self.now());
+            // The stamp is on the settles' clock; it lives on the store's.
+            let (now, store_now) = self.times(now_micros);
             let mut shard = lock(self.shard_for(first));
             for k in keys {
                 shard.map.remove(k);
             }
             let ttl = u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX).max(1);
-            let (mut at, mut expires_at) = (now, now.saturating_add(ttl));
+            let (mut at, mut expires_at) = (now, store_now.saturating_add(ttl));
             if let Some(Entry {
                 slot: Slot::Reset(before),
                 expires_at: until,
             }) = shard.map.get(stamp)
             {
-                if *until > now {
+                if *until > store_now {
                     at = at.max(*before);
                     expires_at = expires_at.max(*until);
                 }

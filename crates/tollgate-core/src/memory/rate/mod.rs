@@ -28,9 +28,7 @@ pub(crate) use self::twin::*;
 
 impl MemoryBackend {
     fn check_now(&self, req: &RateRequest) -> RateReply {
-        let now = req
-            .now_micros
-            .unwrap_or_else(|| self.inner.clock.now_micros());
+        let (now, at) = self.times(req.now_micros);
         let Some(first) = req.keys.first() else {
             return RateReply::new(true, smallvec![]);
         };
@@ -46,9 +44,9 @@ impl MemoryBackend {
             return RateReply::blocked(req.quotas.len(), left).at(now);
         }
         let mut shard = lock(self.shard_for(first));
-        shard.tick(now);
+        shard.tick(at);
         if let ([key], [q]) = (quota_keys, &req.quotas[..]) {
-            let (allowed, outcome) = Self::check_one(&mut shard, key, q, req, now);
+            let (allowed, outcome) = Self::check_one(&mut shard, key, q, req, (now, at));
             return RateReply::new(allowed, smallvec![outcome]).at(now);
         }
         // Each key's live entry is taken out whole, keeping its owned key so
@@ -57,7 +55,7 @@ impl MemoryBackend {
         let mut slots: Vec<Option<Slot>> = Vec::with_capacity(quota_keys.len());
         for k in quota_keys {
             match shard.map.remove_entry(k) {
-                Some((owned, e)) if e.expires_at > now => {
+                Some((owned, e)) if e.expires_at > at => {
                     held.push((Some(owned), e.expires_at));
                     slots.push(Some(e.slot));
                 }
@@ -104,11 +102,11 @@ impl MemoryBackend {
             // An admitted write sets a fresh TTL; a denied check keeps the old
             // one, exactly as the scripts leave the key untouched.
             let expires_at = if allowed {
-                now + outcome.ttl_micros.max(1)
+                at + outcome.ttl_micros.max(1)
             } else {
                 old_expiry
             };
-            if expires_at > now {
+            if expires_at > at {
                 let key = owned.unwrap_or_else(|| key.clone());
                 shard.map.insert(key, Entry { slot, expires_at });
             }
@@ -116,14 +114,23 @@ impl MemoryBackend {
         RateReply::new(allowed, outcomes).at(now)
     }
 
+    /// The check's time and the store's: a check may carry its own clock,
+    /// while every entry lives on the store's (as a key's TTL runs on the
+    /// server's), so that no clock ahead of it sweeps others' entries.
+    pub(super) fn times(&self, now_micros: Option<u64>) -> (u64, u64) {
+        let store = self.inner.clock.now_micros();
+        (now_micros.unwrap_or(store), store)
+    }
+
     /// [`check_now`](Self::check_now) for one quota (the common case): the
-    /// same steps on the entry in place (one lookup, no vectors).
+    /// same steps on the entry in place (one lookup, no vectors). `now` is
+    /// the check's time, `at` the store's.
     fn check_one(
         shard: &mut Shard,
         key: &str,
         q: &Quota,
         req: &RateRequest,
-        now: u64,
+        (now, at): (u64, u64),
     ) -> (bool, Outcome) {
         let alg = req.algorithm;
         let params = alg.params(q);
@@ -159,20 +166,18 @@ impl MemoryBackend {
             }
         };
         if let Some(entry) = shard.map.get_mut(key) {
-            let expired = entry.expires_at <= now;
+            let expired = entry.expires_at <= at;
             let mut slot = (!expired).then(|| std::mem::replace(&mut entry.slot, Slot::Marker));
             let (allowed, outcome) = step(&mut slot);
             // As in check_now: an admitted write sets a fresh TTL, a denial
             // keeps the old one; an empty log or a lapsed entry is dropped.
             let expires_at = if allowed {
-                now + outcome.ttl_micros.max(1)
+                at + outcome.ttl_micros.max(1)
             } else {
                 entry.expires_at
             };
             match slot {
-                Some(slot)
-                    if expires_at > now && !matches!(&slot, Slot::Log(l) if l.is_empty()) =>
-                {
+                Some(slot) if expires_at > at && !matches!(&slot, Slot::Log(l) if l.is_empty()) => {
                     entry.slot = slot;
                     entry.expires_at = expires_at;
                 }
@@ -187,7 +192,7 @@ impl MemoryBackend {
         if allowed {
             if let Some(slot) = slot {
                 if !matches!(&slot, Slot::Log(l) if l.is_empty()) {
-                    let expires_at = now + outcome.ttl_micros.max(1);
+                    let expires_at = at + outcome.ttl_micros.max(1);
                     shard.map.insert(key.to_owned(), Entry { slot, expires_at });
                 }
             }

@@ -11,19 +11,18 @@ impl MemoryBackend {
     /// `lua/settle_prelude.lua`, `lua/<alg>_settle.lua` and
     /// `lua/settle_reply.lua`, in Rust.
     pub(super) fn settle_now(&self, req: &SettleRequest) -> SettleReply {
-        let now = req
-            .now_micros
-            .unwrap_or_else(|| self.inner.clock.now_micros());
+        // The settle's time, and the store's, which entries live on.
+        let (now, at) = self.times(req.now_micros);
         let first = req.keys.first().unwrap_or(&req.marker);
         let mut shard = lock(self.shard_for(first));
-        shard.tick(now);
+        shard.tick(at);
         let until = req.at_micros.saturating_add(req.span_micros);
         // A charge taken at or before a reset went with it (`lua/settle_prelude.lua`).
         let reset = match shard.map.get(&req.reset_stamp) {
             Some(Entry {
-                slot: Slot::Reset(at),
+                slot: Slot::Reset(stamped),
                 expires_at,
-            }) if *expires_at > now => Some(*at),
+            }) if *expires_at > at => Some(*stamped),
             _ => None,
         };
         // A give-back refused behind later reservations writes no marker:
@@ -34,24 +33,27 @@ impl MemoryBackend {
             && shard
                 .map
                 .get(&req.marker)
-                .is_none_or(|e| e.expires_at <= now)
-            && !behind_later_ones(&shard, req, now);
+                .is_none_or(|e| e.expires_at <= at)
+            && !behind_later_ones(&shard, req, (now, at));
         if applied {
             shard.map.insert(
                 req.marker.clone(),
                 Entry {
                     slot: Slot::Marker,
+                    // Its end on the settle's clock, as a lifetime on the store's.
                     expires_at: req
                         .at_micros
-                        .saturating_add(req.marker_span_micros.max(req.span_micros)),
+                        .saturating_add(req.marker_span_micros.max(req.span_micros))
+                        .saturating_sub(now)
+                        .saturating_add(at),
                 },
             );
         }
         if applied {
-            adjust(&mut shard, req, now);
+            adjust(&mut shard, req, (now, at));
         }
         let keys = &req.keys[..req.quotas.len().min(req.keys.len())];
-        let reply = peek(&mut shard, keys, &req.quotas, req.algorithm, now);
+        let reply = peek(&mut shard, keys, &req.quotas, req.algorithm, (now, at));
         SettleReply::new(applied, reply)
     }
 }
@@ -60,7 +62,7 @@ impl MemoryBackend {
 /// its charge on some quota (only the last reservation may give itself
 /// back): then it gives nothing (as `lua/gcra_settle.lua` and
 /// `lua/token_bucket_settle.lua` say why).
-fn behind_later_ones(shard: &Shard, req: &SettleRequest, now: u64) -> bool {
+fn behind_later_ones(shard: &Shard, req: &SettleRequest, (now, at): (u64, u64)) -> bool {
     if req.actual >= req.cost {
         return false;
     }
@@ -72,7 +74,7 @@ fn behind_later_ones(shard: &Shard, req: &SettleRequest, now: u64) -> bool {
         else {
             return false;
         };
-        if *expires_at <= now {
+        if *expires_at <= at {
             return false;
         }
         let (size, iv) = req.algorithm.params(q);
@@ -88,7 +90,7 @@ fn behind_later_ones(shard: &Shard, req: &SettleRequest, now: u64) -> bool {
 }
 
 /// Each quota's settle on its live entry (a debt on no entry starts one).
-fn adjust(shard: &mut Shard, req: &SettleRequest, now: u64) {
+fn adjust(shard: &mut Shard, req: &SettleRequest, (now, at): (u64, u64)) {
     for (i, (key, q)) in req.keys.iter().zip(req.quotas.iter()).enumerate() {
         let s = Settle {
             now,
@@ -102,7 +104,7 @@ fn adjust(shard: &mut Shard, req: &SettleRequest, now: u64) {
                 .copied()
                 .unwrap_or(req.span_micros),
         };
-        let live = shard.map.get(key).is_some_and(|e| e.expires_at > now);
+        let live = shard.map.get(key).is_some_and(|e| e.expires_at > at);
         let mut slot = if live {
             shard
                 .map
@@ -115,7 +117,7 @@ fn adjust(shard: &mut Shard, req: &SettleRequest, now: u64) {
         match slot {
             Some(slot) if !matches!(&slot, Slot::Log(l) if l.is_empty()) => {
                 let expires_at = match (ttl, shard.map.get(key)) {
-                    (Some(ttl), _) => now + ttl.max(1),
+                    (Some(ttl), _) => at + ttl.max(1),
                     (None, Some(e)) if live => e.expires_at,
                     // A rewrite that keeps its TTL needs a live entry.
                     _ => continue,
@@ -137,12 +139,12 @@ fn peek(
     keys: &[String],
     quotas: &[Quota],
     alg: Algorithm,
-    now: u64,
+    (now, at): (u64, u64),
 ) -> RateReply {
     let mut slots: Vec<(Option<Slot>, u64)> = keys
         .iter()
         .map(|k| match shard.map.get_mut(k) {
-            Some(e) if e.expires_at > now => (
+            Some(e) if e.expires_at > at => (
                 Some(std::mem::replace(&mut e.slot, Slot::Marker)),
                 e.expires_at,
             ),
@@ -164,12 +166,12 @@ fn peek(
     }
     for ((key, (slot, old_expiry)), outcome) in keys.iter().zip(slots).zip(&outcomes) {
         let expires_at = if allowed {
-            now + outcome.ttl_micros.max(1)
+            at + outcome.ttl_micros.max(1)
         } else {
             old_expiry
         };
         match slot {
-            Some(slot) if expires_at > now && !matches!(&slot, Slot::Log(l) if l.is_empty()) => {
+            Some(slot) if expires_at > at && !matches!(&slot, Slot::Log(l) if l.is_empty()) => {
                 shard.map.insert(key.clone(), Entry { slot, expires_at });
             }
             _ => {
