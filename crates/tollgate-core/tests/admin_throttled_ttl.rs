@@ -85,3 +85,33 @@ async fn a_redis_list_expires_at_its_ttl() {
     })
     .await;
 }
+
+/// Subjects denied as often are listed in one order on every store (as
+/// Redis's ZREVRANGE gives them), and a block lasts whole ms on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ties_and_block_lengths_read_alike_on_every_store() {
+    let server = RedisServer::start().expect("redis-server");
+    let redis = RedisBackend::connect(&server.url()).await.expect("redis");
+    let memory = MemoryBackend::new();
+    let stores: [&dyn AdminBackend; 2] = [&memory, &redis];
+    let mut tops = Vec::new();
+    let mut blocks = Vec::new();
+    for store in stores {
+        let ttl = Duration::from_secs(60);
+        let both = [denial("alice"), denial("bob")];
+        store
+            .add_denials("t:throttled:{2}", &both, ttl, 10)
+            .await
+            .unwrap();
+        let top = store.top_denials("t:throttled:{2}", 1).await.unwrap();
+        tops.push(top[0].subject.clone());
+        let block = Duration::from_micros(1_500);
+        let kept = store
+            .set_block("t:x:block:{s}", block, false)
+            .await
+            .unwrap();
+        blocks.push(kept);
+    }
+    assert_eq!(tops[0], tops[1], "the first of two tied subjects");
+    assert_eq!(blocks, [Duration::from_millis(2); 2]);
+}

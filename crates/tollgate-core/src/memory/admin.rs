@@ -13,7 +13,7 @@ use futures_util::FutureExt;
 use super::rate::Slot;
 use super::{lock, Entry, MemoryBackend};
 use crate::error::Result;
-use crate::store::{AdminBackend, AdminListener, DenialCount, Listeners};
+use crate::store::{millis_ceil, AdminBackend, AdminListener, DenialCount, Listeners};
 
 /// The operator plane's state of one [`MemoryBackend`].
 #[derive(Default)]
@@ -157,7 +157,8 @@ impl AdminBackend for MemoryBackend {
     ) -> BoxFuture<'a, Result<Duration>> {
         let admin = &self.inner.admin;
         let now = self.now();
-        let ends = now.saturating_add(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX));
+        // Whole ms, at least one, as Redis's PX takes it.
+        let ends = now.saturating_add(millis_ceil(ttl).max(1).saturating_mul(1000));
         let mut blocks = guard(&admin.blocks);
         let ends = match blocks.get(key) {
             Some(&current) if at_least => current.max(ends),
@@ -308,7 +309,8 @@ impl AdminBackend for MemoryBackend {
             .filter(|l| l.expires_at > now)
             .map(|l| l.subjects.values().cloned().collect())
             .unwrap_or_default();
-        top.sort_by(|a, b| b.denied.cmp(&a.denied).then(a.subject.cmp(&b.subject)));
+        // Ties as Redis's ZREVRANGE gives them: the later subject first.
+        top.sort_by(|a, b| b.denied.cmp(&a.denied).then(b.subject.cmp(&a.subject)));
         top.truncate(n);
         ready(top)
     }
