@@ -803,3 +803,63 @@ async fn a_limiter_built_while_redis_is_down_is_listed_once_it_is_back() {
     })
     .await;
 }
+
+/// Two configurations of one limiter written at once (a plan table being
+/// replaced while the old one still runs, or a fleet half rolled out): the
+/// one built last is listed, whichever wrote last; an entry no owner has
+/// written for minutes (a plan removed, its limiters gone) is not listed;
+/// and a limiter built here writes its entry in that form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registry_lists_the_newest_configuration_of_live_owners() {
+    use tollgate_core::store::AdminBackend;
+    let prefix = prefix();
+    let redis = RedisBackend::connect(&server().url()).await.unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let entry = |name: &str, per_minute: u64, digest: &str, built: u64, seen: u64| {
+        let value = format!(
+            r#"{{"kind":"limiter","name":"{name}","algorithm":"gcra","quotas":[{{"limit":{per_minute},"period_seconds":60,"period_micros":60000000,"burst":{per_minute}}}],"built_ms":{built},"seen_ms":{seen}}}"#
+        );
+        (format!("limiter:{name}:gcra#{digest}"), value)
+    };
+    let key = format!("{prefix}:registry");
+    let hour = Duration::from_secs(3600);
+    for (field, value) in [
+        entry("api", 20, "b", now_ms - 1_000, now_ms),
+        // The older configuration's refresh, written after the newer's.
+        entry("api", 10, "a", now_ms - 60_000, now_ms),
+        entry("gone", 5, "c", now_ms - 3_600_000, now_ms - 600_000),
+    ] {
+        redis.register(&key, &field, &value, hour).await.unwrap();
+    }
+    let admin = Admin::new(redis.clone()).with_prefix(&prefix);
+    let listed = admin.limiters().await.unwrap();
+    let seen: Vec<(&str, u64)> = listed
+        .iter()
+        .map(|l| (l.name.as_str(), l.quotas[0].limit))
+        .collect();
+    assert_eq!(seen, [("api", 20)]);
+
+    let _live = RateLimiter::builder(redis.clone(), Algorithm::Gcra)
+        .quota(Quota::per_minute(7))
+        .prefix(&prefix)
+        .name("fresh")
+        .build()
+        .unwrap();
+    let listed = eventually(WAIT, "the limiter registers", || async {
+        let all = admin.limiters().await.ok()?;
+        all.iter().any(|l| l.name == "fresh").then_some(all)
+    })
+    .await;
+    let fresh = listed.iter().find(|l| l.name == "fresh").unwrap();
+    assert_eq!(fresh.quotas[0].limit, 7);
+    let fields: Vec<(String, String)> = redis.registered(&key).await.unwrap();
+    assert!(
+        fields
+            .iter()
+            .any(|(f, v)| f.starts_with("limiter:fresh:gcra#") && v.contains("\"seen_ms\"")),
+        "{fields:?}"
+    );
+}

@@ -1,13 +1,21 @@
 //! The registry: one hash per prefix (`<prefix>:registry`), a field per
-//! limiter (`limiter:<name>:<algorithm>`), semaphore or idempotency store
-//! (`<kind>:<name>`) holding its description as JSON, written once when it
-//! is built.
+//! configuration of a limiter (`limiter:<name>:<algorithm>#<digest>`),
+//! semaphore or idempotency store (`<kind>:<name>#<digest>`) holding its
+//! description as JSON with when it was built and when its registration
+//! was last written. Two configurations of one thing live at once while a
+//! plan table or a fleet changes over: the newest built is the one shown,
+//! and an entry nobody has written for a while (its last owner gone) is
+//! not shown at all.
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
 
 use super::views::Registered;
 use crate::error::{within, Error, Result};
+use crate::keyspace::quick_hash;
 use crate::store::AdminBackend;
 
 /// The registry's key under `prefix`.
@@ -45,16 +53,45 @@ pub(crate) const REGISTER_EVERY: Duration = Duration::from_secs(60);
 /// doubling up to [`REGISTER_EVERY`]: listed soon after the store is back.
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 
-/// Writes `entry` into the registry of `prefix`.
+/// How long an entry is shown after its last write: three of its owner's
+/// refreshes missed (the owner gone, or its store unreachable from it).
+const SHOWN_FOR: Duration = Duration::from_secs(3 * 60);
+
+/// Wall-clock ms (the fleet's instances compare these).
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Writes `entry`, built at `built_ms`, into the registry of `prefix`.
 pub(crate) async fn register(
     store: &dyn AdminBackend,
     prefix: &str,
     entry: &Registered,
+    built_ms: u64,
 ) -> Result<()> {
-    let value = serde_json::to_string(entry)
-        .map_err(|e| Error::Protocol(format!("a registry entry: {e}")))?;
+    let bad = |e: serde_json::Error| Error::Protocol(format!("a registry entry: {e}"));
+    let described = serde_json::to_string(entry).map_err(bad)?;
+    // One field per configuration: an older one still running (a plan
+    // table being replaced) never overwrites the newer one's.
+    let field = format!(
+        "{}#{:016x}",
+        entry.field(),
+        quick_hash(0, described.as_bytes())
+    );
+    let mut value: Value = serde_json::from_str(&described).map_err(bad)?;
+    if let Value::Object(fields) = &mut value {
+        fields.insert("built_ms".into(), built_ms.into());
+        fields.insert("seen_ms".into(), wall_ms().into());
+    }
     store
-        .register(&registry_key(prefix), &entry.field(), &value, REGISTRY_TTL)
+        .register(
+            &registry_key(prefix),
+            &field,
+            &value.to_string(),
+            REGISTRY_TTL,
+        )
         .await
 }
 
@@ -71,9 +108,10 @@ pub(crate) fn keep_registered(
     entry: Registered,
     alive: impl Fn() -> bool + Send + 'static,
 ) {
+    let built_ms = wall_ms();
     if store.in_process() {
         // Listed before the first use, with or without a runtime.
-        let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry));
+        let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry, built_ms));
         return;
     }
     let registering = async move {
@@ -81,7 +119,8 @@ pub(crate) fn keep_registered(
         'writes: while alive() {
             // Bounded: a store that stopped answering holds no task (nor
             // the store) once its owner is gone.
-            let pause = match within(ALIVE_CHECK, register(&*store, &prefix, &entry)).await {
+            let written = register(&*store, &prefix, &entry, built_ms);
+            let pause = match within(ALIVE_CHECK, written).await {
                 Ok(()) => {
                     retry = RETRY_FIRST;
                     REGISTER_EVERY
@@ -113,37 +152,91 @@ pub(crate) fn keep_registered(
     }
 }
 
-/// Everything registered under `prefix`, by name; an entry this version
+/// One entry read back: its field, its description, and when it was built
+/// and last written (absent in entries of earlier versions).
+struct Read {
+    field: String,
+    entry: Registered,
+    built_ms: u64,
+    seen_ms: Option<u64>,
+}
+
+impl Read {
+    /// The field without its configuration's digest; `None` for the field
+    /// of an earlier version (which has none).
+    fn base(&self) -> Option<&str> {
+        self.field.split_once('#').map(|(base, _)| base)
+    }
+}
+
+/// Everything registered under `prefix`, by name: of the entries written
+/// lately, the newest built configuration of each; an entry this version
 /// cannot read (a newer kind) is skipped with a warning.
 pub(crate) async fn read(store: &dyn AdminBackend, prefix: &str) -> Result<Vec<Registered>> {
-    let read: Vec<(String, Registered)> = store
+    let now = wall_ms();
+    // An in-process store's entries are written once and live with it.
+    let shown_for = if store.in_process() {
+        u64::MAX
+    } else {
+        u64::try_from(SHOWN_FOR.as_millis()).unwrap_or(u64::MAX)
+    };
+    let read: Vec<Read> = store
         .registered(&registry_key(prefix))
         .await?
         .into_iter()
-        .filter_map(|(field, value)| match serde_json::from_str(&value) {
-            Ok(r) => Some((field, r)),
-            Err(e) => {
-                tracing::warn!(field, error = %e, "a registry entry this version cannot read");
-                None
+        .filter_map(|(field, value)| {
+            let parsed = serde_json::from_str::<Value>(&value)
+                .and_then(|v| Ok((serde_json::from_value::<Registered>(v.clone())?, v)));
+            match parsed {
+                Ok((entry, v)) => Some(Read {
+                    field,
+                    entry,
+                    built_ms: v.get("built_ms").and_then(Value::as_u64).unwrap_or(0),
+                    seen_ms: v.get("seen_ms").and_then(Value::as_u64),
+                }),
+                Err(e) => {
+                    tracing::warn!(field, error = %e, "a registry entry this version cannot read");
+                    None
+                }
             }
         })
         .collect();
-    // A limiter's entry as versions before `limiter:<name>:<algorithm>`
-    // wrote it: kept by the registry's refreshes after an upgrade, with
-    // its quotas frozen. Read only while no entry of the name is current.
+    // An entry as earlier versions wrote it (`limiter:<name>`, or one field
+    // per name and algorithm): kept by the registry's refreshes after an
+    // upgrade, with its quotas frozen. Read only while no entry of the name
+    // in this version's form is there, shown or not.
     let limiter = |r: &Registered| matches!(r, Registered::Limiter(_));
-    let current: std::collections::HashSet<(bool, String)> = read
+    let current: std::collections::HashSet<(bool, &str)> = read
         .iter()
-        .filter(|(field, r)| *field == r.field())
-        .map(|(_, r)| (limiter(r), r.name().to_owned()))
+        .filter(|r| r.base().is_some())
+        .map(|r| (limiter(&r.entry), r.entry.name()))
         .collect();
-    let mut all: Vec<Registered> = read
-        .into_iter()
-        .filter(|(field, r)| {
-            *field == r.field() || !current.contains(&(limiter(r), r.name().to_owned()))
-        })
-        .map(|(_, r)| r)
-        .collect();
+    let shown = |r: &&Read| {
+        r.seen_ms
+            .is_none_or(|seen| now.saturating_sub(seen) <= shown_for)
+    };
+    // Of one thing's configurations, the newest built.
+    let mut newest: HashMap<&str, &Read> = HashMap::new();
+    for r in read.iter().filter(shown) {
+        if r.base() != Some(r.entry.field().as_str()) {
+            continue;
+        }
+        let base = r.base().unwrap_or_default();
+        let keep = newest
+            .get(base)
+            .is_none_or(|n| (r.built_ms, r.seen_ms) > (n.built_ms, n.seen_ms));
+        if keep {
+            newest.insert(base, r);
+        }
+    }
+    let mut all: Vec<Registered> = newest.values().map(|r| r.entry.clone()).collect();
+    all.extend(
+        read.iter()
+            .filter(|r| {
+                r.base().is_none() && !current.contains(&(limiter(&r.entry), r.entry.name()))
+            })
+            .map(|r| r.entry.clone()),
+    );
     all.sort_by(|a, b| a.name().cmp(b.name()).then(a.field().cmp(&b.field())));
     Ok(all)
 }
@@ -184,7 +277,7 @@ mod tests {
             .unwrap();
         assert_eq!(read(&store, "p").await.unwrap(), [old]);
         let new = limiter(20);
-        register(&store, "p", &new).await.unwrap();
+        register(&store, "p", &new, 1).await.unwrap();
         assert_eq!(read(&store, "p").await.unwrap(), [new]);
     }
 }
