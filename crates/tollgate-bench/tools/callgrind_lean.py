@@ -7,7 +7,7 @@ Usage: callgrind_lean.py PORT N NAME=LUADIR ...
 Each LUADIR holds rate_prelude.lua, gcra_state.lua, gcra_lean.lua and
 rate_lean.lua (joined as the loader does); N calls of 16 checks on 16 of
 1000 subjects each, with the arguments tollgate sends (server time, one
-cost, the block marker and index, no deadline); the sketch is always run last."""
+cost, the block marker and index, distinct keys, no deadline); the sketch is always run last."""
 import glob, os, subprocess, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +59,7 @@ def main():
                 if luadir is None:
                     return conn.cmd('EVALSHA', sha, B, *keys, 1000, 1000)
                 return conn.cmd('EVALSHA', sha, B + 2, *keys, 'tgbench:%s:block:any' % name,
-                                'tgbench:%s:block:index' % name, '', 1000, 1000, 'i', B, 1, '')
+                                'tgbench:%s:block:index' % name, '', 1000, 1000, 'u', B, 1, '')
             for i in range(300):
                 call(i)
             subprocess.run(['callgrind_control', '-z', str(server.pid)], check=True, capture_output=True)

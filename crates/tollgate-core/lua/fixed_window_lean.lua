@@ -13,7 +13,7 @@ local w, this, value, px
 -- The keys whose stored window is later than this call's (a clock ahead):
 -- key -> that window, which their writes keep (window_count).
 local ahead = {}
-local function step(key, cost, count, keep)
+local function step(key, cost, count, keep, got)
   -- `now` is set once per call, after this file runs.
   if not w then
     w = math.floor(now / period)
@@ -24,13 +24,14 @@ local function step(key, cost, count, keep)
     px = format('%d', math.ceil(((w + 1) * period - now) / 1000))
   end
   if not count then
-    local v = batch_view[key]
     -- This window's count as this script writes it; anything else (another
     -- window, leading zeros, foreign) as window_count reads it.
-    local sc = v and match(v, this)
+    local sc = got and match(got, this)
     if sc and #sc <= 15 then
       count = sc + 0
-    elseif v then
+    elseif got then
+      -- window_count reads the value from batch_view.
+      batch_view[key] = got
       local counted
       count, counted = window_count(key, w)
       if counted ~= w then ahead[key] = counted end

@@ -10,16 +10,17 @@ local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor,
 -- In whole µs (per 1) every TAT is whole (read strictly, whole costs and
 -- interval): gcra_store's roundings are no-ops, and C calls cost.
 local whole = per == 1
-local function step(key, cost, tat, keep)
+local function step(key, cost, tat, keep, got)
   if not tat then
-    local v = batch_view[key]
-    local us = v and tonumber(v)
+    local us = got and tonumber(got)
     if us then
       -- A plain number: gcra_tat's reading, where past, not whole units or
       -- 2^52 units away reads as 0.
       tat = (us - now) * per
       if not (tat > 0 and tat < 4503599627370496 and tat % 1 == 0) then tat = 0 end
-    elseif v then
+    elseif got then
+      -- The state's own reading, which reads the value from batch_view.
+      batch_view[key] = got
       tat = gcra_tat(key, per)
     else
       tat = 0

@@ -5,8 +5,8 @@
 -- call (unpack's limit on the values it returns). The loader puts before it
 -- `local now, cost, n`, rate_prelude.lua and the algorithm's
 -- `<alg>_lean.lua`, which reads the quota from ARGV[2], ARGV[3] and defines
--- `step(key, cost, state, keep)`: it decides one check from `state` (nil:
--- from what `key` stores) and returns the state it decided from (an integer
+-- `step(key, cost, state, keep, got)`: it decides one check from `state`
+-- (nil: from `got`, what `key` stores) and returns the state it decided from (an integer
 -- below 2^52, read as the single script reads it), the state after an
 -- admission (nil: refused) and whether it stored it — it does unless `keep`
 -- and the state reads back as written, and then a step of cost 0 from the
@@ -14,10 +14,11 @@
 -- between its checks as a sequence of single calls would read it back, and
 -- written once. The client derives the figures from the state.
 -- KEYS: each check's key, in order, then, when ARGV[4] is '2', each one's
--- block key in the same order, or, when it is 'i', the limiter's block
--- marker and block index (rate_block_set.lua: checks of many subjects read
--- the marker with their keys, not a block key each); or, when every check
--- is of one subject, its key (and block key) once.
+-- block key in the same order, or, when it is 'i' or 'u', the limiter's
+-- block marker and block index (rate_block_set.lua: checks of many
+-- subjects read the marker with their keys, not a block key each; 'u':
+-- no key is checked twice in the call); or, when every check is of one
+-- subject, its key (and block key) once.
 -- ARGV[1]: now in µs, or '' for the server's TIME. ARGV[2], ARGV[3]: the
 -- quota's two parameters, as a single call takes them. ARGV[4]: keys per
 -- check ('i': one, and the index). ARGV[5]: the number of checks. ARGV[6]: every check's cost, or
@@ -36,7 +37,8 @@ if not now then
   now = t[1] * 1000000 + t[2]
 end
 local count = ARGV[5] + 0
-local index = ARGV[4] == 'i' and KEYS[count + 2]
+local unique = ARGV[4] == 'u'
+local index = (unique or ARGV[4] == 'i') and KEYS[count + 2]
 -- 0 when KEYS holds one subject's keys for every check, else 1: check c's
 -- key is KEYS[at * (c - 1) + 1].
 local at = (index or #KEYS >= count * ARGV[4]) and 1 or 0
@@ -53,17 +55,21 @@ if ARGV[7] ~= '' and now > ARGV[7] + 0 then
 end
 -- One MGET (with the block marker, if sent); a key repeated in the batch
 -- (one hot subject among others) has its state kept in `held` between its
--- checks.
+-- checks, and what it stores in `batch_view`. Keys the client says are
+-- distinct need neither (a table of the batch costs Redis more than the
+-- checks' arithmetic).
 batch_view = {}
 local last = at * (count - 1) + 1
 -- KEYS is a global: read once (a lookup per use costs).
 local keys = KEYS
 local got = redis.call('MGET', unpack(keys, 1, index and last + 1 or last))
 local held, dirty
-for i = 1, last do
-  local key = keys[i]
-  if not held and batch_view[key] ~= nil then held, dirty = {}, {} end
-  batch_view[key] = got[i]
+if not unique then
+  for i = 1, last do
+    local key = keys[i]
+    if not held and batch_view[key] ~= nil then held, dirty = {}, {} end
+    batch_view[key] = got[i]
+  end
 end
 if at == 0 and count > 1 then held, dirty = {}, {} end
 -- A block key exists while its block lasts (rate_block_set.lua): one
@@ -122,7 +128,8 @@ for c = 1, count do
   local figure = guarded and refused(c)
   if not figure then
     local key = keys[i]
-    local state, after, stored = step(key, same or costs[c], held and held[key], keep)
+    local state, after, stored = step(key, same or costs[c], held and held[key], keep,
+      unique and got[i] or batch_view[key])
     if keep then
       if after == nil then
         held[key] = state

@@ -12,10 +12,9 @@ local tonumber, format, floor, ceil, call = tonumber, string.format, math.floor,
 -- strictly, whole costs and interval): bucket_store's roundings are no-ops,
 -- and C calls cost.
 local whole = per == 1 and full % 1 == 0
-local function step(key, cost, empty, keep)
+local function step(key, cost, empty, keep, got)
   if not empty then
-    local v = batch_view[key]
-    local us = v and tonumber(v)
+    local us = got and tonumber(got)
     if us then
       -- A plain number: bucket_empty's reading, where not whole units, 2^52
       -- units away or more than full reads as full.
@@ -23,7 +22,9 @@ local function step(key, cost, empty, keep)
       if not (empty >= -full and empty < 4503599627370496 and empty > -4503599627370496 and empty % 1 == 0) then
         empty = -full
       end
-    elseif v then
+    elseif got then
+      -- The state's own reading, which reads the value from batch_view.
+      batch_view[key] = got
       empty = bucket_empty(key, per, full)
     else
       empty = -full

@@ -13,6 +13,7 @@ use redis::{Cmd, Value};
 
 use super::admin::{block_family, block_index};
 use crate::error::{Error, Result};
+use crate::keyspace::quick_hash;
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
 
 /// A lean reply's figures are exact integers below this (2^53, where a Lua
@@ -23,6 +24,18 @@ const EXACT: f64 = 9_007_199_254_740_992.0;
 
 /// The figure of a check that came after its deadline (2^54).
 const LATE: f64 = 18_014_398_509_481_984.0;
+
+/// Whether no two checks have one key: then the script keeps no view of
+/// the batch (`lua/rate_lean.lua`). By 64-bit hashes, sorted: two keys
+/// with one hash are taken for one key, which only costs that table.
+fn distinct(requests: &[RateRequest]) -> bool {
+    let mut hashes: Vec<u64> = requests
+        .iter()
+        .map(|r| quick_hash(0, r.keys[0].as_bytes()))
+        .collect();
+    hashes.sort_unstable();
+    hashes.windows(2).all(|w| w[0] != w[1])
+}
 
 /// The most checks in one lean call (Lua's `unpack` returns at most about
 /// 8000 values); more go to the batch script.
@@ -127,6 +140,7 @@ impl LeanGroup {
             cmd.arg(format!("{}/{}", self.ticks, self.per));
         }
         match index {
+            Some(_) if distinct(requests) => cmd.arg("u"),
             Some(_) => cmd.arg("i"),
             None => cmd.arg(self.keys),
         };
@@ -388,5 +402,20 @@ mod tests {
             let got = group.parse(bad, std::slice::from_ref(&r));
             assert!(matches!(got, Err(Error::Protocol(_))), "{got:?}");
         }
+    }
+
+    /// A call of distinct keys says so (the script then keeps no view of
+    /// the batch); one key twice, anywhere in it, does not.
+    #[test]
+    fn distinct_keys_are_told_apart_from_a_repeated_one() {
+        let (_, r) = gcra();
+        let with_key = |k: &str| {
+            let mut r = r.clone();
+            r.keys[0] = k.to_owned();
+            r
+        };
+        let (a, b, c) = (with_key("k:{a}"), with_key("k:{b}"), with_key("k:{c}"));
+        assert!(distinct(&[a.clone(), b.clone(), c.clone()]));
+        assert!(!distinct(&[a.clone(), b, c, a]));
     }
 }
