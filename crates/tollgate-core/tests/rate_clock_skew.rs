@@ -118,3 +118,40 @@ async fn a_clock_ahead_sweeps_nothing_on_redis() {
     let backend = RedisBackend::from_connection(server().connection_manager().await);
     a_clock_ahead_sweeps_nothing(backend.into()).await;
 }
+
+/// A sliding log written by a clock ahead: a check from a clock behind is
+/// told its room grows when that (oldest) entry leaves, 1.05 s on, on
+/// every store (the memory twin said 1 s, from its own new entry).
+async fn an_entry_ahead_stays_the_oldest(backend: Backend) {
+    let prefix = prefix();
+    let at = |micros| {
+        RateLimiter::builder(backend.clone(), Algorithm::SlidingWindowLog)
+            .quota(Quota::per_second(10))
+            .prefix(&prefix)
+            .name("log")
+            .clock(ManualClock::new(micros))
+            .deny_cache(0)
+            .build()
+            .unwrap()
+    };
+    let (ahead, behind) = (at(10_000_000), at(9_950_000));
+    assert!(ahead.check("s").await.unwrap().allowed);
+    let d = behind.check("s").await.unwrap();
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(
+        d.quotas[0].next_after,
+        std::time::Duration::from_millis(1050),
+        "{d:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_entry_ahead_stays_the_oldest_in_memory() {
+    an_entry_ahead_stays_the_oldest(MemoryBackend::new().into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_ahead_stays_the_oldest_on_redis() {
+    let backend = RedisBackend::from_connection(server().connection_manager().await);
+    an_entry_ahead_stays_the_oldest(backend.into()).await;
+}

@@ -20,11 +20,18 @@ pub(crate) fn step(slot: &mut Option<Slot>, req: Step, (limit, period): (u64, u6
     let count = log.len() as u64;
     let fits = count + req.cost <= limit;
     if req.commit && fits {
+        // The oldest entry before logging, as the script reads it (an entry
+        // logged by a clock ahead stays the oldest); this check's own when
+        // the log was empty.
+        let next = match (count, req.cost) {
+            (0, 0) => 0,
+            (0, _) => period,
+            _ => oldest_leaves(log, period, req.now),
+        };
         let at = log.partition_point(|&t| t <= req.now);
         for _ in 0..req.cost {
             log.insert(at, req.now);
         }
-        let next = oldest_leaves(log, period, req.now);
         return Outcome::allowed(limit - count - req.cost, period, period, next);
     }
     let reset = log
