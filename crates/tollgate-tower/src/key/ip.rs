@@ -44,7 +44,8 @@ pub fn peer_addr(req: &Parts) -> Option<SocketAddr> {
 
 pub(super) const NO_PEER: &str =
     "the peer address is not in the request extensions; with axum, serve with \
-     `into_make_service_with_connect_info::<SocketAddr>()`, or insert a `SocketAddr` extension";
+     `into_make_service_with_connect_info::<SocketAddr>()`; with tonic over TLS (its \
+     `TlsConnectInfo` is not read), or any other server, insert a `SocketAddr` extension";
 
 /// How IP addresses are grouped into keys: IPv4 addresses by a prefix of
 /// `v4` bits (default 32: each address on its own), IPv6 addresses by a
