@@ -124,7 +124,7 @@ impl AdminBackend for MemoryBackend {
         // stamp its settles read (`lua/rate_reset.lua`'s twin).
         if let Some(first) = keys.first() {
             // The stamp is on the settles' clock; it lives on the store's.
-            let (now, store_now) = self.times(now_micros);
+            let (now, store_now) = self.times(now_micros, false);
             let mut shard = lock(self.shard_for(first));
             for k in keys {
                 shard.map.remove(k);

@@ -359,6 +359,7 @@ impl RateLimiter {
             quotas: Arc::clone(&inner.quotas),
             cost: 0,
             now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
+            store_clock: false,
             nonce: super::charge::next_id(),
             max_wait_micros: 0,
             deadline: None,

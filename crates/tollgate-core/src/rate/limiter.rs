@@ -289,6 +289,8 @@ impl RateLimiter {
             quotas: Arc::clone(&inner.quotas),
             cost,
             now_micros,
+            // A limiter with no clock of its own times checks by its store's.
+            store_clock: inner.clock.is_none(),
             // The log's member prefix, and every charge's refund id.
             nonce: next_id(),
             max_wait_micros,

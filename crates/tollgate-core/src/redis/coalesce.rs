@@ -197,6 +197,7 @@ impl Lane {
             quotas: Arc::clone(&request.quotas),
             cost: request.cost,
             now_micros: request.now_micros,
+            store_clock: request.store_clock,
             nonce: request.nonce,
             max_wait_micros: request.max_wait_micros,
             deadline: request.deadline,

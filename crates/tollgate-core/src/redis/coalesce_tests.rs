@@ -88,6 +88,7 @@ fn request(subject: &str, nonce: u64) -> RateRequest {
         quotas: Arc::from([crate::quota::Quota::per_second(1)]),
         cost: 1,
         now_micros: None,
+        store_clock: false,
         nonce,
         max_wait_micros: 0,
         deadline: None,

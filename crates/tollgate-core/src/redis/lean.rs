@@ -324,6 +324,7 @@ mod tests {
             quotas: Arc::from([Quota::per_second(5)]),
             cost: 1,
             now_micros: None,
+            store_clock: false,
             nonce: 0,
             max_wait_micros: 0,
             deadline: None,

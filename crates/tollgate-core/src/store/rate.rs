@@ -180,6 +180,11 @@ pub struct RateRequest {
     /// The time of the decision (µs since the epoch), or `None` for the
     /// backend's own clock (Redis `TIME`).
     pub now_micros: Option<u64>,
+    /// Whether `now_micros` was read from the store's own clock (its
+    /// [`RateBackend::decision_clock`]): a store that keeps its entries'
+    /// lifetimes on that clock need not read it again. `false` is always
+    /// safe.
+    pub store_clock: bool,
     /// A random value that makes log entries unique.
     pub nonce: u64,
     /// How long the caller may wait for a slot (µs); 0 for a plain check.

@@ -28,7 +28,7 @@ pub(crate) use self::twin::*;
 
 impl MemoryBackend {
     fn check_now(&self, req: &RateRequest) -> RateReply {
-        let (now, at) = self.times(req.now_micros);
+        let (now, at) = self.times(req.now_micros, req.store_clock);
         let Some(first) = req.keys.first() else {
             return RateReply::new(true, smallvec![]);
         };
@@ -117,9 +117,14 @@ impl MemoryBackend {
     /// The check's time and the store's: a check may carry its own clock,
     /// while every entry lives on the store's (as a key's TTL runs on the
     /// server's), so that no clock ahead of it sweeps others' entries.
-    pub(super) fn times(&self, now_micros: Option<u64>) -> (u64, u64) {
-        let store = self.inner.clock.now_micros();
-        (now_micros.unwrap_or(store), store)
+    pub(super) fn times(&self, now_micros: Option<u64>, store_clock: bool) -> (u64, u64) {
+        match now_micros {
+            Some(now) if store_clock => (now, now),
+            _ => {
+                let store = self.inner.clock.now_micros();
+                (now_micros.unwrap_or(store), store)
+            }
+        }
     }
 
     /// [`check_now`](Self::check_now) for one quota (the common case): the

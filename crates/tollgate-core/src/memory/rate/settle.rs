@@ -12,7 +12,7 @@ impl MemoryBackend {
     /// `lua/settle_reply.lua`, in Rust.
     pub(super) fn settle_now(&self, req: &SettleRequest) -> SettleReply {
         // The settle's time, and the store's, which entries live on.
-        let (now, at) = self.times(req.now_micros);
+        let (now, at) = self.times(req.now_micros, false);
         let first = req.keys.first().unwrap_or(&req.marker);
         let mut shard = lock(self.shard_for(first));
         shard.tick(at);
