@@ -9,10 +9,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::Value;
 
+use super::tally::now_ms;
 use super::views::Registered;
 use crate::error::{within, Error, Result};
 use crate::keyspace::quick_hash;
@@ -57,13 +58,6 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// refreshes missed (the owner gone, or its store unreachable from it).
 const SHOWN_FOR: Duration = Duration::from_secs(3 * 60);
 
-/// Wall-clock ms (the fleet's instances compare these).
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Writes `entry`, built at `built_ms`, into the registry of `prefix`.
 pub(crate) async fn register(
     store: &dyn AdminBackend,
@@ -83,7 +77,7 @@ pub(crate) async fn register(
     let mut value: Value = serde_json::from_str(&described).map_err(bad)?;
     if let Value::Object(fields) = &mut value {
         fields.insert("built_ms".into(), built_ms.into());
-        fields.insert("seen_ms".into(), wall_ms().into());
+        fields.insert("seen_ms".into(), now_ms().into());
     }
     store
         .register(
@@ -108,7 +102,7 @@ pub(crate) fn keep_registered(
     entry: Registered,
     alive: impl Fn() -> bool + Send + 'static,
 ) {
-    let built_ms = wall_ms();
+    let built_ms = now_ms();
     if store.in_process() {
         // Listed before the first use, with or without a runtime.
         let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry, built_ms));
@@ -173,7 +167,7 @@ impl Read {
 /// lately, the newest built configuration of each; an entry this version
 /// cannot read (a newer kind) is skipped with a warning.
 pub(crate) async fn read(store: &dyn AdminBackend, prefix: &str) -> Result<Vec<Registered>> {
-    let now = wall_ms();
+    let now = now_ms();
     // An in-process store's entries are written once and live with it.
     let shown_for = if store.in_process() {
         u64::MAX
