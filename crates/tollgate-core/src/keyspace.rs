@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
+use smol_str::SmolStr;
 
 use crate::error::{Error, Result};
 
@@ -52,9 +53,9 @@ pub const DEFAULT_PREFIX: &str = "tollgate";
 /// ```
 #[derive(Clone)]
 pub struct Subject {
-    /// Shared: a clone (a check of `&Subject`, a round trip) copies no
-    /// bytes.
-    encoded: Arc<str>,
+    /// Inline up to 23 bytes, else shared: making one allocates nothing
+    /// for a short id, and a clone never copies a long one.
+    encoded: SmolStr,
     /// A non-secret label the application gives (the throttled list shows
     /// it); not part of the identity.
     label: Option<Arc<str>>,
@@ -99,7 +100,7 @@ impl Subject {
 
     fn plain(encoded: &str) -> Self {
         Subject {
-            encoded: Arc::from(encoded),
+            encoded: SmolStr::new(encoded),
             label: None,
         }
     }
@@ -229,15 +230,24 @@ impl From<IpAddr> for Subject {
     /// written without an intermediate `String` (this runs per request).
     fn from(ip: IpAddr) -> Self {
         match ip {
-            // Digits and dots need no escaping.
-            IpAddr::V4(v4) => escaped(|out| {
+            // Digits and dots need no escaping, and at most 15 of them are
+            // never empty nor long: the id is written in place.
+            IpAddr::V4(v4) => {
+                let mut text = [0u8; 15];
+                let mut len = 0;
                 for (i, octet) in v4.octets().into_iter().enumerate() {
                     if i > 0 {
-                        out.push('.');
+                        text[len] = b'.';
+                        len += 1;
                     }
-                    push_decimal(out, octet);
+                    len += write_decimal(&mut text[len..], octet);
                 }
-            }),
+                let id = std::str::from_utf8(&text[..len]).expect("digits and dots");
+                Subject {
+                    encoded: SmolStr::new_inline(id),
+                    label: None,
+                }
+            }
             IpAddr::V6(v6) => {
                 use std::io::Write;
                 // At most 45 bytes of text ("ffff:…:255.255.255.255").
@@ -251,14 +261,20 @@ impl From<IpAddr> for Subject {
     }
 }
 
-fn push_decimal(out: &mut String, n: u8) {
-    if n >= 100 {
-        out.push(char::from(b'0' + n / 100));
+/// Writes `n` in decimal at the start of `out`; returns its length.
+fn write_decimal(out: &mut [u8], n: u8) -> usize {
+    let digits = [n / 100, n / 10 % 10, n % 10];
+    let skip = if n >= 100 {
+        0
+    } else if n >= 10 {
+        1
+    } else {
+        2
+    };
+    for (slot, d) in out.iter_mut().zip(&digits[skip..]) {
+        *slot = b'0' + d;
     }
-    if n >= 10 {
-        out.push(char::from(b'0' + n / 10 % 10));
-    }
-    out.push(char::from(b'0' + n % 10));
+    3 - skip
 }
 
 /// The subject `write` escapes into this thread's buffer (one allocation:
