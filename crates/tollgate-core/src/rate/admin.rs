@@ -16,7 +16,7 @@ use crate::keyspace::Subject;
 use crate::plane::notices::{Action, Notice, Notices};
 use crate::plane::registry::keep_registered;
 use crate::plane::views::{LimiterInfo, QuotaInfo, Registered, SubjectState};
-use crate::store::{RateRequest, ALIVE, EVERYTHING};
+use crate::store::{Quotas, RateRequest, ALIVE, EVERYTHING};
 
 /// The longest block [`RateLimiter::block`] and the operator's tools take
 /// (366 days): longer is a typo, not a policy.
@@ -356,7 +356,7 @@ impl RateLimiter {
         let request = RateRequest {
             algorithm: inner.algorithm,
             keys: self.keys_for(subject),
-            quotas: Arc::clone(&inner.quotas),
+            quotas: Quotas::of(&inner.quotas),
             cost: 0,
             now_micros: inner.clock.as_ref().map(|c| c.now_micros()),
             store_clock: false,

@@ -17,7 +17,7 @@ use crate::failure::breaker::Breaker;
 use crate::failure::{is_outage, FailurePolicy};
 use crate::keyspace::{Keyspace, Subject};
 use crate::plane::tally::Tally;
-use crate::store::{AdminBackend, RateBackend, RateReply, RateRequest, Unclaimed};
+use crate::store::{AdminBackend, Quotas, RateBackend, RateReply, RateRequest, Unclaimed};
 
 /// Default bound on one check's round trip.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
@@ -286,7 +286,7 @@ impl RateLimiter {
         let request = RateRequest {
             algorithm: inner.algorithm,
             keys,
-            quotas: Arc::clone(&inner.quotas),
+            quotas: Quotas::of(&inner.quotas),
             cost,
             now_micros,
             // A limiter with no clock of its own times checks by its store's.

@@ -194,7 +194,7 @@ impl Lane {
         RateRequest {
             algorithm: request.algorithm,
             keys,
-            quotas: Arc::clone(&request.quotas),
+            quotas: request.quotas.clone(),
             cost: request.cost,
             now_micros: request.now_micros,
             store_clock: request.store_clock,

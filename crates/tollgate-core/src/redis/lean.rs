@@ -312,8 +312,6 @@ fn joined(values: impl ExactSizeIterator<Item = u64>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::quota::Quota;
 
@@ -321,7 +319,7 @@ mod tests {
         let r = RateRequest {
             algorithm: Algorithm::Gcra,
             keys: vec!["tg:api:gcra:{a}".into()],
-            quotas: Arc::from([Quota::per_second(5)]),
+            quotas: vec![Quota::per_second(5)].into(),
             cost: 1,
             now_micros: None,
             store_clock: false,

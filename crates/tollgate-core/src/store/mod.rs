@@ -12,6 +12,7 @@ mod fence;
 mod holders;
 mod idempotency;
 mod lock;
+mod quotas;
 mod rate;
 
 pub use self::admin::{AdminBackend, AdminListener, DenialCount, ALIVE, EVERYTHING, VERSION_POLL};
@@ -28,6 +29,7 @@ pub use self::lock::{
     AcquireReply, AcquireRequest, FencingToken, Holders, LockBackend, LockKeys, ReleaseEvent,
     ReleaseEvents,
 };
+pub use self::quotas::Quotas;
 pub use self::rate::{
     Algorithm, LeaseReply, LeaseSize, Outcome, Outcomes, RateBackend, RateReply, RateRequest,
     SettleReply, SettleRequest, Unclaimed,

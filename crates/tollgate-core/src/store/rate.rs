@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures_util::future::BoxFuture;
 use smallvec::SmallVec;
 
-use super::AdminBackend;
+use super::{AdminBackend, Quotas};
 use crate::error::Result;
 use crate::quota::{Interval, Quota};
 
@@ -172,9 +172,9 @@ pub struct RateRequest {
     /// is empty when the store said no block may exist
     /// ([`AdminBackend::may_block`]).
     pub keys: Vec<String>,
-    /// The quotas, in the same order as `keys` (shared with the limiter:
-    /// no copy per check).
-    pub quotas: Arc<[Quota]>,
+    /// The quotas, in the same order as `keys` (one inline, several shared
+    /// with the limiter).
+    pub quotas: Quotas,
     /// Units this request takes.
     pub cost: u64,
     /// The time of the decision (µs since the epoch), or `None` for the
