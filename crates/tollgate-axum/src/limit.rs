@@ -15,6 +15,7 @@ use tollgate_core::{Charge, Decision, RateLimiter, Subject};
 use tollgate_tower::grpc::Protocol;
 use tollgate_tower::headers::rate_limit_headers;
 use tollgate_tower::key::KeyExtractor;
+use tollgate_tower::rate_limit::{count_decision, count_key_error};
 use tollgate_tower::rejection::Rejection;
 
 /// A rate limit for one handler: which limiter, which key, what cost.
@@ -242,10 +243,16 @@ where
                     "the RateLimitPolicy's key extractor gave no key for this request",
                 )))
             }
-            Err(e) => return Err(shape(Rejection::key(e))),
+            Err(e) => {
+                count_key_error(&limiter);
+                return Err(shape(Rejection::key(e)));
+            }
         };
         let cost = P::cost(parts, state);
-        match limiter.check_n(key.clone(), cost).await {
+        let result = limiter.check_n(key.clone(), cost).await;
+        // Counted as a layer counts its decisions (feature `metrics`).
+        count_decision(&limiter, &result);
+        match result {
             Ok(decision) if decision.allowed => {
                 if let Some(charge) = decision.charge {
                     let taken = parts.extensions.get_or_insert_default::<Taken>();

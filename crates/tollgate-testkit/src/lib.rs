@@ -21,6 +21,8 @@
 //! * `http` (feature `http`): sending HTTP requests over loopback or
 //!   through a tower service in process, and reading the `http::Reply`
 //!   whole.
+//! * `metrics` (feature `metrics`): a recorder of counters, installed once
+//!   per test binary.
 //!
 //! ```no_run
 //! # async fn example() -> tollgate_testkit::Result<()> {
@@ -42,6 +44,8 @@ mod failover;
 mod helpers;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod ports;
 mod proxy;
 mod resp;

@@ -694,7 +694,7 @@ static LOSING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 mod counters {
     /// `tollgate_concurrency_requests_total{outcome=<outcome>}`.
     pub(crate) fn concurrency(outcome: &str) -> u64 {
-        super::common::metrics::recorder().get(&format!(
+        tollgate_testkit::metrics::recorder().get(&format!(
             "tollgate_concurrency_requests_total{{outcome={outcome}}}"
         ))
     }

@@ -8,8 +8,8 @@ use tollgate_core::{Algorithm, MemoryBackend, Quota, RateLimiter};
 use tollgate_tower::key::HeaderKey;
 use tollgate_tower::RateLimitLayer;
 
-use common::metrics::recorder;
 use common::{send, unique};
+use tollgate_testkit::metrics::recorder;
 
 fn decisions(policy: &str, outcome: &str, source: &str) -> u64 {
     recorder().get(&format!(

@@ -149,6 +149,7 @@
 
 mod actual;
 mod charging;
+mod counts;
 mod future;
 mod layer;
 mod outcome;
@@ -159,6 +160,7 @@ use http::request::Parts;
 
 pub(crate) use self::actual::decimal;
 pub use self::actual::{ActualCost, CostExtension, CostHeader, ResponseCost};
+pub use self::counts::{count_decision, count_key_error};
 pub use self::future::ResponseFuture;
 pub use self::layer::RateLimitLayer;
 pub use self::outcome::CountResponse;

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
-use tollgate_core::{Decision, DecisionSource, Error, Plan, Plans, RateLimiter, Subject};
+use tollgate_core::{Decision, Error, Plan, Plans, RateLimiter, Subject};
 use tower_service::Service;
 
+use super::counts;
 use super::future::{Check, ResponseFuture};
 use super::outcome::Counting;
 use super::plan::{PlanEntries, PlanSelector};
@@ -173,50 +174,35 @@ impl Shared {
     ) {
         let shadow = self.options.shadow;
         let policy = &*entry.policy;
-        let (outcome, source) = match result {
-            Ok(d) => {
-                let source = source_label(d.source);
-                if d.allowed {
-                    tracing::debug!(
-                        target: "tollgate_tower::rate_limit",
-                        policy, subject = %subject.digest(), cost, remaining = d.remaining,
-                        source, "request admitted"
-                    );
-                    ("allowed", source)
-                } else if shadow {
-                    tracing::info!(
-                        target: "tollgate_tower::rate_limit",
-                        policy, subject = %subject.digest(), cost, retry_after = ?d.retry_after,
-                        source, "request would be rate limited (shadow mode: admitted)"
-                    );
-                    ("shadow_denied", source)
-                } else {
-                    tracing::info!(
-                        target: "tollgate_tower::rate_limit",
-                        policy, subject = %subject.digest(), cost, retry_after = ?d.retry_after,
-                        source, "request rate limited"
-                    );
-                    ("denied", source)
-                }
-            }
-            Err(Error::CostExceedsCapacity { capacity, .. }) => {
-                tracing::info!(
-                    target: "tollgate_tower::rate_limit",
-                    policy, subject = %subject.digest(), cost, capacity, shadow,
-                    "request cost exceeds the limit's capacity"
-                );
-                ("too_costly", "none")
-            }
-            Err(e) => {
-                tracing::warn!(
-                    target: "tollgate_tower::rate_limit",
-                    policy, subject = %subject.digest(), cost, error = %e, shadow,
-                    "rate limit check failed"
-                );
-                ("unavailable", "none")
-            }
-        };
-        count(&entry.policy, outcome, source);
+        let (outcome, source) = counts::labels(result, shadow);
+        match result {
+            Ok(d) if d.allowed => tracing::debug!(
+                target: "tollgate_tower::rate_limit",
+                policy, subject = %subject.digest(), cost, remaining = d.remaining,
+                source, "request admitted"
+            ),
+            Ok(d) if shadow => tracing::info!(
+                target: "tollgate_tower::rate_limit",
+                policy, subject = %subject.digest(), cost, retry_after = ?d.retry_after,
+                source, "request would be rate limited (shadow mode: admitted)"
+            ),
+            Ok(d) => tracing::info!(
+                target: "tollgate_tower::rate_limit",
+                policy, subject = %subject.digest(), cost, retry_after = ?d.retry_after,
+                source, "request rate limited"
+            ),
+            Err(Error::CostExceedsCapacity { capacity, .. }) => tracing::info!(
+                target: "tollgate_tower::rate_limit",
+                policy, subject = %subject.digest(), cost, capacity, shadow,
+                "request cost exceeds the limit's capacity"
+            ),
+            Err(e) => tracing::warn!(
+                target: "tollgate_tower::rate_limit",
+                policy, subject = %subject.digest(), cost, error = %e, shadow,
+                "rate limit check failed"
+            ),
+        }
+        counts::count(&entry.policy, outcome, source);
     }
 
     pub(crate) fn observe_key_error(&self, entry: &Entry, e: &KeyError) {
@@ -225,33 +211,7 @@ impl Shared {
             policy = &*entry.policy, status = e.status().as_u16(), error = %e,
             shadow = self.options.shadow, "request could not be keyed"
         );
-        count(&entry.policy, "key_error", "none");
-    }
-}
-
-#[cfg(feature = "metrics")]
-fn count(policy: &Arc<str>, outcome: &'static str, source: &'static str) {
-    metrics::counter!(
-        "tollgate_decisions_total",
-        "policy" => Arc::clone(policy),
-        "outcome" => outcome,
-        "source" => source,
-    )
-    .increment(1);
-}
-
-#[cfg(not(feature = "metrics"))]
-fn count(_policy: &Arc<str>, _outcome: &'static str, _source: &'static str) {}
-
-fn source_label(source: DecisionSource) -> &'static str {
-    match source {
-        DecisionSource::Backend => "backend",
-        DecisionSource::DenyCache => "deny_cache",
-        DecisionSource::FailOpen => "fail_open",
-        DecisionSource::Fallback => "fallback",
-        DecisionSource::Lease => "lease",
-        // A source a later tollgate-core adds, until it is named here.
-        _ => "other",
+        counts::count(&entry.policy, "key_error", "none");
     }
 }
 

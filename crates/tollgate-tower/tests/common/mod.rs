@@ -24,8 +24,6 @@ macro_rules! on_every_backend {
 pub mod grpc;
 pub mod idempotency;
 pub mod lock_suite;
-#[cfg(feature = "metrics")]
-pub mod metrics;
 pub mod suite;
 
 use std::sync::{Arc, OnceLock};

@@ -1,5 +1,6 @@
 //! A `metrics` recorder that counts counters, installed once per test
-//! binary (feature `metrics`).
+//! binary (feature `metrics`): the layers' and the extractors' tests read
+//! the same counts.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 
 /// Records counters by `name{label=value,...}` (labels sorted).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct TestRecorder {
     counters: Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
