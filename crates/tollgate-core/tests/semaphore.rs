@@ -521,6 +521,51 @@ async fn a_key_of_another_type_is_a_data_error_under_every_policy() {
     }
 }
 
+/// A lock's own calls (release, extend, raising its fence) on a name that
+/// now holds permits (its lock was broken and a fair locker took the name)
+/// fail as its acquire does, with the store's WRONGTYPE, on memory and on
+/// Redis alike: an error about that name's data, not an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locks_calls_on_a_name_that_holds_permits_fail_alike() {
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tollgate_core::failure::is_outage;
+    use tollgate_core::lock::LockKeys;
+    use tollgate_core::{FencingToken, LockBackend, LockOptions, RedisBackend, Semaphore, Subject};
+
+    let server = RedisServer::start().unwrap();
+    let backends: [Arc<dyn LockBackend>; 2] = [
+        Arc::new(MemoryBackend::new()),
+        Arc::new(RedisBackend::connect(&server.url()).await.unwrap()),
+    ];
+    for backend in backends {
+        let permits = Semaphore::builder(Arc::clone(&backend), 4).build().unwrap();
+        let held = permits
+            .try_acquire("taken", &LockOptions::new())
+            .await
+            .unwrap();
+        let lock = LockKeys::new(permits.keyspace(), &Subject::new("taken"));
+        assert_eq!(lock.lock, permits.keys_for("taken").lock);
+        let ttl = Duration::from_secs(60);
+        let calls = [
+            ("release", backend.release_lock(&lock, "gone").await),
+            ("extend", backend.extend_lock(&lock, "gone", ttl).await),
+            (
+                "raise_fence",
+                backend
+                    .raise_fence(&lock, "gone", FencingToken(7), ttl)
+                    .await,
+            ),
+        ];
+        for (call, answer) in calls {
+            let e = answer.expect_err(call);
+            assert!(e.to_string().contains("WRONGTYPE"), "{call}: {e}");
+            assert!(!is_outage(&e), "{call}: {e}");
+        }
+        held.release().await.unwrap();
+    }
+}
+
 /// A fair queue whose head lost its ticket (evicted under memory pressure:
 /// here the state such an eviction leaves, made by hand) does not hold the
 /// queue up: the next acquire purges the head, and the waiter behind it is

@@ -20,15 +20,7 @@ impl MemoryLocks {
     pub(crate) fn acquire(&self, req: &AcquireRequest, now: u64) -> Result<AcquireReply> {
         let mut state = self.lock();
         Self::sweep(&mut state, now);
-        if Self::permits_key_exists(&state, &req.keys.lock, now) {
-            // Redis answers WRONGTYPE: a fair and an unfair locker on one name.
-            return Err(crate::error::Error::Backend(
-                crate::error::BackendError::new(format!(
-                    "WRONGTYPE: {} holds permits, not a lock",
-                    req.keys.lock
-                )),
-            ));
-        }
+        Self::not_permits(&state, &req.keys.lock, now)?;
         if let Some(h) = Self::live(&mut state, &req.keys.lock, now) {
             if h.token != req.token {
                 return Ok(AcquireReply::Held {
@@ -85,19 +77,34 @@ impl MemoryLocks {
 
     /// Compare-and-delete, idempotent per token (as `lock_release.lua`): a
     /// release leaves a marker, and a replay that finds it reports `true`.
-    pub(crate) fn release(&self, keys: &LockKeys, token: &str, now: u64) -> bool {
+    pub(crate) fn release(&self, keys: &LockKeys, token: &str, now: u64) -> Result<bool> {
         {
             let mut state = self.lock();
+            Self::not_permits(&state, &keys.lock, now)?;
             match Self::live(&mut state, &keys.lock, now) {
                 Some(h) if h.token == token => {
                     state.held.remove(&keys.lock);
                     Self::remember_release(&mut state, keys, token, now);
                 }
-                _ => return Self::released_by(&state, keys, token, now),
+                _ => return Ok(Self::released_by(&state, keys, token, now)),
             }
         }
         self.notify(&keys.channel);
-        true
+        Ok(true)
+    }
+
+    /// Redis answers WRONGTYPE when a lock's script reads a name that holds
+    /// permits (a fair and an unfair locker on one name): so does the twin,
+    /// for every call of a lock.
+    fn not_permits(state: &State, key: &str, now: u64) -> Result<()> {
+        if Self::permits_key_exists(state, key, now) {
+            return Err(crate::error::Error::Backend(
+                crate::error::BackendError::new(format!(
+                    "WRONGTYPE: {key} holds permits, not a lock"
+                )),
+            ));
+        }
+        Ok(())
     }
 
     /// Leaves the marker of `token`'s release of `keys` (`SET marker 1 PX`).
@@ -122,14 +129,21 @@ impl MemoryLocks {
         let _ = self.events.send(channel.to_owned());
     }
 
-    pub(crate) fn extend(&self, keys: &LockKeys, token: &str, ttl: Duration, now: u64) -> bool {
+    pub(crate) fn extend(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ttl: Duration,
+        now: u64,
+    ) -> Result<bool> {
         let mut state = self.lock();
+        Self::not_permits(&state, &keys.lock, now)?;
         match Self::live(&mut state, &keys.lock, now) {
             Some(h) if h.token == token => {
                 h.expires_at = now.saturating_add(micros(ttl));
-                true
+                Ok(true)
             }
-            _ => false,
+            _ => Ok(false),
         }
     }
 
@@ -140,10 +154,11 @@ impl MemoryLocks {
         fence: FencingToken,
         fence_ttl: Duration,
         now: u64,
-    ) -> bool {
+    ) -> Result<bool> {
         let mut state = self.lock();
+        Self::not_permits(&state, &keys.lock, now)?;
         if Self::live(&mut state, &keys.lock, now).is_none_or(|h| h.token != token) {
-            return false;
+            return Ok(false);
         }
         let entry = state.fences.entry(keys.fence.clone()).or_insert(Fence {
             value: 0,
@@ -156,7 +171,7 @@ impl MemoryLocks {
             entry.value = fence.get();
             entry.expires_at = now.saturating_add(micros(fence_ttl));
         }
-        true
+        Ok(true)
     }
 
     /// Removes a lock whoever holds it; `true` when there was one.
@@ -232,7 +247,7 @@ impl LockBackend for MemoryBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         let (locks, now) = (self.locks(), self.clock().now_micros());
         let ok = match keys.holders {
-            Holders::One => Ok(locks.release(keys, token, now)),
+            Holders::One => locks.release(keys, token, now),
             _ => locks.release_permits(keys, token, now),
         };
         futures_util::future::ready(ok).boxed()
@@ -246,7 +261,7 @@ impl LockBackend for MemoryBackend {
     ) -> BoxFuture<'a, Result<bool>> {
         let (locks, now) = (self.locks(), self.clock().now_micros());
         let ok = match keys.holders {
-            Holders::One => Ok(locks.extend(keys, token, ttl, now)),
+            Holders::One => locks.extend(keys, token, ttl, now),
             _ => locks.extend_permits(keys, token, ttl, now),
         };
         futures_util::future::ready(ok).boxed()
@@ -267,7 +282,7 @@ impl LockBackend for MemoryBackend {
         let ok = self
             .locks()
             .raise_fence(keys, token, fence, fence_ttl, self.clock().now_micros());
-        futures_util::future::ready(Ok(ok)).boxed()
+        futures_util::future::ready(ok).boxed()
     }
 
     fn release_events(
