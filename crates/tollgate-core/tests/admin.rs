@@ -808,12 +808,20 @@ async fn a_limiter_built_while_redis_is_down_is_listed_once_it_is_back() {
 /// replaced while the old one still runs, or a fleet half rolled out): the
 /// one built last is listed, whichever wrote last; an entry no owner has
 /// written for minutes (a plan removed, its limiters gone) is not listed;
-/// and a limiter built here writes its entry in that form.
+/// and a limiter built here writes its entry in that form. On Redis and in
+/// memory alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_registry_lists_the_newest_configuration_of_live_owners() {
-    use tollgate_core::store::AdminBackend;
+    newest_configuration_of_live_owners(RedisBackend::connect(&server().url()).await.unwrap())
+        .await;
+    newest_configuration_of_live_owners(MemoryBackend::new()).await;
+}
+
+async fn newest_configuration_of_live_owners<S>(store: S)
+where
+    S: tollgate_core::store::AdminBackend + tollgate_core::RateBackend + Into<Backend> + Clone,
+{
     let prefix = prefix();
-    let redis = RedisBackend::connect(&server().url()).await.unwrap();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -832,9 +840,9 @@ async fn the_registry_lists_the_newest_configuration_of_live_owners() {
         entry("api", 10, "a", now_ms - 60_000, now_ms),
         entry("gone", 5, "c", now_ms - 3_600_000, now_ms - 600_000),
     ] {
-        redis.register(&key, &field, &value, hour).await.unwrap();
+        store.register(&key, &field, &value, hour).await.unwrap();
     }
-    let admin = Admin::new(redis.clone()).with_prefix(&prefix);
+    let admin = Admin::new(store.clone()).with_prefix(&prefix);
     let listed = admin.limiters().await.unwrap();
     let seen: Vec<(&str, u64)> = listed
         .iter()
@@ -842,7 +850,7 @@ async fn the_registry_lists_the_newest_configuration_of_live_owners() {
         .collect();
     assert_eq!(seen, [("api", 20)]);
 
-    let _live = RateLimiter::builder(redis.clone(), Algorithm::Gcra)
+    let _live = RateLimiter::builder(store.clone(), Algorithm::Gcra)
         .quota(Quota::per_minute(7))
         .prefix(&prefix)
         .name("fresh")
@@ -855,7 +863,7 @@ async fn the_registry_lists_the_newest_configuration_of_live_owners() {
     .await;
     let fresh = listed.iter().find(|l| l.name == "fresh").unwrap();
     assert_eq!(fresh.quotas[0].limit, 7);
-    let fields: Vec<(String, String)> = redis.registered(&key).await.unwrap();
+    let fields: Vec<(String, String)> = store.registered(&key).await.unwrap();
     assert!(
         fields
             .iter()

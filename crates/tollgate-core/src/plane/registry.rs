@@ -58,12 +58,15 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// refreshes missed (the owner gone, or its store unreachable from it).
 const SHOWN_FOR: Duration = Duration::from_secs(3 * 60);
 
-/// Writes `entry`, built at `built_ms`, into the registry of `prefix`.
+/// Writes `entry`, built at `built_ms`, into the registry of `prefix`;
+/// `refreshed` when its owner writes it again while it lives (it is then
+/// shown for [`SHOWN_FOR`] after each write, else as long as the store).
 pub(crate) async fn register(
     store: &dyn AdminBackend,
     prefix: &str,
     entry: &Registered,
     built_ms: u64,
+    refreshed: bool,
 ) -> Result<()> {
     let bad = |e: serde_json::Error| Error::Protocol(format!("a registry entry: {e}"));
     let described = serde_json::to_string(entry).map_err(bad)?;
@@ -77,7 +80,9 @@ pub(crate) async fn register(
     let mut value: Value = serde_json::from_str(&described).map_err(bad)?;
     if let Value::Object(fields) = &mut value {
         fields.insert("built_ms".into(), built_ms.into());
-        fields.insert("seen_ms".into(), now_ms().into());
+        if refreshed {
+            fields.insert("seen_ms".into(), now_ms().into());
+        }
     }
     store
         .register(
@@ -104,16 +109,22 @@ pub(crate) fn keep_registered(
 ) {
     let built_ms = now_ms();
     if store.in_process() {
-        // Listed before the first use, with or without a runtime.
-        let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry, built_ms));
-        return;
+        // Listed before the first use, with or without a runtime. With one,
+        // it is written again while its owner lives and hidden once it
+        // stops, as on Redis; without, it stays as long as the store.
+        let refreshed = tokio::runtime::Handle::try_current().is_ok();
+        let first = register(&*store, &prefix, &entry, built_ms, refreshed);
+        let _ = futures_util::FutureExt::now_or_never(first);
+        if !refreshed {
+            return;
+        }
     }
     let registering = async move {
         let mut retry = RETRY_FIRST;
         'writes: while alive() {
             // Bounded: a store that stopped answering holds no task (nor
             // the store) once its owner is gone.
-            let written = register(&*store, &prefix, &entry, built_ms);
+            let written = register(&*store, &prefix, &entry, built_ms, true);
             let pause = match within(ALIVE_CHECK, written).await {
                 Ok(()) => {
                     retry = RETRY_FIRST;
@@ -168,12 +179,7 @@ impl Read {
 /// cannot read (a newer kind) is skipped with a warning.
 pub(crate) async fn read(store: &dyn AdminBackend, prefix: &str) -> Result<Vec<Registered>> {
     let now = now_ms();
-    // An in-process store's entries are written once and live with it.
-    let shown_for = if store.in_process() {
-        u64::MAX
-    } else {
-        u64::try_from(SHOWN_FOR.as_millis()).unwrap_or(u64::MAX)
-    };
+    let shown_for = u64::try_from(SHOWN_FOR.as_millis()).unwrap_or(u64::MAX);
     let read: Vec<Read> = store
         .registered(&registry_key(prefix))
         .await?
@@ -271,7 +277,7 @@ mod tests {
             .unwrap();
         assert_eq!(read(&store, "p").await.unwrap(), [old]);
         let new = limiter(20);
-        register(&store, "p", &new, 1).await.unwrap();
+        register(&store, "p", &new, 1, true).await.unwrap();
         assert_eq!(read(&store, "p").await.unwrap(), [new]);
     }
 }
