@@ -817,6 +817,34 @@ async fn the_registry_lists_the_newest_configuration_of_live_owners() {
     newest_configuration_of_live_owners(MemoryBackend::new()).await;
 }
 
+/// In memory, where nothing ages an entry out, a limiter's entry is taken
+/// out once the last limiter of its configuration is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_registry_entry_goes_with_its_last_owner() {
+    let store = MemoryBackend::new();
+    let prefix = prefix();
+    let build = || {
+        RateLimiter::builder(store.clone(), Algorithm::Gcra)
+            .quota(Quota::per_minute(7))
+            .prefix(&prefix)
+            .name("temp")
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let admin = Admin::new(store.clone()).with_prefix(&prefix);
+    let names = || async {
+        let all = admin.limiters().await.unwrap();
+        all.into_iter().map(|l| l.name).collect::<Vec<_>>()
+    };
+    assert_eq!(names().await, ["temp"]);
+    drop((a, b));
+    eventually(WAIT, "the entry is taken out", || async {
+        names().await.is_empty().then_some(())
+    })
+    .await;
+}
+
 async fn newest_configuration_of_live_owners<S>(store: S)
 where
     S: tollgate_core::store::AdminBackend + tollgate_core::RateBackend + Into<Backend> + Clone,
@@ -864,10 +892,10 @@ where
     let fresh = listed.iter().find(|l| l.name == "fresh").unwrap();
     assert_eq!(fresh.quotas[0].limit, 7);
     let fields: Vec<(String, String)> = store.registered(&key).await.unwrap();
-    assert!(
-        fields
-            .iter()
-            .any(|(f, v)| f.starts_with("limiter:fresh:gcra#") && v.contains("\"seen_ms\"")),
-        "{fields:?}"
-    );
+    // A shared store's entry says when it was last written; an in-process
+    // store's is never refreshed (it goes with its last owner).
+    let seen = fields
+        .iter()
+        .any(|(f, v)| f.starts_with("limiter:fresh:gcra#") && v.contains("\"seen_ms\""));
+    assert_eq!(seen, !store.in_process(), "{fields:?}");
 }

@@ -15,6 +15,9 @@ use super::{lock, Entry, MemoryBackend};
 use crate::error::Result;
 use crate::store::{millis_ceil, AdminBackend, AdminListener, DenialCount, Listeners};
 
+/// A registry's fields: each one's value and how many owners wrote it.
+type Registry = BTreeMap<String, (String, usize)>;
+
 /// The operator plane's state of one [`MemoryBackend`].
 #[derive(Default)]
 pub(crate) struct MemoryAdmin {
@@ -24,7 +27,7 @@ pub(crate) struct MemoryAdmin {
     block_count: AtomicUsize,
     /// The earliest end of any block (µs; `u64::MAX` for none).
     earliest_end: AtomicU64,
-    registries: Mutex<HashMap<String, BTreeMap<String, String>>>,
+    registries: Mutex<HashMap<String, Registry>>,
     listeners: Mutex<HashMap<String, Listeners>>,
     versions: Mutex<HashMap<String, u64>>,
     throttled: Mutex<HashMap<String, Denials>>,
@@ -98,19 +101,38 @@ impl AdminBackend for MemoryBackend {
         value: &'a str,
         _ttl: Duration,
     ) -> BoxFuture<'a, Result<()>> {
-        guard(&self.inner.admin.registries)
+        let mut registries = guard(&self.inner.admin.registries);
+        let entry = registries
             .entry(key.to_owned())
             .or_default()
-            .insert(field.to_owned(), value.to_owned());
+            .entry(field.to_owned())
+            .or_insert_with(|| (String::new(), 0));
+        *entry = (value.to_owned(), entry.1 + 1);
         ready(())
     }
 
     fn registered<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>> {
         let all = guard(&self.inner.admin.registries)
             .get(key)
-            .map(|r| r.iter().map(|(f, v)| (f.clone(), v.clone())).collect())
+            .map(|r| r.iter().map(|(f, (v, _))| (f.clone(), v.clone())).collect())
             .unwrap_or_default();
         ready(all)
+    }
+
+    fn unregister<'a>(&'a self, key: &'a str, field: &'a str) -> BoxFuture<'a, Result<()>> {
+        let mut registries = guard(&self.inner.admin.registries);
+        if let Some(fields) = registries.get_mut(key) {
+            if let Some((_, owners)) = fields.get_mut(field) {
+                *owners = owners.saturating_sub(1);
+                if *owners == 0 {
+                    fields.remove(field);
+                }
+            }
+            if fields.is_empty() {
+                registries.remove(key);
+            }
+        }
+        ready(())
     }
 
     fn reset<'a>(

@@ -60,7 +60,7 @@ const SHOWN_FOR: Duration = Duration::from_secs(3 * 60);
 
 /// Writes `entry`, built at `built_ms`, into the registry of `prefix`;
 /// `refreshed` when its owner writes it again while it lives (it is then
-/// shown for [`SHOWN_FOR`] after each write, else as long as the store).
+/// shown for [`SHOWN_FOR`] after each write, else until taken out).
 pub(crate) async fn register(
     store: &dyn AdminBackend,
     prefix: &str,
@@ -68,6 +68,14 @@ pub(crate) async fn register(
     built_ms: u64,
     refreshed: bool,
 ) -> Result<()> {
+    let (field, value) = described(entry, built_ms, refreshed)?;
+    store
+        .register(&registry_key(prefix), &field, &value, REGISTRY_TTL)
+        .await
+}
+
+/// The registry field of `entry` and its value.
+fn described(entry: &Registered, built_ms: u64, refreshed: bool) -> Result<(String, String)> {
     let bad = |e: serde_json::Error| Error::Protocol(format!("a registry entry: {e}"));
     let described = serde_json::to_string(entry).map_err(bad)?;
     // One field per configuration: an older one still running (a plan
@@ -84,14 +92,7 @@ pub(crate) async fn register(
             fields.insert("seen_ms".into(), now_ms().into());
         }
     }
-    store
-        .register(
-            &registry_key(prefix),
-            &field,
-            &value.to_string(),
-            REGISTRY_TTL,
-        )
-        .await
+    Ok((field, value.to_string()))
 }
 
 /// How often a registration task looks whether its owner still lives.
@@ -109,15 +110,24 @@ pub(crate) fn keep_registered(
 ) {
     let built_ms = now_ms();
     if store.in_process() {
-        // Listed before the first use, with or without a runtime. With one,
-        // it is written again while its owner lives and hidden once it
-        // stops, as on Redis; without, it stays as long as the store.
-        let refreshed = tokio::runtime::Handle::try_current().is_ok();
-        let first = register(&*store, &prefix, &entry, built_ms, refreshed);
-        let _ = futures_util::FutureExt::now_or_never(first);
-        if !refreshed {
+        // Listed before the first use, with or without a runtime, and never
+        // aged out (nothing else writes this store): a task, where a runtime
+        // runs, takes it out once its owner is gone.
+        let Ok((field, value)) = described(&entry, built_ms, false) else {
             return;
+        };
+        let key = registry_key(&prefix);
+        let first = store.register(&key, &field, &value, REGISTRY_TTL);
+        let _ = futures_util::FutureExt::now_or_never(first);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(async move {
+                while alive() {
+                    tokio::time::sleep(ALIVE_CHECK).await;
+                }
+                let _ = store.unregister(&key, &field).await;
+            }));
         }
+        return;
     }
     let registering = async move {
         let mut retry = RETRY_FIRST;
@@ -259,6 +269,21 @@ mod tests {
             }],
             traffic: None,
         })
+    }
+
+    /// An in-process store counts a field's owners and takes the field out
+    /// with the last.
+    #[tokio::test]
+    async fn an_in_process_field_goes_with_its_last_owner() {
+        let store = MemoryBackend::new();
+        let key = registry_key("p");
+        for _ in 0..2 {
+            store.register(&key, "f", "{}", REGISTRY_TTL).await.unwrap();
+        }
+        store.unregister(&key, "f").await.unwrap();
+        assert_eq!(store.registered(&key).await.unwrap().len(), 1);
+        store.unregister(&key, "f").await.unwrap();
+        assert!(store.registered(&key).await.unwrap().is_empty());
     }
 
     /// A limiter's entry under the field earlier versions wrote

@@ -115,6 +115,16 @@ pub trait AdminBackend: Send + Sync + 'static {
     /// Every `(field, value)` of the registry `key`.
     fn registered<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Vec<(String, String)>>>;
 
+    /// One owner of `field` in the registry `key` is gone. An in-process
+    /// store (which is never refreshed) counts the owners that wrote a
+    /// field and takes it out with the last. The default keeps it: a shared
+    /// store's entries age out unless refreshed, and other processes may
+    /// write the same field.
+    fn unregister<'a>(&'a self, key: &'a str, field: &'a str) -> BoxFuture<'a, Result<()>> {
+        let _ = (key, field);
+        Box::pin(futures_util::future::ready(Ok(())))
+    }
+
     /// Resets a subject: deletes its quota `keys` (one hash tag) and
     /// stamps the reset on `stamp` (beside them) at `now_micros`, or the
     /// store's time when `None`, for at least `ttl`: a settle of a charge
