@@ -6,15 +6,9 @@ mod common;
 use http::{Method, StatusCode};
 use tollgate_core::{MemoryBackend, Quota, RateLimiter};
 use tollgate_testkit::http::loopback::send;
-use tollgate_testkit::metrics::recorder;
+use tollgate_testkit::metrics::{decisions, recorder};
 
 use common::{memory_locker, serve};
-
-fn decisions(policy: &str, outcome: &str, source: &str) -> u64 {
-    recorder().get(&format!(
-        "tollgate_decisions_total{{outcome={outcome},policy={policy},source={source}}}"
-    ))
-}
 
 #[tokio::test]
 async fn the_extractor_counts_each_decision_and_key_error() {

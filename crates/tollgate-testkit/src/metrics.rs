@@ -50,6 +50,14 @@ impl Recorder for TestRecorder {
     }
 }
 
+/// `tollgate_decisions_total` of `policy`, `outcome` and `source` in this
+/// binary's recorder (installing it if need be).
+pub fn decisions(policy: &str, outcome: &str, source: &str) -> u64 {
+    recorder().get(&format!(
+        "tollgate_decisions_total{{outcome={outcome},policy={policy},source={source}}}"
+    ))
+}
+
 /// The global recorder of this binary, installed on first use.
 pub fn recorder() -> &'static TestRecorder {
     static RECORDER: OnceLock<&'static TestRecorder> = OnceLock::new();

@@ -9,13 +9,7 @@ use tollgate_tower::key::HeaderKey;
 use tollgate_tower::RateLimitLayer;
 
 use common::{send, unique};
-use tollgate_testkit::metrics::recorder;
-
-fn decisions(policy: &str, outcome: &str, source: &str) -> u64 {
-    recorder().get(&format!(
-        "tollgate_decisions_total{{outcome={outcome},policy={policy},source={source}}}"
-    ))
-}
+use tollgate_testkit::metrics::{decisions, recorder};
 
 #[tokio::test]
 async fn decisions_are_counted_by_policy_outcome_and_source() {
