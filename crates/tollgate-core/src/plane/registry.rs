@@ -58,17 +58,17 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// refreshes missed (the owner gone, or its store unreachable from it).
 const SHOWN_FOR: Duration = Duration::from_secs(3 * 60);
 
-/// Writes `entry`, built at `built_ms`, into the registry of `prefix`;
-/// `refreshed` when its owner writes it again while it lives (it is then
-/// shown for [`SHOWN_FOR`] after each write, else until taken out).
+/// Writes `entry`, built at `built_ms`, into the registry of `prefix`. An
+/// entry in a shared store says when it was written (it is shown for
+/// [`SHOWN_FOR`] after); an in-process store's is never refreshed, and is
+/// taken out with its last owner instead.
 pub(crate) async fn register(
     store: &dyn AdminBackend,
     prefix: &str,
     entry: &Registered,
     built_ms: u64,
-    refreshed: bool,
 ) -> Result<()> {
-    let (field, value) = described(entry, built_ms, refreshed)?;
+    let (field, value) = described(entry, built_ms, !store.in_process())?;
     store
         .register(&registry_key(prefix), &field, &value, REGISTRY_TTL)
         .await
@@ -101,7 +101,8 @@ const ALIVE_CHECK: Duration = Duration::from_secs(2);
 /// Keeps `entry` in the registry of `prefix` while `alive` says so: at
 /// once in an in-process store, else from a task that writes it again
 /// every [`REGISTER_EVERY`] (the registry expires unless someone keeps it),
-/// and sooner after a write that failed.
+/// and sooner after a write that failed. Once the owner is gone, the task
+/// unregisters it (an in-process store takes it out with its last owner).
 pub(crate) fn keep_registered(
     store: Arc<dyn AdminBackend>,
     prefix: String,
@@ -109,32 +110,23 @@ pub(crate) fn keep_registered(
     alive: impl Fn() -> bool + Send + 'static,
 ) {
     let built_ms = now_ms();
-    if store.in_process() {
-        // Listed before the first use, with or without a runtime, and never
-        // aged out (nothing else writes this store): a task, where a runtime
-        // runs, takes it out once its owner is gone.
-        let Ok((field, value)) = described(&entry, built_ms, false) else {
-            return;
-        };
-        let key = registry_key(&prefix);
-        let first = store.register(&key, &field, &value, REGISTRY_TTL);
-        let _ = futures_util::FutureExt::now_or_never(first);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            drop(runtime.spawn(async move {
-                while alive() {
-                    tokio::time::sleep(ALIVE_CHECK).await;
-                }
-                let _ = store.unregister(&key, &field).await;
-            }));
-        }
-        return;
+    // Nothing else writes an in-process store: it is written once, before
+    // the first use, with or without a runtime.
+    let once = store.in_process();
+    if once {
+        let _ = futures_util::FutureExt::now_or_never(register(&*store, &prefix, &entry, built_ms));
     }
     let registering = async move {
         let mut retry = RETRY_FIRST;
         'writes: while alive() {
             // Bounded: a store that stopped answering holds no task (nor
             // the store) once its owner is gone.
-            let written = register(&*store, &prefix, &entry, built_ms, true);
+            let written = async {
+                if once {
+                    return Ok(());
+                }
+                register(&*store, &prefix, &entry, built_ms).await
+            };
             let pause = match within(ALIVE_CHECK, written).await {
                 Ok(()) => {
                     retry = RETRY_FIRST;
@@ -160,9 +152,18 @@ pub(crate) fn keep_registered(
                 }
             }
         }
+        if let Ok((field, _)) = described(&entry, built_ms, false) {
+            let _ = within(
+                ALIVE_CHECK,
+                store.unregister(&registry_key(&prefix), &field),
+            )
+            .await;
+        }
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn(registering)),
+        // Written already: it stays as long as the store.
+        Err(_) if once => {}
         Err(_) => tracing::warn!("no runtime to register on: the operator plane will not list it"),
     }
 }
@@ -302,7 +303,7 @@ mod tests {
             .unwrap();
         assert_eq!(read(&store, "p").await.unwrap(), [old]);
         let new = limiter(20);
-        register(&store, "p", &new, 1, true).await.unwrap();
+        register(&store, "p", &new, 1).await.unwrap();
         assert_eq!(read(&store, "p").await.unwrap(), [new]);
     }
 }
