@@ -50,15 +50,12 @@ impl Deref for Quotas {
     }
 }
 
-impl From<Arc<[Quota]>> for Quotas {
-    fn from(all: Arc<[Quota]>) -> Self {
-        Quotas::of(&all)
-    }
-}
-
 impl From<Vec<Quota>> for Quotas {
     fn from(all: Vec<Quota>) -> Self {
-        Quotas::of(&Arc::from(all))
+        match all[..] {
+            [only] => Quotas(Repr::One([only])),
+            _ => Quotas(Repr::Shared(Arc::from(all))),
+        }
     }
 }
 
@@ -82,5 +79,9 @@ mod tests {
         assert!(matches!(&q.0, Repr::Shared(a) if Arc::ptr_eq(a, &two)));
         assert_eq!(&q[..], &two[..]);
         assert!(Quotas::from(Vec::new()).is_empty());
+        assert!(matches!(
+            Quotas::from(vec![Quota::per_second(1)]).0,
+            Repr::One(_)
+        ));
     }
 }
