@@ -10,14 +10,21 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+// The process's monotonic clock: the time-stamp counter, calibrated against
+// the OS's monotonic clock on first use (the OS's clock where the counter is
+// not invariant). A read costs a fraction of `clock_gettime`, and an
+// in-process check reads it every time.
+use quanta::Instant;
 
 /// Microseconds on this process's monotonic clock (since its first use):
 /// for local deadlines (the breaker, the deny cache), never for decisions.
 /// Never 0, which its users read as "unset".
 pub(crate) fn monotonic_micros() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
+    let start = *START.get_or_init(Instant::now);
+    Instant::now().duration_since(start).as_micros() as u64 + 1
 }
 
 /// A source of wall-clock time in whole microseconds since the Unix epoch.
@@ -52,6 +59,11 @@ impl Clock for SystemClock {
 /// lock and permit expiries then agree with the leases' safe deadlines,
 /// which are monotonic, so a wall-clock step never lets a second holder in.
 ///
+/// The monotonic clock is the time-stamp counter where it is invariant
+/// (the OS's clock elsewhere), at a fraction of `clock_gettime`'s cost. It
+/// is calibrated against the OS's clock on its first read in a process: a
+/// spin of a millisecond or so, which building a clock or a limiter does.
+///
 /// ```
 /// use tollgate::{Clock, MonotonicClock};
 ///
@@ -84,7 +96,8 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_micros(&self) -> u64 {
-        let elapsed = u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let elapsed = Instant::now().duration_since(self.origin).as_micros();
+        let elapsed = u64::try_from(elapsed).unwrap_or(u64::MAX);
         self.origin_micros.saturating_add(elapsed)
     }
 }
@@ -127,5 +140,43 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now_micros(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant as StdInstant};
+
+    use super::*;
+
+    /// The counter-based clocks move with the OS's monotonic clock: each
+    /// reading is bracketed by two of the OS's, so a pause between reads
+    /// widens the bracket instead of failing the test.
+    #[test]
+    fn the_monotonic_clocks_keep_the_os_clocks_pace() {
+        let clock = MonotonicClock::new();
+        let origin = StdInstant::now();
+        let since = |at: StdInstant| at.duration_since(origin).as_micros() as u64;
+        let read = || {
+            let before = StdInstant::now();
+            let (wall, local) = (clock.now_micros(), monotonic_micros());
+            (since(before), wall, local, since(StdInstant::now()))
+        };
+        let (lo0, wall0, local0, hi0) = read();
+        std::thread::sleep(Duration::from_millis(30));
+        let (lo1, wall1, local1, hi1) = read();
+        // What the OS's clock allows, with room for the counter's
+        // calibration error (well under 1 %).
+        let (least, most) = (lo1 - hi0, hi1 - lo0);
+        let slack = 100 + most / 100;
+        for (name, span) in [("wall", wall1 - wall0), ("local", local1 - local0)] {
+            assert!(
+                span + slack >= least && span <= most + slack,
+                "{name}: {span} µs, the OS's clock says {least}..={most} µs"
+            );
+        }
+        // And the wall clock's origin is the system time's.
+        let system = SystemClock.now_micros();
+        assert!(clock.now_micros().abs_diff(system) < 1_000_000);
     }
 }

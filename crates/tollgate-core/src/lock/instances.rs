@@ -18,6 +18,7 @@ use super::options::MAX_LOCK_DURATION;
 use super::settings::Settings;
 use super::util::{join, new_token};
 use super::waiters::Waiters;
+use crate::clock::monotonic_micros;
 use crate::error::{Error, Result};
 use crate::failure::is_outage;
 use crate::store::{AcquireReply, AcquireRequest, FencingToken, LockBackend, LockKeys};
@@ -75,12 +76,6 @@ pub(crate) struct Granted {
 /// How long a Redlock instance that failed is skipped by acquire attempts
 /// (then one attempt probes it).
 const INSTANCE_COOLDOWN: Duration = Duration::from_secs(1);
-
-/// Microseconds on this process's monotonic clock, from 1.
-fn monotonic_micros() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
-}
 
 /// A per-instance circuit breaker: after a failure, skip the instance until
 /// the cooldown has passed, then let exactly one attempt probe it.

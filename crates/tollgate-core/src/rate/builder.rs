@@ -190,6 +190,9 @@ impl RateLimiterBuilder {
 
     /// Checks the configuration and builds the limiter.
     pub fn build(self) -> Result<RateLimiter> {
+        // The process's clock is calibrated on its first read (a spin of a
+        // millisecond or so): here, never in a check.
+        crate::clock::monotonic_micros();
         if self.quotas.is_empty() {
             return Err(Error::InvalidConfig(
                 "a limiter needs at least one quota".into(),
