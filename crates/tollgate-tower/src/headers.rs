@@ -440,6 +440,14 @@ mod tests {
         h.keys().map(|k| k.as_str()).collect()
     }
 
+    /// Each format's row is its own in the table of formats.
+    #[test]
+    fn each_format_reads_its_own_row() {
+        for (i, (format, _)) in FORMATS.iter().enumerate() {
+            assert_eq!(format.row(), i, "{format:?}");
+        }
+    }
+
     /// Each format writes its own fields; the legacy switch adds the
     /// legacy fields once; a fail-open decision gets the fixed fields only.
     #[tokio::test]

@@ -52,12 +52,13 @@ impl HeaderFormat {
         FORMATS[self.row()].1
     }
 
-    /// The format's row in [`FORMATS`].
+    /// The format's row in [`FORMATS`] (read per response: a match, not
+    /// a search; a unit test checks it against the table).
     pub(super) fn row(self) -> usize {
-        FORMATS
-            .iter()
-            .position(|(f, _)| *f == self)
-            .expect("every format has a row")
+        match self {
+            HeaderFormat::Draft10 => 0,
+            HeaderFormat::Legacy => 1,
+        }
     }
 }
 
@@ -224,7 +225,21 @@ impl DecisionHeaders {
         primary: bool,
         legacy: bool,
     ) -> Self {
-        let mut fields = Fields::default();
+        let mut headers = DecisionHeaders::default();
+        headers.write(formatter, decision, primary, legacy);
+        headers
+    }
+
+    /// Writes the headers [`new`](Self::new) makes into these empty ones,
+    /// in place (a response future keeps them where they are).
+    pub(crate) fn write(
+        &mut self,
+        formatter: &RateLimitHeaders,
+        decision: &Decision,
+        primary: bool,
+        legacy: bool,
+    ) {
+        let fields = &mut self.fields;
         // A fallback decision counts against this instance's share: its
         // policy is the share's, made for this response (only while the
         // store is down).
@@ -249,12 +264,9 @@ impl DecisionHeaders {
         if legacy && !(primary && formatter.format == HeaderFormat::Legacy) {
             write(HeaderFormat::Legacy);
         }
-        let violated = if decision.allowed {
-            Vec::new()
-        } else {
-            formatter.violated_policies(decision)
-        };
-        DecisionHeaders { fields, violated }
+        if !decision.allowed {
+            self.violated = formatter.violated_policies(decision);
+        }
     }
 
     /// Adds the headers to `target`, each merged as its [`Merge`] says:

@@ -50,6 +50,11 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqB>,
+        // What the response gets, written in place by the check (kept out
+        // of the states: a change of state moves less).
+        headers: Option<DecisionHeaders>,
+        // Counting by outcome: the charge, until the response settles it.
+        reservation: Option<Reservation>,
     }
 }
 
@@ -65,14 +70,13 @@ pin_project! {
             // Only a check that needs a round trip is boxed.
             pending: Option<BoxFuture<'static, Result<Decision, Error>>>,
             inner: Option<S>,
-            req: Option<Request<ReqB>>,
+            // The request's head and body, kept apart until the inner
+            // service is called: the check reads and extends the head.
+            head: Option<(Parts, ReqB)>,
         },
         Calling {
             #[pin]
             fut: S::Future,
-            headers: Option<DecisionHeaders>,
-            // Counting by outcome: the charge, until the response settles it.
-            reservation: Option<Reservation>,
         },
         // The response does not count (given back whole), says its actual
         // cost (settled to it), or the inner service failed and that does
@@ -81,7 +85,6 @@ pin_project! {
         Settling {
             settling: Settling,
             outcome: Option<Result<S::Response, S::Error>>,
-            headers: Option<DecisionHeaders>,
         },
         Reply {
             reply: Reply,
@@ -95,24 +98,24 @@ where
 {
     /// A check to make when polled (at once in process, else its round
     /// trip or its wait for a slot).
-    pub(crate) fn checking(check: Check, inner: S, req: Request<ReqB>) -> Self {
+    pub(crate) fn checking(check: Check, inner: S, parts: Parts, body: ReqB) -> Self {
         ResponseFuture {
             state: State::Checking {
                 check: Some(check),
                 pending: None,
                 inner: Some(inner),
-                req: Some(req),
+                head: Some((parts, body)),
             },
+            headers: None,
+            reservation: None,
         }
     }
 
-    pub(crate) fn calling(fut: S::Future, headers: Option<DecisionHeaders>) -> Self {
+    pub(crate) fn calling(fut: S::Future) -> Self {
         ResponseFuture {
-            state: State::Calling {
-                fut,
-                headers,
-                reservation: None,
-            },
+            state: State::Calling { fut },
+            headers: None,
+            reservation: None,
         }
     }
 
@@ -121,6 +124,8 @@ where
             state: State::Reply {
                 reply: Reply::new(response),
             },
+            headers: None,
+            reservation: None,
         }
     }
 }
@@ -157,7 +162,7 @@ where
                     check,
                     pending,
                     inner,
-                    req,
+                    head,
                 } => {
                     let Check {
                         subject,
@@ -189,33 +194,23 @@ where
                         },
                     };
                     let check = check.take().expect("polled after completion");
-                    let (mut parts, body) =
-                        req.take().expect("polled after completion").into_parts();
-                    match decided(check, result, &mut parts) {
-                        Decided::Admit {
-                            headers,
-                            reservation,
-                        } => {
-                            let mut inner = inner.take().expect("polled after completion");
-                            let fut = inner.call(Request::from_parts(parts, body));
-                            this.state.set(State::Calling {
-                                fut,
-                                headers,
-                                reservation,
-                            });
-                        }
-                        Decided::Reply(response) => this.state.set(State::Reply {
+                    let (parts, _) = head.as_mut().expect("polled after completion");
+                    if let Some(response) =
+                        decided(check, result, parts, this.headers, this.reservation)
+                    {
+                        this.state.set(State::Reply {
                             reply: Reply::new(response),
-                        }),
+                        });
+                        continue;
                     }
+                    let (parts, body) = head.take().expect("polled after completion");
+                    let mut inner = inner.take().expect("polled after completion");
+                    let fut = inner.call(Request::from_parts(parts, body));
+                    this.state.set(State::Calling { fut });
                 }
-                StateProj::Calling {
-                    fut,
-                    headers,
-                    reservation,
-                } => {
+                StateProj::Calling { fut } => {
                     let outcome = ready!(fut.poll(cx));
-                    let (outcome, settling) = match (outcome, reservation.take()) {
+                    let (outcome, settling) = match (outcome, this.reservation.take()) {
                         (outcome, None) => (outcome, None),
                         (Ok(res), Some(r)) if r.reads_head() => {
                             // The head is read in place: moved out and back.
@@ -231,26 +226,20 @@ where
                         // count_unfinished says.
                         (Err(e), Some(r)) => (Err(e), r.fail()),
                     };
-                    let headers = headers.take();
                     match settling {
                         Some(settling) => this.state.set(State::Settling {
                             settling,
                             outcome: Some(outcome),
-                            headers,
                         }),
-                        None => return Poll::Ready(finish(outcome, headers)),
+                        None => return Poll::Ready(finish(outcome, this.headers.take())),
                     }
                 }
-                StateProj::Settling {
-                    settling,
-                    outcome,
-                    headers,
-                } => {
+                StateProj::Settling { settling, outcome } => {
                     let settled = ready!(settling.poll(cx));
                     let outcome = outcome.take().expect("polled after completion");
                     // The figures after settling when the store told them,
                     // else those of the check.
-                    let headers = settled.or_else(|| headers.take());
+                    let headers = settled.or_else(|| this.headers.take());
                     return Poll::Ready(finish(outcome, headers));
                 }
                 StateProj::Reply { reply } => return Poll::Ready(Ok(reply.answer())),
@@ -268,19 +257,17 @@ pub(crate) struct Check {
     pub(crate) selected: Option<Arc<Entry>>,
 }
 
-/// A decided check: what an admitted request's response gets, or the
-/// answer instead of calling the inner service.
-enum Decided {
-    Admit {
-        headers: Option<DecisionHeaders>,
-        reservation: Option<Reservation>,
-    },
-    Reply(Response<Bytes>),
-}
-
-/// Reports `result` (of `check`) of the request with head `req`:
-/// admitted, the [`Decision`] joins its extensions; refused, the rejection.
-fn decided(check: Check, result: Result<Decision, Error>, req: &mut Parts) -> Decided {
+/// Reports `result` (of `check`) of the request with head `req`: admitted,
+/// the [`Decision`] joins its extensions, and the response's `headers` and
+/// `reservation` are written; refused, the answer instead of calling the
+/// inner service.
+fn decided(
+    check: Check,
+    result: Result<Decision, Error>,
+    req: &mut Parts,
+    headers: &mut Option<DecisionHeaders>,
+    reservation: &mut Option<Reservation>,
+) -> Option<Response<Bytes>> {
     let Check {
         subject,
         cost,
@@ -290,10 +277,11 @@ fn decided(check: Check, result: Result<Decision, Error>, req: &mut Parts) -> De
     let entry = shared.entry(&selected);
     shared.observe(entry, &subject, cost, &result);
     let shadow = shared.options.shadow;
-    let mut reservation = None;
-    let headers = match result {
-        Ok(d) if d.allowed || shadow => {
-            let headers = shared.admitted_headers(entry, &d);
+    match result {
+        // Read in place, then moved once, into the extensions.
+        Ok(ref d) if d.allowed || shadow => {
+            let written = headers.insert(DecisionHeaders::default());
+            shared.write_admitted_headers(entry, d, written);
             let counting = &shared.options.counting;
             // Held by every admission that charged: a rate limit inside
             // this layer may refuse the request, and then it does not
@@ -303,23 +291,20 @@ fn decided(check: Check, result: Result<Decision, Error>, req: &mut Parts) -> De
                 req.extensions.insert(plan.clone());
             }
             if let Some(charge) = d.charge.filter(|c| counting.holds(c)) {
-                reservation = Some(Reservation::new(shared, selected, subject, charge));
+                *reservation = Some(Reservation::new(shared, selected, subject, charge));
             }
-            req.extensions.insert(d);
-            Some(headers)
+            if let Ok(d) = result {
+                req.extensions.insert(d);
+            }
+            None
         }
         Err(_) if shadow => None,
-        outcome => {
-            let response = shared
+        outcome => Some(
+            shared
                 .options
                 .answer
-                .reject(req, shared.rejection(entry, outcome));
-            return Decided::Reply(response);
-        }
-    };
-    Decided::Admit {
-        headers,
-        reservation,
+                .reject(req, shared.rejection(entry, outcome)),
+        ),
     }
 }
 

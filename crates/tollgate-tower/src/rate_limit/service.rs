@@ -138,12 +138,25 @@ impl Shared {
 
     /// The headers of an admitted (or shadow-denied) response.
     pub(crate) fn admitted_headers(&self, entry: &Entry, decision: &Decision) -> DecisionHeaders {
-        DecisionHeaders::new(
+        let mut headers = DecisionHeaders::default();
+        self.write_admitted_headers(entry, decision, &mut headers);
+        headers
+    }
+
+    /// Writes [`admitted_headers`](Self::admitted_headers) into `headers`
+    /// (empty), in place.
+    pub(crate) fn write_admitted_headers(
+        &self,
+        entry: &Entry,
+        decision: &Decision,
+        headers: &mut DecisionHeaders,
+    ) {
+        headers.write(
             &entry.formatter,
             decision,
             self.options.headers,
             self.options.legacy_headers,
-        )
+        );
     }
 
     /// The rejection for a refused check.
@@ -295,7 +308,7 @@ where
             Ok(Some(subject)) => subject,
             Ok(None) => {
                 let req = Request::from_parts(parts, body);
-                return ResponseFuture::calling(self.inner.call(req), None);
+                return ResponseFuture::calling(self.inner.call(req));
             }
             Err(e) => {
                 let shared = &self.shared;
@@ -303,7 +316,7 @@ where
                 shared.observe_key_error(shared.entry(&selected), &e);
                 if shared.options.shadow {
                     let req = Request::from_parts(parts, body);
-                    return ResponseFuture::calling(self.inner.call(req), None);
+                    return ResponseFuture::calling(self.inner.call(req));
                 }
                 let response = shared.options.answer.reject(&parts, Rejection::key(e));
                 return ResponseFuture::reply(response);
@@ -322,7 +335,7 @@ where
         // Lazy: nothing is checked until the response future is polled (a
         // caller that drops it unpolled has taken nothing).
         let inner = take_readied(&mut self.inner);
-        ResponseFuture::checking(check, inner, Request::from_parts(parts, body))
+        ResponseFuture::checking(check, inner, parts, body)
     }
 }
 
