@@ -12,19 +12,54 @@ use std::sync::Arc;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-// The process's monotonic clock: the time-stamp counter, calibrated against
-// the OS's monotonic clock on first use (the OS's clock where the counter is
-// not invariant). A read costs a fraction of `clock_gettime`, and an
-// in-process check reads it every time.
-use quanta::Instant;
-
 /// Microseconds on this process's monotonic clock (since its first use):
 /// for local deadlines (the breaker, the deny cache), never for decisions.
 /// Never 0, which its users read as "unset".
 pub(crate) fn monotonic_micros() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    let start = *START.get_or_init(Instant::now);
-    Instant::now().duration_since(start).as_micros() as u64 + 1
+    static START: OnceLock<Origin> = OnceLock::new();
+    START.get_or_init(Origin::now).elapsed_micros() + 1
+}
+
+/// A start on this process's monotonic clock: the time-stamp counter
+/// (calibrated against the OS's monotonic clock on first use) where the
+/// kernel keeps its own monotonic clock on it, else the OS's clock. A
+/// counter read costs a fraction of `clock_gettime`, and an in-process
+/// check reads the clock every time.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    Counter(quanta::Instant),
+    Os(std::time::Instant),
+}
+
+impl Origin {
+    fn now() -> Self {
+        if counter_is_trusted() {
+            Origin::Counter(quanta::Instant::now())
+        } else {
+            Origin::Os(std::time::Instant::now())
+        }
+    }
+
+    fn elapsed_micros(self) -> u64 {
+        let elapsed = match self {
+            Origin::Counter(start) => quanta::Instant::now().duration_since(start),
+            Origin::Os(start) => start.elapsed(),
+        };
+        u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
+    }
+}
+
+/// Whether the time-stamp counter may time this process: only where Linux
+/// keeps its own monotonic clock on it (its clock source is `tsc`). The
+/// kernel checks that every CPU's counter agrees before it does; quanta
+/// checks the CPU's flags only, and a core whose counter runs ahead would
+/// expire a lock early or refill a bucket twice.
+fn counter_is_trusted() -> bool {
+    static TRUSTED: OnceLock<bool> = OnceLock::new();
+    *TRUSTED.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .is_ok_and(|source| source.trim() == "tsc")
+    })
 }
 
 /// A source of wall-clock time in whole microseconds since the Unix epoch.
@@ -59,10 +94,12 @@ impl Clock for SystemClock {
 /// lock and permit expiries then agree with the leases' safe deadlines,
 /// which are monotonic, so a wall-clock step never lets a second holder in.
 ///
-/// The monotonic clock is the time-stamp counter where it is invariant
-/// (the OS's clock elsewhere), at a fraction of `clock_gettime`'s cost. It
-/// is calibrated against the OS's clock on its first read in a process: a
-/// spin of a millisecond or so, which building a clock or a limiter does.
+/// The monotonic clock is the time-stamp counter where Linux keeps its own
+/// monotonic clock on it (its clock source is `tsc`: the kernel has checked
+/// that the CPUs' counters agree), at a fraction of `clock_gettime`'s cost;
+/// the OS's monotonic clock elsewhere. The counter is calibrated against
+/// the OS's clock on its first read in a process: a spin of a millisecond
+/// or so, which building a clock or a limiter does.
 ///
 /// ```
 /// use tollgate::{Clock, MonotonicClock};
@@ -73,7 +110,7 @@ impl Clock for SystemClock {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
-    origin: Instant,
+    origin: Origin,
     origin_micros: u64,
 }
 
@@ -82,7 +119,7 @@ impl MonotonicClock {
     /// monotonic clock.
     pub fn new() -> Self {
         MonotonicClock {
-            origin: Instant::now(),
+            origin: Origin::now(),
             origin_micros: SystemClock.now_micros(),
         }
     }
@@ -96,9 +133,8 @@ impl Default for MonotonicClock {
 
 impl Clock for MonotonicClock {
     fn now_micros(&self) -> u64 {
-        let elapsed = Instant::now().duration_since(self.origin).as_micros();
-        let elapsed = u64::try_from(elapsed).unwrap_or(u64::MAX);
-        self.origin_micros.saturating_add(elapsed)
+        self.origin_micros
+            .saturating_add(self.origin.elapsed_micros())
     }
 }
 
@@ -149,27 +185,36 @@ mod tests {
 
     use super::*;
 
-    /// The counter-based clocks move with the OS's monotonic clock: each
-    /// reading is bracketed by two of the OS's, so a pause between reads
-    /// widens the bracket instead of failing the test.
+    /// Both kinds of origin, and the clocks made on them, move with the
+    /// OS's monotonic clock: each reading is bracketed by two of the OS's,
+    /// so a pause between reads widens the bracket instead of failing.
     #[test]
     fn the_monotonic_clocks_keep_the_os_clocks_pace() {
+        let counter = Origin::Counter(quanta::Instant::now());
+        let os = Origin::Os(StdInstant::now());
         let clock = MonotonicClock::new();
         let origin = StdInstant::now();
         let since = |at: StdInstant| at.duration_since(origin).as_micros() as u64;
         let read = || {
             let before = StdInstant::now();
-            let (wall, local) = (clock.now_micros(), monotonic_micros());
-            (since(before), wall, local, since(StdInstant::now()))
+            let readings = [
+                counter.elapsed_micros(),
+                os.elapsed_micros(),
+                clock.now_micros(),
+                monotonic_micros(),
+            ];
+            (since(before), readings, since(StdInstant::now()))
         };
-        let (lo0, wall0, local0, hi0) = read();
+        let (lo0, at0, hi0) = read();
         std::thread::sleep(Duration::from_millis(30));
-        let (lo1, wall1, local1, hi1) = read();
+        let (lo1, at1, hi1) = read();
         // What the OS's clock allows, with room for the counter's
         // calibration error (well under 1 %).
         let (least, most) = (lo1 - hi0, hi1 - lo0);
         let slack = 100 + most / 100;
-        for (name, span) in [("wall", wall1 - wall0), ("local", local1 - local0)] {
+        let names = ["counter", "os", "clock", "local"];
+        for ((name, a), b) in names.iter().zip(at0).zip(at1) {
+            let span = b - a;
             assert!(
                 span + slack >= least && span <= most + slack,
                 "{name}: {span} µs, the OS's clock says {least}..={most} µs"
@@ -178,5 +223,16 @@ mod tests {
         // And the wall clock's origin is the system time's.
         let system = SystemClock.now_micros();
         assert!(clock.now_micros().abs_diff(system) < 1_000_000);
+    }
+
+    /// Where the kernel times itself by the counter, so does this process.
+    #[test]
+    fn the_counter_is_read_where_the_kernel_reads_it() {
+        let source = std::fs::read_to_string(
+            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        );
+        let kernel_reads_it = source.is_ok_and(|s| s.trim() == "tsc");
+        assert_eq!(counter_is_trusted(), kernel_reads_it);
+        assert_eq!(matches!(Origin::now(), Origin::Counter(_)), kernel_reads_it);
     }
 }
