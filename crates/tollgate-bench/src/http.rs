@@ -48,6 +48,9 @@ pub(crate) enum Variant {
     /// The bound: the least work a Redis-backed limiter can add
     /// ([`crate::http_sketch`]).
     Sketch,
+    /// The in-process bound: the least a layer of tollgate's shape adds
+    /// ([`crate::router_sketch`]).
+    RouterSketch,
 }
 
 impl Variant {
@@ -71,6 +74,10 @@ impl Variant {
             }
             Variant::Sketch => {
                 "(bound) the least-work Redis limiter: one fixed key, a batch per call"
+            }
+            Variant::RouterSketch => {
+                "(bound) the least-work layer of tollgate's shape: checked in its future, \
+                 the decision in the extensions, draft-10 headers"
             }
         }
     }
@@ -97,6 +104,7 @@ impl Variant {
             Variant::GovernorHeaders => "governor-headers",
             Variant::TollgateRedisLeased => "tollgate-redis-leased",
             Variant::Sketch => "sketch",
+            Variant::RouterSketch => "router-sketch",
         }
     }
 }
@@ -176,6 +184,7 @@ pub(crate) async fn app(opts: &ServeOpts) -> BenchResult<Router> {
                 crate::http_sketch::limit,
             ))
         }
+        Variant::RouterSketch => router.layer(crate::router_sketch::SketchLayer::new(RATE as u32)),
         Variant::Governor => {
             let config = GovernorConfigBuilder::default()
                 .per_nanosecond(1_000_000_000 / RATE)

@@ -29,6 +29,7 @@ mod micro_sketch;
 mod ops;
 mod peers;
 mod redisinfo;
+mod router_sketch;
 mod settle;
 mod sketch;
 mod soak;

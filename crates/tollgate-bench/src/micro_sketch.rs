@@ -51,6 +51,7 @@ struct Charge {
 }
 
 /// tollgate's `QuotaDecisions`: one quota inline, several in a `Vec`.
+#[derive(Clone)]
 enum QuotaDecisions {
     One(QuotaDecision),
     // Never built here; it sizes the type as tollgate's is sized.
@@ -59,6 +60,7 @@ enum QuotaDecisions {
 }
 
 /// tollgate's `Decision`, field for field.
+#[derive(Clone)]
 pub(crate) struct Decision {
     pub(crate) allowed: bool,
     limit: u64,
@@ -72,6 +74,26 @@ pub(crate) struct Decision {
 }
 
 impl Decision {
+    /// The draft-10 `RateLimit` value of the one quota, named `item` (an
+    /// sf-string): written into one buffer of its length, as tollgate's is.
+    pub(crate) fn ratelimit_value(&self, item: &str) -> http::HeaderValue {
+        let QuotaDecisions::One(q) = &self.quotas else {
+            unreachable!("one quota")
+        };
+        let mut r = itoa::Buffer::new();
+        let r = r.format(q.remaining);
+        let secs = q.next_after.as_secs() + u64::from(q.next_after.subsec_nanos() > 0);
+        let mut t = itoa::Buffer::new();
+        let t = t.format(secs);
+        let mut value = Vec::with_capacity(item.len() + 6 + r.len() + t.len());
+        value.extend_from_slice(item.as_bytes());
+        value.extend_from_slice(b";r=");
+        value.extend_from_slice(r.as_bytes());
+        value.extend_from_slice(b";t=");
+        value.extend_from_slice(t.as_bytes());
+        http::HeaderValue::from_maybe_shared(bytes::Bytes::from(value)).expect("a valid value")
+    }
+
     /// Reads every field, so that none is optimised away.
     pub(crate) fn touch(&self) -> u64 {
         let q = match &self.quotas {
@@ -119,6 +141,23 @@ thread_local! {
 /// call taking the subject by value (as `impl Into<Subject>` does), the
 /// figures of the one quota and the charge.
 pub(crate) async fn check<K, S, C>(
+    limiter: &Sketch<K, S, C>,
+    per_second: u64,
+    subject: &K,
+) -> Option<Decision>
+where
+    K: Hash + Eq + Clone,
+    S: KeyedStateStore<K>,
+    C: Clock,
+{
+    decide(limiter, per_second, subject)
+}
+
+/// What [`check`] answers, without the call: the least a check in a
+/// response future does. Inlined, so that [`check`] builds its answer in
+/// place as it would with this body written out.
+#[inline(always)]
+pub(crate) fn decide<K, S, C>(
     limiter: &Sketch<K, S, C>,
     per_second: u64,
     subject: &K,
