@@ -33,7 +33,7 @@ pub(crate) async fn run(opts: &Opts) -> BenchResult<Section> {
     );
     // governor on the OS's monotonic clock: its default reads the TSC
     // through quanta, which is not monotonic across cores whose counters
-    // are not in step (governor issue #299); tollgate reads the TSC only
+    // are not in step; tollgate reads the TSC only
     // where the kernel times itself by it (and has checked the cores).
     let gov_std = GLimiter::dashmap_with_clock(
         GQuota::per_second(NonZeroU32::new(RATE as u32).expect("non-zero"))

@@ -21,45 +21,61 @@ pub(crate) fn monotonic_micros() -> u64 {
 }
 
 /// A start on this process's monotonic clock: the time-stamp counter
-/// (calibrated against the OS's monotonic clock on first use) where the
-/// kernel keeps its own monotonic clock on it, else the OS's clock. A
-/// counter read costs a fraction of `clock_gettime`, and an in-process
-/// check reads the clock every time.
+/// where the kernel keeps its own monotonic clock on it ([`counter`]),
+/// else the OS's clock. A counter read costs a fraction of
+/// `clock_gettime`, and an in-process check reads the clock every time.
 #[derive(Debug, Clone, Copy)]
 enum Origin {
-    Counter(quanta::Instant),
+    Counter(&'static quanta::Clock, quanta::Instant),
     Os(std::time::Instant),
 }
 
 impl Origin {
     fn now() -> Self {
-        if counter_is_trusted() {
-            Origin::Counter(quanta::Instant::now())
-        } else {
-            Origin::Os(std::time::Instant::now())
+        match counter() {
+            Some(clock) => Origin::Counter(clock, clock.now()),
+            None => Origin::Os(std::time::Instant::now()),
         }
     }
 
     fn elapsed_micros(self) -> u64 {
         let elapsed = match self {
-            Origin::Counter(start) => quanta::Instant::now().duration_since(start),
+            Origin::Counter(clock, start) => clock.now().duration_since(start),
             Origin::Os(start) => start.elapsed(),
         };
         u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
     }
 }
 
-/// Whether the time-stamp counter may time this process: only where Linux
-/// keeps its own monotonic clock on it (its clock source is `tsc`). The
-/// kernel checks that every CPU's counter agrees before it does; quanta
-/// checks the CPU's flags only, and a core whose counter runs ahead would
-/// expire a lock early or refill a bucket twice.
-fn counter_is_trusted() -> bool {
-    static TRUSTED: OnceLock<bool> = OnceLock::new();
-    *TRUSTED.get_or_init(|| {
-        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
-            .is_ok_and(|source| source.trim() == "tsc")
-    })
+/// The time-stamp counter, where this process may read it: only where
+/// Linux keeps its own monotonic clock on it (see [`trusts`]). Made once,
+/// and calibrated then against the OS's monotonic clock (a spin of at
+/// least half a millisecond, at most 200 ms). A clock of its own, not
+/// quanta's global one, which a thread may swap for a mock.
+fn counter() -> Option<&'static quanta::Clock> {
+    static COUNTER: OnceLock<Option<quanta::Clock>> = OnceLock::new();
+    COUNTER
+        .get_or_init(|| {
+            let source = std::fs::read_to_string(
+                "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+            );
+            trusts(source).then(quanta::Clock::new)
+        })
+        .as_ref()
+}
+
+/// Whether Linux's current clock `source` is the time-stamp counter. The
+/// kernel checks that every CPU's counter agrees before it times itself by
+/// them; quanta checks the CPU's flags only, and a core whose counter runs
+/// ahead would expire a lock early or refill a bucket twice.
+fn trusts(source: std::io::Result<String>) -> bool {
+    source.is_ok_and(|source| source.trim() == "tsc")
+}
+
+/// Starts this process's clock: its first read calibrates the counter, so
+/// a store, limiter or locker makes it when built, never on a request.
+pub(crate) fn start() {
+    monotonic_micros();
 }
 
 /// A source of wall-clock time in whole microseconds since the Unix epoch.
@@ -95,11 +111,15 @@ impl Clock for SystemClock {
 /// which are monotonic, so a wall-clock step never lets a second holder in.
 ///
 /// The monotonic clock is the time-stamp counter where Linux keeps its own
-/// monotonic clock on it (its clock source is `tsc`: the kernel has checked
-/// that the CPUs' counters agree), at a fraction of `clock_gettime`'s cost;
-/// the OS's monotonic clock elsewhere. The counter is calibrated against
-/// the OS's clock on its first read in a process: a spin of a millisecond
-/// or so, which building a clock or a limiter does.
+/// monotonic clock on it (its clock source is `tsc`, whose counters the
+/// kernel checked agree across CPUs when it chose them), at a fraction of
+/// `clock_gettime`'s cost; the OS's monotonic clock elsewhere. The counter
+/// is calibrated against the OS's clock on its first read in a process (a
+/// spin of at least half a millisecond, at most 200 ms), which building a
+/// clock, a limiter or a locker does. Its rate may differ from the OS
+/// clock's by that calibration's error and by NTP's slewing of the OS clock
+/// (at most 0.05 %): a lock on a memory store keeps its default drift
+/// allowance (1 % of the TTL and 2 ms), or at least that much.
 ///
 /// ```
 /// use tollgate::{Clock, MonotonicClock};
@@ -190,7 +210,9 @@ mod tests {
     /// so a pause between reads widens the bracket instead of failing.
     #[test]
     fn the_monotonic_clocks_keep_the_os_clocks_pace() {
-        let counter = Origin::Counter(quanta::Instant::now());
+        // The counter's origin even where this process would not read it.
+        let quanta: &'static quanta::Clock = Box::leak(Box::new(quanta::Clock::new()));
+        let counter = Origin::Counter(quanta, quanta.now());
         let os = Origin::Os(StdInstant::now());
         let clock = MonotonicClock::new();
         let origin = StdInstant::now();
@@ -225,14 +247,34 @@ mod tests {
         assert!(clock.now_micros().abs_diff(system) < 1_000_000);
     }
 
-    /// Where the kernel times itself by the counter, so does this process.
+    /// The counter is read only where the kernel's clock source is it.
     #[test]
-    fn the_counter_is_read_where_the_kernel_reads_it() {
-        let source = std::fs::read_to_string(
-            "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+    fn the_counter_is_read_only_where_the_kernel_reads_it() {
+        assert!(trusts(Ok("tsc\n".into())));
+        assert!(trusts(Ok("tsc".into())));
+        for other in ["kvm-clock\n", "hpet\n", "acpi_pm", "", "tsc-early"] {
+            assert!(!trusts(Ok(other.into())), "{other:?}");
+        }
+        assert!(!trusts(Err(std::io::ErrorKind::NotFound.into())));
+        assert_eq!(
+            matches!(Origin::now(), Origin::Counter(..)),
+            counter().is_some()
         );
-        let kernel_reads_it = source.is_ok_and(|s| s.trim() == "tsc");
-        assert_eq!(counter_is_trusted(), kernel_reads_it);
-        assert_eq!(matches!(Origin::now(), Origin::Counter(_)), kernel_reads_it);
+    }
+
+    /// A thread that swaps quanta's global clock for a mock does not move
+    /// this process's.
+    #[test]
+    fn a_mocked_quanta_clock_leaves_ours_alone() {
+        let clock = MonotonicClock::new();
+        let before = clock.now_micros();
+        let (mock, _handle) = quanta::Clock::mock();
+        let inside = quanta::with_clock(&mock, || clock.now_micros());
+        let after = clock.now_micros();
+        assert!(
+            before <= inside && inside <= after,
+            "{before} {inside} {after}"
+        );
+        assert!(after - before < 1_000_000, "{before} {after}");
     }
 }

@@ -21,6 +21,8 @@ pub(crate) struct Breaker {
 
 impl Breaker {
     pub(crate) fn new(threshold: u32, cooldown: Duration) -> Self {
+        // The first read of the clock calibrates it: now, not in a failure.
+        crate::clock::start();
         Breaker {
             threshold,
             cooldown_us: cooldown.as_micros() as u64,

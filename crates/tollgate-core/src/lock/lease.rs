@@ -26,8 +26,8 @@ const LOST: u8 = 2;
 /// trusted.
 ///
 /// While it is held, a watchdog renews it every TTL/3 (unless
-/// [`LockOptions::renew`] is off). Its *safe deadline* is measured on this
-/// process's monotonic clock from before the acquire was sent, minus the
+/// [`LockOptions::renew`] is off). Its *safe deadline* is measured on the
+/// OS's monotonic clock from before the acquire was sent, minus the
 /// drift allowance; each successful renewal moves it. When the deadline
 /// passes without a renewal (Redis down or paused, network cut), or a
 /// renewal finds the lock is no longer ours (deleted, expired, taken), the

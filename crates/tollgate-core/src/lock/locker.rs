@@ -504,7 +504,9 @@ impl<T: Built> LockerBuilder<T> {
     /// a lease's safe deadline: `ratio × ttl + fixed` (default 1 % + 2 ms).
     /// It absorbs clock-rate differences between this process and the
     /// backend and the lateness of timers; the subtraction saturates, and
-    /// TTLs that leave nothing are refused.
+    /// TTLs that leave nothing are refused. A memory store's clock is one
+    /// of those: it may run up to 0.05 % off the OS clock that times the
+    /// lease (see [`MonotonicClock`](crate::MonotonicClock)).
     pub fn drift(mut self, ratio: f64, fixed: Duration) -> Self {
         self.settings.drift_ratio = ratio;
         self.settings.drift_fixed = fixed;

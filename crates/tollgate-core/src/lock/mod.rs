@@ -54,7 +54,7 @@
 //!   to every acquire; tollgate does not send it. A [Redlock](Locker::redlock)
 //!   of independent masters does not depend on replication.
 //! - **Loss is reported before expiry.** A watchdog renews the lease every
-//!   TTL/3. Its safe deadline is measured on this process's monotonic clock
+//!   TTL/3. Its safe deadline is measured on the OS's monotonic clock
 //!   from *before* the acquire was sent, minus a drift allowance (1 % of the
 //!   TTL + 2 ms by default); when no renewal succeeds before it, or a renewal
 //!   finds the lock taken, [`Lease::lost`] resolves and [`Lease::is_held`]

@@ -190,9 +190,8 @@ impl RateLimiterBuilder {
 
     /// Checks the configuration and builds the limiter.
     pub fn build(self) -> Result<RateLimiter> {
-        // The process's clock is calibrated on its first read (a spin of a
-        // millisecond or so): here, never in a check.
-        crate::clock::monotonic_micros();
+        // The first read of the clock calibrates it: here, never in a check.
+        crate::clock::start();
         if self.quotas.is_empty() {
             return Err(Error::InvalidConfig(
                 "a limiter needs at least one quota".into(),
