@@ -59,6 +59,33 @@ impl RedisCluster {
             .unwrap_or_else(|| panic!("tollgate-testkit: no running master serves slot {slot}"))
     }
 
+    /// Waits until every running replica of `master` has everything the
+    /// master had written when called (its `slave_repl_offset` reaches the
+    /// master's `master_repl_offset`), so a failover right after loses
+    /// none of it. Fails with [`TestkitError::Startup`] after 30 s.
+    pub fn wait_replicated(&self, master: usize) -> Result<()> {
+        let offset = |node: usize, field: &str| {
+            resp::command(self.nodes[node].port(), &["INFO", "replication"], PROBE)
+                .ok()
+                .and_then(|info| resp::info_field(&info, field)?.parse::<u64>().ok())
+        };
+        let written = offset(master, "master_repl_offset").ok_or_else(|| {
+            TestkitError::Startup(format!("node {master}: no master_repl_offset"))
+        })?;
+        let deadline = Instant::now() + FAILOVER_TIMEOUT;
+        for replica in self.replicas_of(master) {
+            while offset(replica, "slave_repl_offset").is_none_or(|o| o < written) {
+                if Instant::now() >= deadline {
+                    return Err(TestkitError::Startup(format!(
+                        "replica {replica} short of offset {written} after {FAILOVER_TIMEOUT:?}"
+                    )));
+                }
+                sleep(POLL);
+            }
+        }
+        Ok(())
+    }
+
     /// SIGKILLs master `master` and waits until one of its replicas has been
     /// promoted and every running node reports `cluster_state:ok`; returns
     /// the promoted node's index. If Redis's election has not promoted one
