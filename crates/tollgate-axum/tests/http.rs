@@ -7,6 +7,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -232,7 +233,7 @@ async fn memory_concurrent_requests_are_serialized() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_busy_is_409() {
-    busy_is_409(Watched::new(MemoryBackend::new())).await;
+    busy_is_409(Watched::new(Arc::new(MemoryBackend::new()))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,7 +258,7 @@ async fn memory_misconfiguration_is_500() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_disconnect_while_waiting_takes_nothing() {
-    disconnect_while_waiting_takes_nothing(Watched::new(MemoryBackend::new())).await;
+    disconnect_while_waiting_takes_nothing(Watched::new(Arc::new(MemoryBackend::new()))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,9 +281,9 @@ async fn redis_concurrent_requests_are_serialized() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_busy_is_409() {
     let server = RedisServer::start().unwrap();
-    busy_is_409(Watched::new(
+    busy_is_409(Watched::new(Arc::new(
         RedisBackend::connect(&server.url()).await.unwrap(),
-    ))
+    )))
     .await;
 }
 
@@ -313,9 +314,9 @@ async fn redis_misconfiguration_is_500() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_disconnect_while_waiting_takes_nothing() {
     let server = RedisServer::start().unwrap();
-    disconnect_while_waiting_takes_nothing(Watched::new(
+    disconnect_while_waiting_takes_nothing(Watched::new(Arc::new(
         RedisBackend::connect(&server.url()).await.unwrap(),
-    ))
+    )))
     .await;
 }
 
@@ -331,7 +332,7 @@ async fn cluster_locks_serialize_and_release() {
     let backend = RedisBackend::connect_cluster(cluster.seeds())
         .await
         .unwrap();
-    let watched = Watched::new(backend);
+    let watched = Watched::new(Arc::new(backend));
     let locker = Locker::new(watched.clone());
     concurrent_requests_are_serialized(locker.clone()).await;
     busy_is_409(watched).await;

@@ -12,14 +12,9 @@ use std::time::Duration;
 use axum::extract::{FromRef, Path, State};
 use axum::routing::{get, post};
 use axum::Router;
-use futures::future::{BoxFuture, FutureExt};
 use http::request::Parts;
 use tollgate_axum::{HeldLock, LockResource, RateLimitPolicy, RateLimitStatus, RateLimited};
-use tollgate_core::lock::{AcquireReply, AcquireRequest, LockKeys, ReleaseEvents};
-use tollgate_core::{
-    Algorithm, FencingToken, LockBackend, LockOptions, Locker, MemoryBackend, Quota, RateLimiter,
-    Subject,
-};
+use tollgate_core::{Algorithm, LockOptions, Locker, MemoryBackend, Quota, RateLimiter, Subject};
 use tollgate_testkit::http::Reply;
 use tollgate_tower::key::{KeyError, PathParam};
 use tollgate_tower::RateLimitLayer;
@@ -281,94 +276,10 @@ pub(crate) fn memory_limiter() -> RateLimiter {
     RateLimiter::token_bucket(MemoryBackend::new(), Quota::per_minute(2)).unwrap()
 }
 
-/// A lock backend that forwards to another and counts the acquires it
-/// answered "held": a test waits for a waiter's refused attempt (it then
-/// waits for the lock) instead of sleeping and hoping it got that far.
-#[derive(Debug, Clone)]
-pub(crate) struct Watched {
-    inner: Arc<dyn LockBackend>,
-    refused: Arc<tokio::sync::watch::Sender<u64>>,
-}
-
-impl Watched {
-    pub(crate) fn new(inner: impl LockBackend) -> Self {
-        Watched {
-            inner: Arc::new(inner),
-            refused: Arc::new(tokio::sync::watch::channel(0).0),
-        }
-    }
-
-    /// Waits (up to 10 s) until at least `n` acquires were refused.
-    pub(crate) async fn refused(&self, n: u64) {
-        let mut rx = self.refused.subscribe();
-        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|&c| c >= n))
-            .await
-            .unwrap_or_else(|_| panic!("{} acquires refused, not {n}", self.refusals()))
-            .unwrap();
-    }
-
-    pub(crate) fn refusals(&self) -> u64 {
-        *self.refused.borrow()
-    }
-}
-
-impl LockBackend for Watched {
-    fn acquire_lock<'a>(
-        &'a self,
-        request: &'a AcquireRequest,
-    ) -> BoxFuture<'a, tollgate_core::Result<AcquireReply>> {
-        async move {
-            let reply = self.inner.acquire_lock(request).await;
-            if let Ok(AcquireReply::Held { .. }) = reply {
-                self.refused.send_modify(|c| *c += 1);
-            }
-            reply
-        }
-        .boxed()
-    }
-
-    fn release_lock<'a>(
-        &'a self,
-        keys: &'a LockKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
-        self.inner.release_lock(keys, token)
-    }
-
-    fn extend_lock<'a>(
-        &'a self,
-        keys: &'a LockKeys,
-        token: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
-        self.inner.extend_lock(keys, token, ttl)
-    }
-
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a LockKeys,
-        token: &'a str,
-        fence: FencingToken,
-        fence_ttl: Duration,
-    ) -> BoxFuture<'a, tollgate_core::Result<bool>> {
-        self.inner.raise_fence(keys, token, fence, fence_ttl)
-    }
-
-    fn release_events(
-        &self,
-        channel_prefix: &str,
-    ) -> Option<BoxFuture<'static, tollgate_core::Result<ReleaseEvents>>> {
-        self.inner.release_events(channel_prefix)
-    }
-
-    fn local_lock(&self) -> std::sync::Arc<dyn LockBackend> {
-        self.inner.local_lock()
-    }
-
-    fn lock_kind(&self) -> &'static str {
-        self.inner.lock_kind()
-    }
-}
+#[path = "../../../tollgate-core/tests/lock_common/watched.rs"]
+mod watched;
+#[allow(unused_imports)]
+pub(crate) use watched::Watched;
 
 pub(crate) fn memory_locker() -> Locker {
     Locker::new(MemoryBackend::new())

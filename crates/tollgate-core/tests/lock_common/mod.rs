@@ -3,7 +3,8 @@
 //! [`behaviour_suite!`]. Real Redis only (the test kit's processes).
 //!
 //! Here: the fixtures and [`Acquirer`]; the scenarios live in [`contention`],
-//! [`waiting`] and [`lifecycle`], the forwarding backends in [`backends`].
+//! [`waiting`] and [`lifecycle`], the forwarding backends in [`backends`]
+//! and [`watched`].
 #![allow(dead_code, async_fn_in_trait)]
 
 pub(crate) mod backends;
@@ -11,18 +12,21 @@ pub(crate) mod contention;
 pub(crate) mod lifecycle;
 pub(crate) mod replay;
 pub(crate) mod waiting;
+pub(crate) mod watched;
 
 // Re-exported so the binaries and [`behaviour_suite!`] keep calling
 // `lock_common::…`; each binary uses a subset (hence the allows, as for
 // `dead_code` above).
 #[allow(unused_imports)]
-pub(crate) use backends::{memory_queue_len, Delayed, Watched};
+pub(crate) use backends::{memory_queue_len, Delayed};
 #[allow(unused_imports)]
 pub(crate) use contention::*;
 #[allow(unused_imports)]
 pub(crate) use lifecycle::*;
 #[allow(unused_imports)]
 pub(crate) use waiting::*;
+#[allow(unused_imports)]
+pub(crate) use watched::Watched;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

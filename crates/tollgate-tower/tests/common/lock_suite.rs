@@ -20,7 +20,7 @@ use tollgate_tower::lock::HoldUntil;
 use tollgate_tower::LockLayer;
 use tower::ServiceExt;
 
-use super::{problem_detail, send, Reply};
+use super::{problem_detail, send, Reply, Watched};
 
 /// Far above anything these tests wait for, far below a hang.
 pub const BOUND: Duration = Duration::from_secs(15);
@@ -28,9 +28,11 @@ pub const BOUND: Duration = Duration::from_secs(15);
 /// Deletes the lock at a key, as an operator (or a failover) would.
 pub type BreakLock = Box<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
 
-/// A locker and a way to delete a lock's key behind its holder's back.
+/// A locker, the count of its refused acquires, and a way to delete a
+/// lock's key behind its holder's back.
 pub struct LockEnv {
     pub locker: Locker,
+    pub watched: Watched,
     pub break_lock: BreakLock,
 }
 
@@ -224,10 +226,11 @@ pub async fn one_runs_the_other_gets_409(env: LockEnv) {
 
 /// With a wait bound, the second request waits for the first and then runs.
 pub async fn waits_when_configured(env: LockEnv) {
-    // B is sent once A holds the lock, and the gate opens only after B has
-    // reached the lock layer (its acquire runs in the same poll): B can then
-    // only succeed by waiting. The control, without a wait, is refused.
+    // B is sent once A holds the lock, and the gate opens only after B's
+    // acquire was refused: B can then only succeed by waiting. The control,
+    // without a wait, is refused.
     for wait in [true, false] {
+        let refused = env.watched.refusals();
         let mut p = ProbeRx::new();
         let options = if wait {
             LockOptions::new().wait(BOUND)
@@ -252,7 +255,7 @@ pub async fn waits_when_configured(env: LockEnv) {
         let b = spawn_send(&app, req("/work", &r, "b", false));
         assert_eq!(arrived.recv().await.as_deref(), Some("b"));
         let b = if wait {
-            tokio::task::yield_now().await;
+            env.watched.refused(refused + 1).await;
             assert!(!b.is_finished(), "B waits while A holds the lock");
             Some(b)
         } else {

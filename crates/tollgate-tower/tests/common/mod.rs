@@ -25,6 +25,10 @@ pub mod grpc;
 pub mod idempotency;
 pub mod lock_suite;
 pub mod suite;
+#[path = "../../../tollgate-core/tests/lock_common/watched.rs"]
+mod watched;
+
+pub(crate) use watched::Watched;
 
 use std::sync::{Arc, OnceLock};
 
@@ -88,9 +92,10 @@ pub async fn cluster() -> Arc<dyn RateBackend> {
 
 pub async fn lock_memory() -> lock_suite::LockEnv {
     let backend = MemoryBackend::new();
-    let locker = Locker::new(backend.clone());
+    let watched = Watched::new(Arc::new(backend.clone()));
     lock_suite::LockEnv {
-        locker,
+        locker: Locker::new(watched.clone()),
+        watched,
         break_lock: Box::new(move |key| {
             assert!(backend.break_lock(&key), "no lock at {key}");
             async {}.boxed()
@@ -119,24 +124,28 @@ where
 
 pub async fn lock_redis() -> lock_suite::LockEnv {
     let server = shared_redis();
-    let locker = Locker::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let watched = Watched::new(Arc::new(
+        RedisBackend::connect(&server.url()).await.unwrap(),
+    ));
     let conn = server.connection_manager().await;
     lock_suite::LockEnv {
-        locker,
+        locker: Locker::new(watched.clone()),
+        watched,
         break_lock: break_by_del(conn),
     }
 }
 
 pub async fn lock_cluster() -> lock_suite::LockEnv {
     let cluster = shared_cluster();
-    let locker = Locker::new(
+    let watched = Watched::new(Arc::new(
         RedisBackend::connect_cluster(cluster.seeds())
             .await
             .unwrap(),
-    );
+    ));
     let conn = cluster.connection().await;
     lock_suite::LockEnv {
-        locker,
+        locker: Locker::new(watched.clone()),
+        watched,
         break_lock: break_by_del(conn),
     }
 }
