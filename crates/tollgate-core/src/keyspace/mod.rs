@@ -117,13 +117,6 @@ impl Keyspace {
         key
     }
 
-    /// [`key_of`](Self::key_of) appended to `key`: a caller that keeps a
-    /// buffer builds a key per check without an allocation (issue #15).
-    pub(crate) fn write_key_of(&self, kind: &str, subject: &Subject, key: &mut String) {
-        debug_assert!(!kind.contains([':', '{', '}']), "{kind}");
-        self.write(Some(kind), subject, None, key);
-    }
-
     /// What every key of `kind` starts with, up to its subject:
     /// `<prefix>:<policy>:<kind>:{`. Made once, it writes a key per check
     /// in one copy ([`write_key_after`](Self::write_key_after)).
@@ -134,7 +127,8 @@ impl Keyspace {
     }
 
     /// The key of `subject` after `head` (from [`head_of`](Self::head_of)),
-    /// appended to `key`: what [`write_key_of`](Self::write_key_of) writes.
+    /// appended to `key`: [`key_of`](Self::key_of) without a suffix, written
+    /// into a buffer the caller keeps (no allocation per check).
     pub(crate) fn write_key_after(head: &str, subject: &Subject, key: &mut String) {
         key.reserve(head.len() + subject.as_encoded().len() + 1);
         key.push_str(head);
@@ -220,6 +214,21 @@ mod tests {
         let t = hash_tag(key);
         assert_ne!(t, key, "{key} has a hash tag");
         t
+    }
+
+    /// A key written after its head is the key `key_of` builds.
+    #[test]
+    fn a_key_after_its_head_is_the_key() {
+        let ks = Keyspace::new("p", "q").unwrap();
+        for raw in ["u1", "{evil}", "a:{b}", ""] {
+            let subject = Subject::new(raw);
+            for kind in ["gcra", "block"] {
+                let mut key = String::from("left over");
+                key.clear();
+                Keyspace::write_key_after(&ks.head_of(kind), &subject, &mut key);
+                assert_eq!(key, ks.key_of(kind, &subject, None));
+            }
+        }
     }
 
     #[test]

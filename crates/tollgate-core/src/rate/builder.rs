@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::deny_cache::DenyCache;
 use super::lease::{Leases, QuotaLeases};
-use super::limiter::{Inner, Operated, RateLimiter, DEFAULT_TIMEOUT};
+use super::limiter::{Inner, Operated, RateLimiter, BLOCK_KIND, DEFAULT_TIMEOUT};
 use super::refund::unclaimed;
 use super::{Algorithm, Quota, MAX_LOG_LIMIT};
 use crate::clock::Clock;
@@ -268,6 +268,7 @@ impl RateLimiterBuilder {
         let operated = self.backend.admin().map(|store| Operated {
             store,
             tally: Arc::default(),
+            block_head: keyspace.head_of(BLOCK_KIND),
         });
         let leases = match self.leases {
             // A backend without leases checks every subject as usual.

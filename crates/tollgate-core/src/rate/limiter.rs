@@ -53,6 +53,9 @@ pub(super) const BLOCK_KIND: &str = "block";
 pub(super) struct Operated {
     pub(super) store: Arc<dyn AdminBackend>,
     pub(super) tally: Arc<Tally>,
+    /// `<prefix>:<name>:block:{`: a subject's block key is this, the
+    /// subject and `}`.
+    pub(super) block_head: String,
 }
 
 pub(super) struct Inner {
@@ -555,7 +558,7 @@ fn add_block_key(inner: &Inner, subject: &Subject, keys: &mut [String]) {
     key.clear();
     // An in-process store that holds no block reads none: left empty.
     if op.store.may_block() {
-        inner.keyspace.write_key_of(BLOCK_KIND, subject, key);
+        Keyspace::write_key_after(&op.block_head, subject, key);
     }
 }
 

@@ -536,13 +536,21 @@ async fn poll_once(
 /// marker exists, not one block key each (`lua/rate_block_set.lua`,
 /// `lua/rate_lean.lua`).
 pub(crate) fn block_index(block_key: &str) -> Option<[String; 2]> {
-    block_family(block_key).map(|family| [format!("{family}:any"), format!("{family}:index")])
+    block_family(block_key).map(|family| [[family, ":any"].concat(), [family, ":index"].concat()])
 }
 
 /// What comes before a block key's tag (its only brace): one limiter's
 /// blocks share it.
 pub(crate) fn block_family(block_key: &str) -> Option<&str> {
-    block_key.find(":{").map(|at| &block_key[..at])
+    // A byte scan: `str::find` sets up a two-way search per key.
+    let at = block_key.as_bytes().windows(2).position(|w| w == b":{")?;
+    Some(&block_key[..at])
+}
+
+/// Whether `block_key`'s family ([`block_family`]) is `family`.
+pub(crate) fn in_block_family(block_key: &str, family: &str) -> bool {
+    block_key.as_bytes().get(family.len()..family.len() + 2) == Some(b":{")
+        && block_key.starts_with(family)
 }
 
 /// Whether `e` is a server's refusal of one call's keys in several slots.

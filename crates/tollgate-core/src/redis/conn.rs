@@ -3,6 +3,7 @@
 //! sent on it.
 
 use std::any::Any;
+use std::cell::RefCell;
 
 use futures_util::FutureExt;
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -205,19 +206,66 @@ impl Conn {
         fill: impl Fn(&mut Cmd),
     ) -> redis::RedisResult<Value> {
         let mut conn = self.clone();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.sha.as_str());
+        let mut cmd = spare_command();
+        cmd.arg("EVALSHA").arg(script.sha.as_str());
         fill(&mut cmd);
-        match cmd.query_async::<Value>(&mut conn).await {
+        let reply = match cmd.query_async::<Value>(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script.body);
+                cmd.clear();
+                cmd.arg("EVAL").arg(script.body);
                 fill(&mut cmd);
                 cmd.query_async::<Value>(&mut conn).await
             }
             other => other,
-        }
+        };
+        give_back_command(cmd);
+        reply
     }
+}
+
+/// The most arguments, and bytes of them, a command kept for the next call
+/// may have held: a thread keeps no more than an ordinary batch's buffers,
+/// never those of a stored response body.
+const SPARE_COMMAND_ARGS: usize = 1024;
+const SPARE_COMMAND_BYTES: usize = 64 * 1024;
+
+thread_local! {
+    /// This thread's spare command: a script call writes its arguments
+    /// into the buffers an earlier call grew, so a batch's dozens of
+    /// arguments cost no reallocation as they are added.
+    static COMMAND: RefCell<Option<Cmd>> = const { RefCell::new(None) };
+}
+
+/// This thread's spare command (empty), or a new one.
+fn spare_command() -> Cmd {
+    COMMAND
+        .try_with(|c| c.try_borrow_mut().ok()?.take())
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Keeps `cmd`'s buffers for the thread's next call, unless it has a
+/// spare already or `cmd` was an outsized one.
+fn give_back_command(mut cmd: Cmd) {
+    if !worth_keeping(&cmd) {
+        return;
+    }
+    cmd.clear();
+    let _ = COMMAND.try_with(|c| {
+        if let Ok(mut spare) = c.try_borrow_mut() {
+            spare.get_or_insert(cmd);
+        }
+    });
+}
+
+fn worth_keeping(cmd: &Cmd) -> bool {
+    let args = cmd.args_iter();
+    let bytes = |arg| match arg {
+        redis::Arg::Simple(bytes) => <[u8]>::len(bytes),
+        _ => 0,
+    };
+    args.len() <= SPARE_COMMAND_ARGS && args.map(bytes).sum::<usize>() <= SPARE_COMMAND_BYTES
 }
 
 #[cfg(test)]
@@ -228,5 +276,25 @@ mod tests {
     fn downcast_takes_only_its_own_type() {
         assert_eq!(downcast::<u32, u32>(7), Ok(7));
         assert_eq!(downcast::<u32, u64>(7), Err(7));
+    }
+
+    #[test]
+    fn a_spare_command_comes_back_empty_and_an_outsized_one_is_not_kept() {
+        let mut cmd = spare_command();
+        cmd.arg("EVALSHA").arg("abc").arg(7);
+        give_back_command(cmd);
+        assert_eq!(spare_command().args_iter().len(), 0, "a spare starts empty");
+
+        let mut batch = Cmd::new();
+        batch.arg("EVALSHA").arg([7u8; 64].as_slice());
+        assert!(worth_keeping(&batch));
+        let mut body = Cmd::new();
+        body.arg(vec![0u8; SPARE_COMMAND_BYTES + 1]);
+        assert!(!worth_keeping(&body), "a body's buffer is not kept");
+        let mut many = Cmd::new();
+        for i in 0..=SPARE_COMMAND_ARGS {
+            many.arg(i);
+        }
+        assert!(!worth_keeping(&many));
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use super::admin::{block_family, block_index};
+use super::admin::{block_family, block_index, in_block_family};
 use crate::error::{Error, Result};
 use crate::keyspace::quick_hash;
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
@@ -105,7 +105,7 @@ impl LeanGroup {
         // index), not each one's block key.
         let index = match requests {
             [first, rest @ ..] if indexed && !one && self.keys == 2 => block_family(&first.keys[1])
-                .filter(|f| rest.iter().all(|r| block_family(&r.keys[1]) == Some(*f)))
+                .filter(|f| rest.iter().all(|r| in_block_family(&r.keys[1], f)))
                 .and_then(|_| block_index(&first.keys[1])),
             _ => None,
         };
@@ -297,15 +297,14 @@ fn unit_after(room: f64, iv: f64) -> f64 {
 /// `values` as 'v1,v2,…', written in place (a deadline per check: no
 /// string of its own each).
 fn joined(values: impl ExactSizeIterator<Item = u64>) -> String {
-    use std::fmt::Write;
-
     // A µs instant has 16 digits.
     let mut s = String::with_capacity(values.len() * 17);
+    let mut digits = itoa::Buffer::new();
     for v in values {
         if !s.is_empty() {
             s.push(',');
         }
-        let _ = write!(s, "{v}");
+        s.push_str(digits.format(v));
     }
     s
 }
@@ -329,6 +328,28 @@ mod tests {
             unclaimed: None,
         };
         (LeanGroup::of(&r).expect("lean"), r)
+    }
+
+    /// A key is in a family exactly when that is its family.
+    #[test]
+    fn a_key_is_in_its_block_family_only() {
+        let keys = [
+            "p:n:block:{u1}",
+            "p:n:block:{a:{b}",
+            "p:n:blocks:{u}",
+            "p:n:block",
+            "p:n:block:",
+            ":{x}",
+            "p::{u}",
+            "p:n:block:{",
+        ];
+        for k in keys {
+            for f in ["p:n:block", "p:n:blocks", "", "p:", "p", "p:n"] {
+                assert_eq!(in_block_family(k, f), block_family(k) == Some(f), "{k} {f}");
+            }
+        }
+        assert_eq!(block_family("p:n:block:{u:{v}}"), Some("p:n:block"));
+        assert_eq!(block_family("p:n:block"), None);
     }
 
     #[test]
