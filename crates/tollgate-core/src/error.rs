@@ -1,6 +1,9 @@
 //! The one error type of tollgate-core.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Everything that can go wrong in a check, an acquire or a construction.
@@ -208,15 +211,47 @@ pub(crate) fn redis_error(e: redis::RedisError) -> Error {
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// `call`'s result, or [`Error::Timeout`] once `bound` has passed: how every
-/// call to a store is bounded by its caller's own timeout.
-pub(crate) async fn within<T>(
-    bound: Duration,
-    call: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
-    tokio::time::timeout(bound, call)
-        .await
-        .unwrap_or(Err(Error::Timeout(bound)))
+/// `call`'s result, or [`Error::Timeout`] once `bound` has passed since it
+/// was first found pending: how every call to a store is bounded by its
+/// caller's own timeout. A call answered on its first poll (an in-process
+/// store) starts no timer, so it needs none of the runtime.
+pub(crate) fn within<F: Future>(bound: Duration, call: F) -> Within<F> {
+    Within {
+        call,
+        timer: None,
+        bound,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`within`]: its timer is made when the call is first
+    /// found pending, so the call is polled once per wake-up, not once more
+    /// to start the timer.
+    pub(crate) struct Within<F> {
+        #[pin]
+        call: F,
+        #[pin]
+        timer: Option<tokio::time::Sleep>,
+        bound: Duration,
+    }
+}
+
+impl<F: Future<Output = Result<T>>, T> Future for Within<F> {
+    type Output = Result<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<T>> {
+        let mut this = self.project();
+        if let Poll::Ready(reply) = this.call.poll(cx) {
+            return Poll::Ready(reply);
+        }
+        if this.timer.is_none() {
+            this.timer.set(Some(tokio::time::sleep(*this.bound)));
+        }
+        match this.timer.as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Err(Error::Timeout(*this.bound))),
+            _ => Poll::Pending,
+        }
+    }
 }
 
 #[cfg(test)]

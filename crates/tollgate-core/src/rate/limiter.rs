@@ -211,13 +211,7 @@ impl RateLimiter {
                 tracing::Span::none()
             };
             let call = lease::check(&prepared.lease, &*inner.backend, &prepared.request);
-            let mut call = tracing::Instrument::instrument(call, span);
-            // A backend that answers on the first poll needs no timer (and
-            // then none is required of the runtime).
-            match futures_util::poll!(&mut call) {
-                std::task::Poll::Ready(r) => r,
-                std::task::Poll::Pending => within(inner.timeout, call).await,
-            }
+            within(inner.timeout, tracing::Instrument::instrument(call, span)).await
         };
         let mut decision = self.conclude(subject, prepared.sent, &prepared.request, outcome);
         // The store is done with them: the keys go to this thread's spares.
