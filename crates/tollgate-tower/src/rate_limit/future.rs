@@ -279,9 +279,9 @@ fn decided(
     let shadow = shared.options.shadow;
     match result {
         // Read in place, then moved once, into the extensions.
-        Ok(ref d) if d.allowed || shadow => {
+        Ok(d) if d.allowed || shadow => {
             let written = headers.insert(DecisionHeaders::default());
-            shared.write_admitted_headers(entry, d, written);
+            shared.write_admitted_headers(entry, &d, written);
             let counting = &shared.options.counting;
             // Held by every admission that charged: a rate limit inside
             // this layer may refuse the request, and then it does not
@@ -293,9 +293,7 @@ fn decided(
             if let Some(charge) = d.charge.filter(|c| counting.holds(c)) {
                 *reservation = Some(Reservation::new(shared, selected, subject, charge));
             }
-            if let Ok(d) = result {
-                req.extensions.insert(d);
-            }
+            req.extensions.insert(d);
             None
         }
         Err(_) if shadow => None,
