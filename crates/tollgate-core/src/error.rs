@@ -6,6 +6,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::task::coop::{unconstrained, Unconstrained};
+use tokio::time::{sleep, Sleep};
+
 /// Everything that can go wrong in a check, an acquire or a construction.
 ///
 /// Configuration mistakes ([`Error::InvalidQuota`], [`Error::InvalidConfig`],
@@ -226,12 +229,14 @@ pub(crate) fn within<F: Future>(bound: Duration, call: F) -> Within<F> {
 pin_project_lite::pin_project! {
     /// The future of [`within`]: its timer is made when the call is first
     /// found pending, so the call is polled once per wake-up, not once more
-    /// to start the timer.
+    /// to start the timer. The timer is polled outside the task's budget
+    /// (as tokio's `Timeout` does), so a call that spends it on every poll
+    /// cannot hold its own timeout off.
     pub(crate) struct Within<F> {
         #[pin]
         call: F,
         #[pin]
-        timer: Option<tokio::time::Sleep>,
+        timer: Option<Unconstrained<Sleep>>,
         bound: Duration,
     }
 }
@@ -245,7 +250,7 @@ impl<F: Future<Output = Result<T>>, T> Future for Within<F> {
             return Poll::Ready(reply);
         }
         if this.timer.is_none() {
-            this.timer.set(Some(tokio::time::sleep(*this.bound)));
+            this.timer.set(Some(unconstrained(sleep(*this.bound))));
         }
         match this.timer.as_pin_mut().map(|t| t.poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Err(Error::Timeout(*this.bound))),
@@ -257,6 +262,22 @@ impl<F: Future<Output = Result<T>>, T> Future for Within<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call that spends the task's whole budget on every poll, and never
+    /// ends, is still cut off at its bound.
+    #[tokio::test]
+    async fn a_call_that_spends_the_budget_still_times_out() {
+        let spinning = async {
+            loop {
+                tokio::task::coop::consume_budget().await;
+            }
+        };
+        let bound = Duration::from_millis(20);
+        let outcome = tokio::time::timeout(Duration::from_secs(10), within::<_>(bound, spinning))
+            .await
+            .expect("within's own timer fired");
+        assert!(matches!(outcome, Err::<(), _>(Error::Timeout(b)) if b == bound));
+    }
 
     #[test]
     fn redis_errors_are_classified_before_they_become_opaque() {
