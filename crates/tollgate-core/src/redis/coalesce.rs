@@ -50,10 +50,13 @@ pub(crate) trait Sender: Clone + Send + Sync + 'static {
     fn one<'a>(&'a self, request: &'a RateRequest) -> BoxFuture<'a, Result<RateReply>>;
 
     /// Many checks in one call, in order, each with its own answer; the
-    /// outer error is the call's own, shared by all.
+    /// outer error is the call's own, shared by all. `group`: the lean
+    /// batch every one of them joins ([`lean_group`](Self::lean_group)),
+    /// or `None`.
     fn batch<'a>(
         &'a self,
         requests: &'a [RateRequest],
+        group: Option<LeanGroup>,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>>;
 
     /// The lean batch a check can join (checks of one group go in one lean

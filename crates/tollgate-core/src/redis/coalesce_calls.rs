@@ -69,13 +69,13 @@ async fn decide_together<S: Sender>(
 ) -> Vec<Result<RateReply>> {
     let parts = parts(&coalescer.sender, requests);
     if let [(group, _)] = &parts[..] {
-        return decide_part(coalescer, requests, group.is_some()).await;
+        return decide_part(coalescer, requests, *group).await;
     }
-    let lean: Vec<bool> = parts.iter().map(|(g, _)| g.is_some()).collect();
+    let groups: Vec<Option<LeanGroup>> = parts.iter().map(|(g, _)| *g).collect();
     let members: Vec<Vec<usize>> = parts.into_iter().map(|(_, m)| m).collect();
-    let lean = &lean;
+    let groups = &groups;
     scatter(requests, &members, |p, part| async move {
-        decide_part(coalescer, &part, lean[p]).await
+        decide_part(coalescer, &part, groups[p]).await
     })
     .await
 }
@@ -87,9 +87,9 @@ async fn decide_together<S: Sender>(
 async fn decide_part<S: Sender>(
     coalescer: &Coalescer<S>,
     requests: &[RateRequest],
-    lean: bool,
+    group: Option<LeanGroup>,
 ) -> Vec<Result<RateReply>> {
-    match decide_part_once(coalescer, requests, lean).await {
+    match decide_part_once(coalescer, requests, group).await {
         Ok(answers) => answers,
         Err(e)
             if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot)
@@ -97,10 +97,10 @@ async fn decide_part<S: Sender>(
         {
             tracing::info!("a call of several hash tags was refused (CROSSSLOT): coalesced checks go one call per tag from now on");
             coalescer.shared.split.store(true, Ordering::Relaxed);
-            scatter(requests, &by_tag(requests), |_, group| async move {
-                decide_part_once(coalescer, &group, lean)
+            scatter(requests, &by_tag(requests), |_, part| async move {
+                decide_part_once(coalescer, &part, group)
                     .await
-                    .unwrap_or_else(|e| group.iter().map(|_| Err(redis_error(e.clone()))).collect())
+                    .unwrap_or_else(|e| part.iter().map(|_| Err(redis_error(e.clone()))).collect())
             })
             .await
         }
@@ -116,10 +116,10 @@ async fn decide_part<S: Sender>(
 async fn decide_part_once<S: Sender>(
     coalescer: &Coalescer<S>,
     requests: &[RateRequest],
-    lean: bool,
+    group: Option<LeanGroup>,
 ) -> redis::RedisResult<Vec<Result<RateReply>>> {
     let sender = &coalescer.sender;
-    let threshold = if lean {
+    let threshold = if group.is_some() {
         LEAN_BATCH
     } else {
         coalescer.shared.config.script_threshold()
@@ -127,7 +127,7 @@ async fn decide_part_once<S: Sender>(
     if requests.len() < threshold {
         return Ok(join_all(requests.iter().map(|r| sender.one(r))).await);
     }
-    sender.batch(requests).await
+    sender.batch(requests, group).await
 }
 
 /// One call per hash tag (each in arrival order), sent together.

@@ -61,8 +61,13 @@ impl Sender for Fake {
     fn batch<'a>(
         &'a self,
         rs: &'a [RateRequest],
+        group: Option<LeanGroup>,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>> {
         Box::pin(async move {
+            assert!(
+                rs.iter().all(|r| self.lean_group(r) == group),
+                "a batch's group is every check's"
+            );
             if self.cross_slot && !one_tag(rs) {
                 return Err(redis::RedisError::from((
                     redis::ErrorKind::Server(redis::ServerErrorKind::CrossSlot),

@@ -76,16 +76,15 @@ impl RateCalls {
     /// [`RedisBackend::check_rate_batch`] with redis-rs's error: checks of
     /// one limiter in one call of its lean script, any others in one call
     /// of the batch script.
+    /// `group`: the lean batch every check joins, if any.
     async fn check_batch(
         &self,
         requests: &[RateRequest],
+        group: Option<LeanGroup>,
     ) -> redis::RedisResult<Vec<Result<RateReply>>> {
         let deadlines: Vec<Option<u64>> = requests.iter().map(|r| self.deadline(r)).collect();
-        let group = requests.first().and_then(LeanGroup::of);
         if let (Some(group), Some(script)) = (group, scripts::lean(requests[0].algorithm)) {
-            if requests.len() <= MAX_CHECKS
-                && requests.iter().all(|r| LeanGroup::of(r) == Some(group))
-            {
+            if requests.len() <= MAX_CHECKS {
                 let value = self
                     .conn
                     .invoke_raw(script, |cmd| {
@@ -175,8 +174,9 @@ impl Sender for RateCalls {
     fn batch<'a>(
         &'a self,
         requests: &'a [RateRequest],
+        group: Option<LeanGroup>,
     ) -> BoxFuture<'a, redis::RedisResult<Vec<Result<RateReply>>>> {
-        self.check_batch(requests).boxed()
+        self.check_batch(requests, group).boxed()
     }
 }
 
@@ -199,7 +199,15 @@ impl RedisBackend {
         &self,
         requests: &[RateRequest],
     ) -> Result<Vec<Result<RateReply>>> {
-        self.rate.check_batch(requests).await.map_err(redis_error)
+        // One lean call when every check joins the first one's group.
+        let group = requests
+            .first()
+            .and_then(LeanGroup::of)
+            .filter(|g| requests.iter().all(|r| LeanGroup::of(r) == Some(*g)));
+        self.rate
+            .check_batch(requests, group)
+            .await
+            .map_err(redis_error)
     }
 }
 
