@@ -536,7 +536,12 @@ async fn poll_once(
 /// marker exists, not one block key each (`lua/rate_block_set.lua`,
 /// `lua/rate_lean.lua`).
 pub(crate) fn block_index(block_key: &str) -> Option<[String; 2]> {
-    block_family(block_key).map(|family| [[family, ":any"].concat(), [family, ":index"].concat()])
+    block_family(block_key).map(family_index)
+}
+
+/// [`block_index`] of a family ([`block_family`]) already found.
+pub(crate) fn family_index(family: &str) -> [String; 2] {
+    [[family, ":any"].concat(), [family, ":index"].concat()]
 }
 
 /// What comes before a block key's tag (its only brace): one limiter's

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use redis::{Cmd, Value};
 
-use super::admin::{block_family, block_index, in_block_family};
+use super::admin::{block_family, family_index, in_block_family};
 use crate::error::{Error, Result};
 use crate::keyspace::quick_hash;
 use crate::store::{Algorithm, Outcome, RateReply, RateRequest};
@@ -106,7 +106,7 @@ impl LeanGroup {
         let index = match requests {
             [first, rest @ ..] if indexed && !one && self.keys == 2 => block_family(&first.keys[1])
                 .filter(|f| rest.iter().all(|r| in_block_family(&r.keys[1], f)))
-                .and_then(|_| block_index(&first.keys[1])),
+                .map(family_index),
             _ => None,
         };
         if one {
