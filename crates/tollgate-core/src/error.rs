@@ -273,7 +273,7 @@ mod tests {
             }
         };
         let bound = Duration::from_millis(20);
-        let outcome = tokio::time::timeout(Duration::from_secs(10), within::<_>(bound, spinning))
+        let outcome = tokio::time::timeout(Duration::from_secs(10), within(bound, spinning))
             .await
             .expect("within's own timer fired");
         assert!(matches!(outcome, Err::<(), _>(Error::Timeout(b)) if b == bound));

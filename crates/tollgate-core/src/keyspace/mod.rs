@@ -216,17 +216,17 @@ mod tests {
         t
     }
 
-    /// A key written after its head is the key `key_of` builds.
+    /// A key written after its head is the key `key_of` builds, appended
+    /// to what the buffer held.
     #[test]
     fn a_key_after_its_head_is_the_key() {
         let ks = Keyspace::new("p", "q").unwrap();
         for raw in ["u1", "{evil}", "a:{b}", ""] {
             let subject = Subject::new(raw);
             for kind in ["gcra", "block"] {
-                let mut key = String::from("left over");
-                key.clear();
+                let mut key = String::from("held ");
                 Keyspace::write_key_after(&ks.head_of(kind), &subject, &mut key);
-                assert_eq!(key, ks.key_of(kind, &subject, None));
+                assert_eq!(key, ["held ", &ks.key_of(kind, &subject, None)].concat());
             }
         }
     }
